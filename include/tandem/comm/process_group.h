@@ -1,0 +1,121 @@
+#pragma once
+// ProcessGroup: tandem's handle on the job's ranks and their collectives.
+//
+// Built on c10d: a TCPStore rendezvous, Gloo for CPU tensors and NCCL for
+// CUDA tensors when LibTorch has it. Every collective has a timeout; at world
+// size 1 (no launcher) nothing is created and every collective is a no-op or
+// a local copy.
+//
+// Thread-safety: a ProcessGroup may be used from one thread at a time, and
+// every rank must issue the same collectives in the same order (as in c10d).
+// Different ProcessGroup objects are independent.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "tandem/comm/work.h"
+#include "tandem/core/rank_env.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace tandem {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+const char* to_string(ReduceOp op);
+
+// Which backend carries collectives on CUDA tensors. CPU tensors always use
+// Gloo. kAuto picks NCCL when LibTorch was built with it, Gloo otherwise.
+enum class CudaBackend { kAuto, kNccl, kGloo };
+
+// Parses "auto", "nccl" or "gloo"; throws UsageError otherwise.
+CudaBackend parse_cuda_backend(const std::string& text);
+
+struct ProcessGroupOptions {
+  CudaBackend cuda_backend = CudaBackend::kAuto;
+  // Limit for every collective and for the rendezvous.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Address Gloo listens on. Empty: derived from RankEnv (interface, or the
+  // local address that routes to MASTER_ADDR).
+  std::string gloo_host;
+  // Network interface Gloo listens on (e.g. "eth0"); wins over gloo_host.
+  std::string gloo_interface;
+};
+
+class ProcessGroup {
+ public:
+  // Joins the job that `env` describes, rendezvousing through a TCPStore at
+  // MASTER_ADDR:MASTER_PORT (hosted by rank 0 unless the launcher hosts it).
+  // A process with no launcher environment gets a local world of 1.
+  // Throws CommError/TimeoutError with the address and the likely fix.
+  static std::shared_ptr<ProcessGroup> init(const RankEnv& env,
+                                            const ProcessGroupOptions& options = {});
+
+  // Joins through an existing store; tests use a c10d::HashStore to run
+  // ranks as threads. Blocks until all `world_size` ranks have joined.
+  static std::shared_ptr<ProcessGroup> create(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                              int world_size,
+                                              const ProcessGroupOptions& options = {});
+
+  // World of 1 with no store and no backend.
+  static std::shared_ptr<ProcessGroup> local();
+
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  std::chrono::milliseconds timeout() const;
+  // Name of the backend for CPU tensors: "gloo", or "local" at world 1.
+  std::string backend_name() const;
+
+  // In-place reduction of `tensor` across ranks. kAvg needs a floating type.
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Starts the same reduction; the tensor must stay alive and untouched until
+  // Work::wait() returns.
+  Work all_reduce_async(at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
+
+  // Overwrites `tensor` on every rank with root's.
+  void broadcast(at::Tensor& tensor, int root = 0);
+
+  // Returns world_size tensors, entry r being rank r's `tensor`. Every rank
+  // must pass the same shape and dtype.
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+
+  // Gathers into one contiguous `output` of world_size * input.numel()
+  // elements, rank r's input at offset r * input.numel().
+  void all_gather_into(at::Tensor& output, const at::Tensor& input);
+
+  // Reduces `input` (world_size * output.numel() elements) across ranks and
+  // leaves this rank's chunk r in `output`. Gloo has no reduce-scatter in
+  // c10d; tandem then uses an all-to-all plus a local reduction, which moves
+  // the same bytes as a ring reduce-scatter.
+  void reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                      ReduceOp op = ReduceOp::kSum);
+
+  void barrier();
+
+  // Every rank's bytes / string, indexed by rank. Sizes may differ per rank.
+  std::vector<std::vector<std::uint8_t>> all_gather_bytes(const std::vector<std::uint8_t>& bytes);
+  std::vector<std::string> all_gather_strings(const std::string& text);
+
+  // Number of collectives issued so far (the next one's sequence number).
+  std::uint64_t sequence_number() const;
+
+  struct Impl;
+
+ private:
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem

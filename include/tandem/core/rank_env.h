@@ -1,0 +1,48 @@
+#pragma once
+// The rank environment: who this process is in the job.
+//
+// Parsed once, at program start, from whichever launcher convention is
+// present (torchrun/tandem launch, Slurm, OpenMPI), into a plain struct that
+// is then passed explicitly. Nothing else in tandem reads these variables.
+
+#include <map>
+#include <string>
+
+namespace tandem {
+
+enum class RankEnvSource { kNone, kTorchrun, kSlurm, kOpenMpi };
+
+const char* to_string(RankEnvSource source);
+
+struct RankEnv {
+  RankEnvSource source = RankEnvSource::kNone;
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int node_rank = 0;  // GROUP_RANK under torchrun
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // The launcher already hosts the rendezvous store (torchrun's
+  // TORCHELASTIC_USE_AGENT_STORE): rank 0 connects as a client.
+  bool agent_store = false;
+  int restart_count = 0;
+  // Network interface for Gloo (TANDEM_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME).
+  // Empty: use the local address that routes to master_addr.
+  std::string socket_ifname;
+
+  // True when some launcher set the environment, even for world 1.
+  bool launched() const { return source != RankEnvSource::kNone; }
+
+  // Reads the process environment. Throws UsageError naming the variable
+  // when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
+  static RankEnv from_environment();
+
+  // Same, from an explicit map (used by tests and by from_environment()).
+  static RankEnv from_map(const std::map<std::string, std::string>& vars);
+};
+
+// First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03".
+std::string slurm_first_host(const std::string& node_list);
+
+}  // namespace tandem

@@ -1,0 +1,9 @@
+#pragma once
+// Umbrella header: everything a training program needs from tandem.
+
+#include "tandem/comm/process_group.h"
+#include "tandem/comm/work.h"
+#include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+#include "tandem/core/rank_env.h"
+#include "tandem/core/version.h"

@@ -1,0 +1,358 @@
+#include "tandem/comm/process_group.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#include "comm/comm_error.h"
+#include "comm/process_group_impl.h"
+#include "comm/rendezvous.h"
+#include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+
+namespace tandem {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // Gloo has no AVG: SUM, then divide on completion.
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void check_tensor(const at::Tensor& tensor, const char* op, const char* name) {
+  TANDEM_CHECK_ARG(tensor.defined(), "{}: {} is an undefined tensor", op, name);
+  TANDEM_CHECK_ARG(tensor.is_contiguous() && !tensor.is_sparse(),
+                   "{}: {} must be a dense contiguous tensor; call .contiguous() first", op, name);
+}
+
+void check_avg(const at::Tensor& tensor, ReduceOp op, const char* name) {
+  TANDEM_CHECK_ARG(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
+                   "{}: ReduceOp::kAvg needs a floating-point tensor, got {}; use kSum and divide",
+                   name, c10::toString(tensor.scalar_type()));
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const ProcessGroupOptions& options) {
+  try {
+    if (!options.gloo_interface.empty()) {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(options.gloo_interface);
+    }
+    return c10d::ProcessGroupGloo::createDeviceForHostname(
+        options.gloo_host.empty() ? "127.0.0.1" : options.gloo_host);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason.resize(std::min(reason.find('\n'), reason.size()));
+    TANDEM_THROW(CommError,
+                 "cannot open a Gloo device on {}: {}. Set TANDEM_SOCKET_IFNAME to a network "
+                 "interface that reaches the other nodes",
+                 options.gloo_interface.empty() ? options.gloo_host : options.gloo_interface,
+                 reason);
+  }
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+CudaBackend parse_cuda_backend(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "auto" || t.empty()) return CudaBackend::kAuto;
+  if (t == "nccl") return CudaBackend::kNccl;
+  if (t == "gloo") return CudaBackend::kGloo;
+  TANDEM_THROW(UsageError, "unknown backend '{}': use auto, nccl or gloo", text);
+}
+
+// ---- Impl -------------------------------------------------------------------
+
+void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason.resize(std::min(reason.find('\n'), reason.size()));
+    TANDEM_THROW(UsageError, "{} was rejected: {}", what, reason);
+  }
+}
+
+bool ProcessGroup::Impl::uses_nccl(const at::Tensor& tensor) const {
+#if defined(TANDEM_WITH_NCCL)
+  return tensor.is_cuda() && options.cuda_backend != CudaBackend::kGloo;
+#else
+  (void)tensor;
+  return false;
+#endif
+}
+
+compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
+#if defined(TANDEM_WITH_NCCL)
+  if (uses_nccl(tensor)) {
+    if (!nccl) {
+      // Every rank reaches its first CUDA collective at the same point, so
+      // the lazy creation is itself collective.
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+      nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size,
+                                                         c10d::ProcessGroupNCCL::Options::create());
+    }
+    return *nccl;
+  }
+#else
+  (void)tensor;
+#endif
+  return *gloo;
+}
+
+std::string ProcessGroup::Impl::describe(const char* op, const at::Tensor& tensor,
+                                         const compat::BackendBase& backend) {
+  std::ostringstream shape;
+  shape << tensor.sizes();
+  return fmt::format("{} #{} {}{} on {}", op, sequence++, c10::toString(tensor.scalar_type()),
+                     shape.str(), backend.getBackendName());
+}
+
+// ---- construction -----------------------------------------------------------
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::local() {
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::make_unique<Impl>()));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                   int world_size,
+                                                   const ProcessGroupOptions& options) {
+  TANDEM_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
+                   "invalid rank {} for world size {}", rank, world_size);
+#if !defined(TANDEM_WITH_NCCL)
+  TANDEM_CHECK_ARG(options.cuda_backend != CudaBackend::kNccl,
+                   "the NCCL backend was requested but this LibTorch has no NCCL; use gloo");
+#endif
+  set_thread_rank_label(rank, world_size);
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->world_size = world_size;
+  impl->options = options;
+  impl->store = std::move(store);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(make_gloo_device(options));
+  try {
+    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, rank, world_size,
+                                                             gloo_options);
+  } catch (...) {
+    detail::rethrow_as_comm_error(
+        fmt::format("joining the Gloo group ({} ranks)", world_size), options.timeout);
+  }
+  log_debug("joined a Gloo group of {} ranks", world_size);
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
+                                                 const ProcessGroupOptions& options) {
+  if (env.launched()) set_process_rank_label(env.rank, env.world_size);
+  if (env.world_size == 1) return local();
+  ProcessGroupOptions resolved = options;
+  if (resolved.gloo_host.empty() && resolved.gloo_interface.empty()) {
+    if (!env.socket_ifname.empty()) {
+      resolved.gloo_interface = env.socket_ifname;
+    } else {
+      resolved.gloo_host = detail::local_address_toward(env.master_addr, env.master_port);
+      if (resolved.gloo_host.empty()) resolved.gloo_host = "127.0.0.1";
+    }
+  }
+  auto store = detail::connect_store(env, resolved.timeout);
+  return create(std::move(store), env.rank, env.world_size, resolved);
+}
+
+// ---- queries ----------------------------------------------------------------
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::world_size() const { return impl_->world_size; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
+std::string ProcessGroup::backend_name() const { return impl_->is_local() ? "local" : "gloo"; }
+std::uint64_t ProcessGroup::sequence_number() const { return impl_->sequence; }
+
+// ---- collectives ------------------------------------------------------------
+
+Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
+  check_tensor(tensor, "all_reduce", "the tensor");
+  check_avg(tensor, op, "all_reduce");
+  if (impl_->is_local()) return Work();
+  auto& backend = impl_->backend_for(tensor);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.timeout = impl_->options.timeout;
+  std::function<void()> finish;
+  if (op == ReduceOp::kAvg) {
+    finish = [tensor, world = impl_->world_size]() mutable { tensor.div_(world); };
+  }
+  return impl_->launch(
+      impl_->describe("all_reduce", tensor, backend),
+      [&] {
+        std::vector<at::Tensor> tensors{tensor};
+        return backend.allreduce(tensors, opts);
+      },
+      std::move(finish));
+}
+
+void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op).wait();
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "the tensor");
+  TANDEM_CHECK_ARG(root >= 0 && root < impl_->world_size,
+                   "broadcast: root {} is not a rank of this world of {}", root, impl_->world_size);
+  if (impl_->is_local()) return;
+  auto& backend = impl_->backend_for(tensor);
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = impl_->options.timeout;
+  impl_->launch(impl_->describe("broadcast", tensor, backend), [&] {
+          std::vector<at::Tensor> tensors{tensor};
+          return backend.broadcast(tensors, opts);
+        }).wait();
+}
+
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
+  check_tensor(tensor, "all_gather", "the input");
+  // Gloo divides by the element count: empty tensors must not reach it.
+  if (impl_->is_local() || tensor.numel() == 0) {
+    return std::vector<at::Tensor>(static_cast<size_t>(impl_->world_size), tensor.clone());
+  }
+  auto& backend = impl_->backend_for(tensor);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < impl_->world_size; ++r) outputs[0].push_back(at::empty_like(tensor));
+  c10d::AllgatherOptions opts;
+  opts.timeout = impl_->options.timeout;
+  impl_->launch(impl_->describe("all_gather", tensor, backend), [&] {
+          std::vector<at::Tensor> inputs{tensor};
+          return backend.allgather(outputs, inputs, opts);
+        }).wait();
+  return outputs[0];
+}
+
+void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  check_tensor(input, "all_gather_into", "the input");
+  check_tensor(output, "all_gather_into", "the output");
+  const int64_t n = input.numel();
+  TANDEM_CHECK_ARG(output.numel() == n * impl_->world_size &&
+                       output.scalar_type() == input.scalar_type(),
+                   "all_gather_into: output must hold world_size ({}) x {} elements of {}, got {} "
+                   "of {}",
+                   impl_->world_size, n, c10::toString(input.scalar_type()), output.numel(),
+                   c10::toString(output.scalar_type()));
+  auto flat_out = output.view({-1});
+  if (impl_->is_local()) {
+    flat_out.copy_(input.reshape({-1}));
+    return;
+  }
+  if (n == 0) return;
+  auto& backend = impl_->backend_for(input);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < impl_->world_size; ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
+  c10d::AllgatherOptions opts;
+  opts.timeout = impl_->options.timeout;
+  impl_->launch(impl_->describe("all_gather_into", input, backend), [&] {
+          std::vector<at::Tensor> inputs{input.view({-1})};
+          return backend.allgather(outputs, inputs, opts);
+        }).wait();
+}
+
+void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  check_tensor(input, "reduce_scatter", "the input");
+  check_tensor(output, "reduce_scatter", "the output");
+  check_avg(input, op, "reduce_scatter");
+  const int world = impl_->world_size;
+  const int64_t n = output.numel();
+  TANDEM_CHECK_ARG(input.numel() == n * world && output.scalar_type() == input.scalar_type(),
+                   "reduce_scatter: input must hold world_size ({}) x {} elements of {}, got {} "
+                   "of {}",
+                   world, n, c10::toString(output.scalar_type()), input.numel(),
+                   c10::toString(input.scalar_type()));
+  auto flat_out = output.view({-1});
+  if (impl_->is_local()) {
+    flat_out.copy_(input.reshape({-1}));
+    return;
+  }
+  if (n == 0) return;
+  auto& backend = impl_->backend_for(input);
+  auto flat_in = input.view({-1});
+  if (impl_->uses_nccl(input)) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = impl_->options.timeout;
+    std::vector<std::vector<at::Tensor>> inputs(1);
+    for (int r = 0; r < world; ++r) inputs[0].push_back(flat_in.narrow(0, r * n, n));
+    impl_->launch(impl_->describe("reduce_scatter", input, backend), [&] {
+            std::vector<at::Tensor> outputs{flat_out};
+            return backend.reduce_scatter(outputs, inputs, opts);
+          }).wait();
+    if (op == ReduceOp::kAvg) output.div_(world);
+    return;
+  }
+  // Gloo: all-to-all moves chunk r of every rank to rank r; reduce locally.
+  auto received = at::empty({world * n}, input.options());
+  c10d::AllToAllOptions opts;
+  opts.timeout = impl_->options.timeout;
+  impl_->launch(impl_->describe("reduce_scatter", input, backend), [&] {
+          std::vector<int64_t> even_split;
+          return backend.alltoall_base(received, flat_in, even_split, even_split, opts);
+        }).wait();
+  auto chunks = received.view({world, n});
+  switch (op) {
+    case ReduceOp::kSum: at::sum_out(flat_out, chunks, {0}); break;
+    case ReduceOp::kAvg: at::sum_out(flat_out, chunks, {0}); flat_out.div_(world); break;
+    case ReduceOp::kMax: at::amax_out(flat_out, chunks, {0}); break;
+    case ReduceOp::kMin: at::amin_out(flat_out, chunks, {0}); break;
+  }
+}
+
+void ProcessGroup::barrier() {
+  if (impl_->is_local()) return;
+  c10d::BarrierOptions opts;
+  opts.timeout = impl_->options.timeout;
+  std::string what = fmt::format("barrier #{}", impl_->sequence++);
+  impl_->launch(what, [&] { return impl_->gloo->barrier(opts); }).wait();
+}
+
+std::vector<std::vector<std::uint8_t>> ProcessGroup::all_gather_bytes(
+    const std::vector<std::uint8_t>& bytes) {
+  if (impl_->is_local()) return {bytes};
+  auto size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
+  auto sizes = all_gather(size);
+  int64_t longest = 1;
+  for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
+  auto padded = at::zeros({longest}, at::kByte);
+  std::copy(bytes.begin(), bytes.end(), padded.data_ptr<std::uint8_t>());
+  auto gathered = all_gather(padded);
+  std::vector<std::vector<std::uint8_t>> result;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    const auto* data = gathered[r].data_ptr<std::uint8_t>();
+    result.emplace_back(data, data + sizes[r].item<int64_t>());
+  }
+  return result;
+}
+
+std::vector<std::string> ProcessGroup::all_gather_strings(const std::string& text) {
+  auto gathered = all_gather_bytes(std::vector<std::uint8_t>(text.begin(), text.end()));
+  std::vector<std::string> result;
+  for (const auto& bytes : gathered) result.emplace_back(bytes.begin(), bytes.end());
+  return result;
+}
+
+}  // namespace tandem

@@ -1,0 +1,140 @@
+#include "tandem/core/rank_env.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "tandem/core/error.h"
+
+extern char** environ;
+
+namespace tandem {
+namespace {
+
+using VarMap = std::map<std::string, std::string>;
+
+const std::string* find(const VarMap& vars, const char* name) {
+  auto it = vars.find(name);
+  if (it == vars.end() || it->second.empty()) return nullptr;
+  return &it->second;
+}
+
+int parse_int(const VarMap& vars, const char* name, int fallback, int min_value) {
+  const std::string* text = find(vars, name);
+  if (text == nullptr) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  long value = std::strtol(text->c_str(), &end, 10);
+  if (errno != 0 || end == text->c_str() || *end != '\0' || value < min_value || value > 1 << 24) {
+    TANDEM_THROW(UsageError, "environment variable {}='{}' is not an integer >= {}; fix or unset it",
+                 name, *text, min_value);
+  }
+  return static_cast<int>(value);
+}
+
+std::string get(const VarMap& vars, const char* name, const std::string& fallback) {
+  const std::string* text = find(vars, name);
+  return text ? *text : fallback;
+}
+
+void read_master(const VarMap& vars, RankEnv& env) {
+  env.master_addr = get(vars, "MASTER_ADDR", env.master_addr);
+  env.master_port = parse_int(vars, "MASTER_PORT", env.master_port, 0);
+  if (env.master_port > 65535) {
+    TANDEM_THROW(UsageError, "MASTER_PORT={} is out of range 1-65535", env.master_port);
+  }
+}
+
+void validate(const RankEnv& env, const char* rank_var, const char* world_var) {
+  if (env.world_size < 1) {
+    TANDEM_THROW(UsageError, "{}={} must be at least 1", world_var, env.world_size);
+  }
+  if (env.rank >= env.world_size) {
+    TANDEM_THROW(UsageError, "{}={} is not below {}={}; the launcher environment is inconsistent",
+                 rank_var, env.rank, world_var, env.world_size);
+  }
+  if (env.local_rank >= env.local_world_size) {
+    TANDEM_THROW(UsageError, "local rank {} is not below the local world size {}", env.local_rank,
+                 env.local_world_size);
+  }
+}
+
+}  // namespace
+
+const char* to_string(RankEnvSource source) {
+  switch (source) {
+    case RankEnvSource::kNone: return "none";
+    case RankEnvSource::kTorchrun: return "torchrun";
+    case RankEnvSource::kSlurm: return "slurm";
+    case RankEnvSource::kOpenMpi: return "openmpi";
+  }
+  return "?";
+}
+
+std::string slurm_first_host(const std::string& node_list) {
+  std::string first;
+  int depth = 0;
+  for (char c : node_list) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) break;
+    first += c;
+  }
+  auto open = first.find('[');
+  if (open == std::string::npos) return first;
+  std::string range = first.substr(open + 1);
+  auto stop = range.find_first_of(",-]");
+  return first.substr(0, open) + range.substr(0, stop);
+}
+
+RankEnv RankEnv::from_map(const VarMap& vars) {
+  RankEnv env;
+  env.restart_count = parse_int(vars, "TANDEM_RESTART_COUNT",
+                                parse_int(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0), 0);
+  env.socket_ifname = get(vars, "TANDEM_SOCKET_IFNAME", get(vars, "GLOO_SOCKET_IFNAME", ""));
+  if (find(vars, "RANK") && find(vars, "WORLD_SIZE")) {
+    env.source = RankEnvSource::kTorchrun;
+    env.rank = parse_int(vars, "RANK", 0, 0);
+    env.world_size = parse_int(vars, "WORLD_SIZE", 1, 1);
+    env.local_rank = parse_int(vars, "LOCAL_RANK", env.rank, 0);
+    env.local_world_size = parse_int(vars, "LOCAL_WORLD_SIZE", env.world_size, 1);
+    env.node_rank = parse_int(vars, "GROUP_RANK", 0, 0);
+    std::string agent = get(vars, "TORCHELASTIC_USE_AGENT_STORE", "");
+    env.agent_store = agent == "True" || agent == "true" || agent == "1";
+    read_master(vars, env);
+    validate(env, "RANK", "WORLD_SIZE");
+  } else if (find(vars, "SLURM_PROCID") && find(vars, "SLURM_NTASKS")) {
+    env.source = RankEnvSource::kSlurm;
+    env.rank = parse_int(vars, "SLURM_PROCID", 0, 0);
+    env.world_size = parse_int(vars, "SLURM_NTASKS", 1, 1);
+    env.local_rank = parse_int(vars, "SLURM_LOCALID", 0, 0);
+    env.node_rank = parse_int(vars, "SLURM_NODEID", 0, 0);
+    int nodes = parse_int(vars, "SLURM_NNODES", 1, 1);
+    env.local_world_size = parse_int(vars, "SLURM_NTASKS_PER_NODE", env.world_size / nodes, 1);
+    std::string list = get(vars, "SLURM_JOB_NODELIST", get(vars, "SLURM_NODELIST", ""));
+    if (!list.empty()) env.master_addr = slurm_first_host(list);
+    read_master(vars, env);
+    validate(env, "SLURM_PROCID", "SLURM_NTASKS");
+  } else if (find(vars, "OMPI_COMM_WORLD_RANK") && find(vars, "OMPI_COMM_WORLD_SIZE")) {
+    env.source = RankEnvSource::kOpenMpi;
+    env.rank = parse_int(vars, "OMPI_COMM_WORLD_RANK", 0, 0);
+    env.world_size = parse_int(vars, "OMPI_COMM_WORLD_SIZE", 1, 1);
+    env.local_rank = parse_int(vars, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
+    env.local_world_size = parse_int(vars, "OMPI_COMM_WORLD_LOCAL_SIZE", env.world_size, 1);
+    env.node_rank = parse_int(vars, "OMPI_COMM_WORLD_NODE_RANK", 0, 0);
+    read_master(vars, env);
+    validate(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  }
+  return env;
+}
+
+RankEnv RankEnv::from_environment() {
+  VarMap vars;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string kv(*entry);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) vars.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return from_map(vars);
+}
+
+}  // namespace tandem

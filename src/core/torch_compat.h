@@ -1,0 +1,52 @@
+#pragma once
+// The one place where LibTorch version differences live (STYLE.md).
+//
+// Supported: Debian's LibTorch 1.13 (CPU) and PyTorch 2.x LibTorch (CUDA).
+// Private to the library: include only from src/.
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if defined(TANDEM_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#define TANDEM_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||         \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace tandem::compat {
+
+// In 1.13 ProcessGroupGloo/NCCL derive from c10d::ProcessGroup; from 2.0 on
+// they derive from c10d::Backend and ProcessGroup became a dispatcher. tandem
+// talks to the concrete backend directly, through this common base.
+#if TANDEM_TORCH_AT_LEAST(2, 0)
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+// Server or client TCPStore. In 2.x the libuv server became the default;
+// tandem keeps the classic one, whose behaviour matches 1.13.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, int port,
+                                                         bool is_server, int world_size,
+                                                         std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = is_server;
+  opts.numWorkers = world_size;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+#if TANDEM_TORCH_AT_LEAST(2, 3)
+  opts.useLibUV = false;
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+}  // namespace tandem::compat

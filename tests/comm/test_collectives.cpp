@@ -1,0 +1,194 @@
+// Collectives on ranks-as-threads, checked against closed-form values.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <future>
+
+#include "support/thread_ranks.h"
+#include "tandem/core/error.h"
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+
+const std::vector<int64_t> kSizes = {0, 1, 7, 1 << 18};
+
+// Rank r holds (r + 1) * pattern(i), pattern(i) = i % 7 + 1.
+at::Tensor rank_tensor(int rank, int64_t n, at::ScalarType dtype) {
+  auto pattern = at::arange(n, at::kLong).remainder(7).add(1);
+  return pattern.mul(rank + 1).to(dtype);
+}
+
+at::Tensor expected_reduce(ReduceOp op, int world, int64_t n, at::ScalarType dtype) {
+  auto pattern = at::arange(n, at::kLong).remainder(7).add(1).to(at::kDouble);
+  switch (op) {
+    case ReduceOp::kSum: return pattern.mul(world * (world + 1) / 2).to(dtype);
+    case ReduceOp::kAvg: return pattern.mul((world + 1) / 2.0).to(dtype);
+    case ReduceOp::kMax: return pattern.mul(world).to(dtype);
+    case ReduceOp::kMin: return pattern.to(dtype);
+  }
+  return {};
+}
+
+class CollectivesByWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesByWorld, AllReduceEveryOpAndSizeMatchesClosedForm) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    for (auto dtype : {at::kFloat, at::kDouble, at::kLong}) {
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        if (op == ReduceOp::kAvg && dtype == at::kLong) continue;
+        for (int64_t n : kSizes) {
+          auto t = rank_tensor(pg.rank(), n, dtype);
+          pg.all_reduce(t, op);
+          auto want = expected_reduce(op, world, n, dtype);
+          ASSERT_TRUE(at::allclose(t.to(at::kDouble), want.to(at::kDouble)))
+              << "world " << world << " op " << to_string(op) << " n " << n << " dtype "
+              << c10::toString(dtype);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesByWorld, BroadcastFromEveryRoot) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    for (int root = 0; root < world; ++root) {
+      for (int64_t n : kSizes) {
+        auto t = rank_tensor(pg.rank(), n, at::kFloat);
+        pg.broadcast(t, root);
+        ASSERT_TRUE(at::equal(t, rank_tensor(root, n, at::kFloat))) << "root " << root;
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesByWorld, AllGatherReturnsEveryRanksTensorInRankOrder) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    for (int64_t n : kSizes) {
+      auto gathered = pg.all_gather(rank_tensor(pg.rank(), n, at::kFloat));
+      ASSERT_EQ(static_cast<int>(gathered.size()), world);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(at::equal(gathered[r], rank_tensor(r, n, at::kFloat)));
+      }
+      auto flat = at::empty({world * n});
+      pg.all_gather_into(flat, rank_tensor(pg.rank(), n, at::kFloat));
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(at::equal(flat.narrow(0, r * n, n), rank_tensor(r, n, at::kFloat)));
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesByWorld, ReduceScatterLeavesEachRankItsReducedChunk) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      for (int64_t n : kSizes) {
+        auto input = rank_tensor(pg.rank(), n * world, at::kFloat);
+        auto out = at::empty({n});
+        pg.reduce_scatter(out, input, op);
+        auto want = expected_reduce(op, world, n * world, at::kFloat).narrow(0, pg.rank() * n, n);
+        ASSERT_TRUE(at::allclose(out, want)) << "op " << to_string(op) << " n " << n;
+      }
+    }
+  });
+}
+
+TEST_P(CollectivesByWorld, GatherStringsOfDifferentLengths) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    std::string mine(static_cast<size_t>(pg.rank() * 3), static_cast<char>('a' + pg.rank()));
+    auto all = pg.all_gather_strings(mine);
+    ASSERT_EQ(static_cast<int>(all.size()), world);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(all[r], std::string(static_cast<size_t>(r * 3), static_cast<char>('a' + r)));
+    }
+    pg.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(World1To8, CollectivesByWorld, ::testing::Range(1, 9),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+TEST(Collectives, AsyncAllReducesCompleteIndependently) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    auto a = at::full({1000}, static_cast<float>(pg.rank()));
+    auto b = at::full({10}, 1.0f);
+    Work wa = pg.all_reduce_async(a, ReduceOp::kAvg);
+    Work wb = pg.all_reduce_async(b, ReduceOp::kSum);
+    wb.wait();
+    wa.wait();
+    EXPECT_TRUE(at::allclose(a, at::full({1000}, 1.0f)));
+    EXPECT_TRUE(at::allclose(b, at::full({10}, 3.0f)));
+  });
+}
+
+TEST(Collectives, LocalWorldIsANoOpThatNeedsNoStore) {
+  auto pg = ProcessGroup::local();
+  EXPECT_EQ(pg->world_size(), 1);
+  EXPECT_EQ(pg->backend_name(), "local");
+  auto t = at::arange(5, at::kFloat);
+  pg->all_reduce(t, ReduceOp::kAvg);
+  EXPECT_TRUE(at::equal(t, at::arange(5, at::kFloat)));
+  auto out = at::empty({5});
+  pg->reduce_scatter(out, t);
+  EXPECT_TRUE(at::equal(out, t));
+  EXPECT_EQ(pg->all_gather_strings("x"), std::vector<std::string>{"x"});
+  pg->barrier();
+  EXPECT_EQ(pg->sequence_number(), 0u);
+}
+
+TEST(Collectives, MissingRankTimesOutWithTheOperationNamed) {
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  std::string message;
+  std::promise<void> rank0_done;
+  auto rank0_done_future = rank0_done.get_future();
+  auto start = std::chrono::steady_clock::now();
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          // Stays connected but never joins the collective.
+          rank0_done_future.wait();
+          return;
+        }
+        auto t = at::ones({4});
+        try {
+          pg.all_reduce(t);
+        } catch (const TimeoutError& e) {
+          message = e.what();
+        }
+        rank0_done.set_value();
+      },
+      options);
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(elapsed, std::chrono::seconds(10));
+  EXPECT_NE(message.find("all_reduce #0"), std::string::npos) << message;
+  EXPECT_NE(message.find("[rank 0/2]"), std::string::npos) << message;
+  EXPECT_NE(message.find("1500 ms"), std::string::npos) << message;
+}
+
+TEST(Collectives, BadArgumentsAreUsageErrors) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto ints = at::ones({3}, at::kLong);
+    EXPECT_THROW(pg.all_reduce(ints, ReduceOp::kAvg), UsageError);
+    auto out = at::empty({3});
+    EXPECT_THROW(pg.all_gather_into(out, at::ones({2})), UsageError);
+    EXPECT_THROW(pg.reduce_scatter(out, at::ones({5})), UsageError);
+    auto t = at::ones({2, 2}).t();
+    EXPECT_THROW(pg.all_reduce(t), UsageError);
+    auto u = at::ones({2});
+    EXPECT_THROW(pg.broadcast(u, 5), UsageError);
+    pg.barrier();
+  });
+}
+
+}  // namespace
+}  // namespace tandem

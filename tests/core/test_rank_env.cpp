@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include "tandem/core/error.h"
+#include "tandem/core/rank_env.h"
+
+namespace tandem {
+namespace {
+
+TEST(RankEnv, NothingSetMeansWorldOfOne) {
+  RankEnv env = RankEnv::from_map({});
+  EXPECT_FALSE(env.launched());
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_EQ(env.rank, 0);
+}
+
+TEST(RankEnv, ReadsTheTorchrunContract) {
+  RankEnv env = RankEnv::from_map({{"RANK", "5"},
+                                   {"LOCAL_RANK", "1"},
+                                   {"WORLD_SIZE", "8"},
+                                   {"LOCAL_WORLD_SIZE", "4"},
+                                   {"GROUP_RANK", "1"},
+                                   {"MASTER_ADDR", "10.0.0.7"},
+                                   {"MASTER_PORT", "1234"},
+                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                   {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  EXPECT_EQ(env.source, RankEnvSource::kTorchrun);
+  EXPECT_EQ(env.rank, 5);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.node_rank, 1);
+  EXPECT_EQ(env.master_addr, "10.0.0.7");
+  EXPECT_EQ(env.master_port, 1234);
+  EXPECT_TRUE(env.agent_store);
+  EXPECT_EQ(env.restart_count, 2);
+}
+
+TEST(RankEnv, ReadsSlurmWithFirstHostOfTheNodeList) {
+  RankEnv env = RankEnv::from_map({{"SLURM_PROCID", "3"},
+                                   {"SLURM_LOCALID", "1"},
+                                   {"SLURM_NTASKS", "4"},
+                                   {"SLURM_NODEID", "1"},
+                                   {"SLURM_NNODES", "2"},
+                                   {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"}});
+  EXPECT_EQ(env.source, RankEnvSource::kSlurm);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.node_rank, 1);
+  EXPECT_EQ(env.master_addr, "gpu07");
+}
+
+TEST(RankEnv, SlurmFirstHostHandlesRangesListsAndPlainNames) {
+  EXPECT_EQ(slurm_first_host("node[003-005,9]"), "node003");
+  EXPECT_EQ(slurm_first_host("a,b,c"), "a");
+  EXPECT_EQ(slurm_first_host("x[2,4],y[1-3]"), "x2");
+  EXPECT_EQ(slurm_first_host("solo"), "solo");
+}
+
+TEST(RankEnv, ReadsOpenMpiAndMasterFromEnvironment) {
+  RankEnv env = RankEnv::from_map({{"OMPI_COMM_WORLD_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_SIZE", "2"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", "29555"}});
+  EXPECT_EQ(env.source, RankEnvSource::kOpenMpi);
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.master_port, 29555);
+}
+
+TEST(RankEnv, TorchrunWinsOverSlurmWhenBothAreSet) {
+  RankEnv env = RankEnv::from_map(
+      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_EQ(env.source, RankEnvSource::kTorchrun);
+  EXPECT_EQ(env.rank, 0);
+}
+
+TEST(RankEnv, MalformedValuesNameTheVariable) {
+  try {
+    RankEnv::from_map({{"RANK", "one"}, {"WORLD_SIZE", "2"}});
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='one'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(RankEnv::from_map({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), UsageError);
+  EXPECT_THROW(RankEnv::from_map({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), UsageError);
+  EXPECT_THROW(RankEnv::from_map({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
+               UsageError);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,43 @@
+#pragma once
+// Runs N ranks as threads in one process over an in-memory c10d::HashStore.
+// The fastest way to test collective logic: no processes, no sockets to
+// configure, and a failure on any rank fails the test with its message.
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::testing {
+
+// Calls fn(pg) on `world_size` threads, each with its own ProcessGroup.
+// Rethrows the first exception raised on any rank after all threads finish.
+inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
+                      ProcessGroupOptions options = {}) {
+  if (options.timeout == std::chrono::minutes(10)) options.timeout = std::chrono::seconds(30);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto pg = ProcessGroup::create(store, rank, world_size, options);
+        fn(*pg);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace tandem::testing
