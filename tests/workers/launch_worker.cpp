@@ -1,0 +1,66 @@
+// A worker program for the launcher tests. Usage: launch_test_worker MODE [ARGS]
+//   allreduce           join the group, all-reduce rank+1, check the sum
+//   exit CODE RANK      rank RANK exits with CODE after joining; others hang
+//   hang                join the group, then hang until killed
+//   hang-nojoin         hang without joining (no rendezvous needed)
+// With TANDEM_TEST_PID_DIR set, each rank writes its pid to DIR/rank<R>.pid
+// first, so tests can check that no worker survives.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "tandem/tandem.h"
+
+namespace {
+
+[[noreturn]] void hang() {
+  for (;;) ::pause();  // until a signal kills us
+}
+
+void write_pid(const tandem::RankEnv& env) {
+  const char* dir = std::getenv("TANDEM_TEST_PID_DIR");
+  if (dir == nullptr) return;
+  std::ofstream(std::string(dir) + "/rank" + std::to_string(env.rank) + ".pid") << ::getpid();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: launch_test_worker MODE [ARGS]\n");
+    return 2;
+  }
+  std::string mode = argv[1];
+  try {
+    auto env = tandem::RankEnv::from_environment();
+    write_pid(env);
+    if (mode == "hang-nojoin") hang();
+    auto pg = tandem::ProcessGroup::init(env);
+    if (mode == "allreduce") {
+      auto t = at::full({1000}, static_cast<float>(pg->rank() + 1));
+      pg->all_reduce(t);
+      const float want = pg->world_size() * (pg->world_size() + 1) / 2.0f;
+      const bool ok = t.eq(want).all().item<bool>();
+      std::printf("rank %d/%d allreduce %s sum=%g source=%s\n", pg->rank(), pg->world_size(),
+                  ok ? "ok" : "WRONG", t[0].item<float>(), tandem::to_string(env.source));
+      pg->barrier();
+      return ok ? 0 : 1;
+    }
+    if (mode == "exit" && argc >= 4) {
+      if (pg->rank() == std::atoi(argv[3])) return std::atoi(argv[2]);
+      hang();
+    }
+    if (mode == "hang") hang();
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch_test_worker: %s\n", e.what());
+    return 1;
+  }
+}

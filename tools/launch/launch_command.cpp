@@ -1,0 +1,230 @@
+// `tandem launch`: torchrun's worker contract, DeepSpeed's host filters, and
+// a supervisor that never leaves a job half-alive.
+
+#include "launch/launch_command.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "core/torch_compat.h"
+#include "launch/host_filter.h"
+#include "launch/launch_options.h"
+#include "launch/worker_group.h"
+#include "tandem/core/error.h"
+
+extern char** environ;
+
+namespace tandem::cli {
+namespace {
+
+// True when `program` names an executable, directly or through PATH.
+bool is_executable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return true;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return false;
+}
+
+std::vector<std::string> node_names() {
+  std::vector<std::string> names;
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) == 0) {
+    names.emplace_back(host);
+    std::string short_name(host);
+    auto dot = short_name.find('.');
+    if (dot != std::string::npos) names.push_back(short_name.substr(0, dot));
+  }
+  names.emplace_back("localhost");
+  names.emplace_back("127.0.0.1");
+  return names;
+}
+
+void make_dirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      partial = path.substr(0, i);
+      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        TANDEM_THROW(UsageError, "cannot create log directory {}: {}", partial,
+                     std::strerror(errno));
+      }
+    }
+  }
+}
+
+std::string describe_exit(const WorkerExit& exit) {
+  if (exit.signal != 0) {
+    const char* name = sigabbrev_np(exit.signal);
+    return fmt::format("was killed by signal {} (SIG{})", exit.signal, name ? name : "?");
+  }
+  return fmt::format("exited with code {}", exit.exit_code);
+}
+
+struct Plan {
+  std::vector<int> slots;          // local slots (GPU ids when filtered)
+  bool set_visible_devices = false;
+  int world_size = 0;
+};
+
+Plan plan_slots(const LaunchOptions& opts) {
+  Plan plan;
+  int pool = opts.nproc_per_node;
+  if (!opts.nproc_given && (!opts.include.empty() || !opts.exclude.empty())) {
+    pool = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+    if (!opts.include.empty()) {
+      for (const auto& [host, slots] : parse_host_filter(opts.include, "--include")) {
+        for (int s : slots) pool = std::max(pool, s + 1);
+      }
+    }
+  }
+  plan.slots = select_local_slots(pool, opts.include, opts.exclude, node_names());
+  plan.set_visible_devices = !opts.include.empty() || !opts.exclude.empty();
+  // Every node runs the same number of processes (torchrun's contract).
+  plan.world_size = static_cast<int>(plan.slots.size()) * opts.nnodes;
+  return plan;
+}
+
+std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan, int master_port,
+                                     bool agent_store) {
+  std::map<std::string, std::string> base;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  const int local_world = static_cast<int>(plan.slots.size());
+  if (local_world > 1 && !base.count("OMP_NUM_THREADS")) {
+    // torchrun's rule: N processes each with all cores' threads oversubscribe.
+    std::fprintf(stderr,
+                 "tandem launch: setting OMP_NUM_THREADS=1 for each of the %d workers; set it "
+                 "yourself to tune\n",
+                 local_world);
+    base["OMP_NUM_THREADS"] = "1";
+  }
+  std::string visible;
+  for (int slot : plan.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
+
+  std::vector<WorkerSpec> workers;
+  for (int local = 0; local < local_world; ++local) {
+    auto env = base;
+    const int rank = opts.node_rank * local_world + local;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(local);
+    env["WORLD_SIZE"] = std::to_string(plan.world_size);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
+    env["GROUP_RANK"] = std::to_string(opts.node_rank);
+    env["GROUP_WORLD_SIZE"] = std::to_string(opts.nnodes);
+    env["ROLE_RANK"] = std::to_string(rank);
+    env["ROLE_WORLD_SIZE"] = std::to_string(plan.world_size);
+    env["ROLE_NAME"] = "default";
+    env["MASTER_ADDR"] = opts.master_addr;
+    env["MASTER_PORT"] = std::to_string(master_port);
+    env["TORCHELASTIC_USE_AGENT_STORE"] = agent_store ? "True" : "False";
+    env["TORCHELASTIC_RESTART_COUNT"] = "0";
+    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(opts.max_restarts);
+    env["TANDEM_RESTART_COUNT"] = "0";
+    if (plan.set_visible_devices) env["CUDA_VISIBLE_DEVICES"] = visible;
+
+    WorkerSpec spec;
+    spec.global_rank = rank;
+    spec.local_rank = local;
+    for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
+    if (!opts.log_dir.empty()) {
+      std::string dir = fmt::format("{}/attempt_0/rank_{}", opts.log_dir, rank);
+      make_dirs(dir);
+      const bool out_file = (opts.tee | opts.redirects) & 1;
+      const bool err_file = (opts.tee | opts.redirects) & 2;
+      if (out_file) spec.stdout_sink.file_path = dir + "/stdout.log";
+      if (err_file) spec.stderr_sink.file_path = dir + "/stderr.log";
+      spec.stdout_sink.to_console = !(opts.redirects & 1);
+      spec.stderr_sink.to_console = !(opts.redirects & 2);
+    }
+    workers.push_back(std::move(spec));
+  }
+  return workers;
+}
+
+void print_summary(const GroupResult& result, const LaunchOptions& opts) {
+  if (result.launcher_signal != 0) {
+    std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
+                 sigabbrev_np(result.launcher_signal), result.exits.size());
+    return;
+  }
+  const WorkerExit& first = result.first_failure;
+  std::string others;
+  for (const auto& e : result.exits) {
+    if (e.pid == first.pid) continue;
+    others += fmt::format("\n  rank {} (pid {}) {}", e.global_rank, e.pid, describe_exit(e));
+  }
+  std::fprintf(stderr,
+               "tandem launch: job failed. Root cause: rank %d (pid %d) %s after %.2f s.%s%s\n",
+               first.global_rank, first.pid, describe_exit(first).c_str(), first.seconds,
+               others.empty() ? "" : "\nOther workers:", others.c_str());
+  if (!opts.log_dir.empty()) {
+    std::fprintf(stderr, "  logs: %s/attempt_0/rank_%d/\n", opts.log_dir.c_str(),
+                 first.global_rank);
+  }
+}
+
+}  // namespace
+
+int run_launch_command(int argc, char** argv) {
+  bool help = false;
+  LaunchOptions opts = parse_launch_options(argc, argv, &help);
+  if (help) return 0;
+  TANDEM_CHECK_ARG(is_executable(opts.program[0]),
+                   "program '{}' was not found or is not executable; give a path such as "
+                   "./build/bin/{} or put it on PATH",
+                   opts.program[0], opts.program[0]);
+  Plan plan = plan_slots(opts);
+
+  // Node 0's launcher hosts the rendezvous store itself. Binding it before
+  // any worker starts makes a busy port a clear, immediate error, and lets
+  // port 0 pick a free port without the bind-probe-release race.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  int master_port = opts.master_port;
+  if (opts.node_rank == 0) {
+    try {
+      store = compat::make_tcp_store(opts.master_addr, opts.master_port, /*is_server=*/true,
+                                     plan.world_size, std::chrono::seconds(60));
+    } catch (const std::exception& e) {
+      std::string reason = e.what();
+      reason.resize(std::min(reason.find('\n'), reason.size()));
+      TANDEM_THROW(CommError,
+                   "cannot host the rendezvous store on port {}: {}. The port is probably "
+                   "already in use by another job: pick another with --master-port, or use "
+                   "--standalone to get a free one",
+                   opts.master_port, reason);
+    }
+    master_port = store->getPort();
+  }
+
+  std::vector<std::string> program = opts.program;
+  WorkerGroup group(program, make_workers(opts, plan, master_port, /*agent_store=*/true),
+                    opts.grace_period_s, opts.prefix_output);
+  GroupResult result = group.run();
+  if (result.success) return 0;
+  print_summary(result, opts);
+  if (result.launcher_signal != 0) return 128 + result.launcher_signal;
+  return 1;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,139 @@
+#include "launch/launch_options.h"
+
+#include <cstdio>
+#include <set>
+
+#include <CLI/CLI.hpp>
+
+#include "tandem/core/error.h"
+
+namespace tandem::cli {
+namespace {
+
+// Options that take a value: needed to find where PROGRAM starts.
+const std::set<std::string> kValueOptions = {
+    "--nproc-per-node", "--nnodes",      "--node-rank",    "--master-addr",
+    "--master-port",    "--max-restarts", "--log-dir",      "--tee",
+    "--redirects",      "--include",      "--exclude",      "--grace-period",
+    "--rdzv-endpoint",  "--rdzv-backend", "--rdzv-id",      "--monitor-interval"};
+
+// "--nproc_per_node=4" -> "--nproc-per-node=4": underscores only in the name.
+std::string normalize(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  auto eq = arg.find('=');
+  std::string name = arg.substr(0, eq);
+  for (auto& c : name) {
+    if (c == '_') c = '-';
+  }
+  return eq == std::string::npos ? name : name + arg.substr(eq);
+}
+
+void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
+  auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos) {
+    opts.master_addr = endpoint;
+    return;
+  }
+  opts.master_addr = endpoint.substr(0, colon);
+  try {
+    opts.master_port = std::stoi(endpoint.substr(colon + 1));
+  } catch (const std::exception&) {
+    TANDEM_THROW(UsageError, "--rdzv-endpoint '{}' has no valid port; write HOST:PORT", endpoint);
+  }
+}
+
+void validate(LaunchOptions& opts) {
+  TANDEM_CHECK_ARG(!opts.program.empty(),
+                   "missing PROGRAM: usage is `tandem launch [options] PROGRAM [ARGS...]`");
+  TANDEM_CHECK_ARG(opts.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got {}",
+                   opts.nproc_per_node);
+  TANDEM_CHECK_ARG(opts.nnodes >= 1, "--nnodes must be at least 1, got {}", opts.nnodes);
+  TANDEM_CHECK_ARG(opts.node_rank >= 0 && opts.node_rank < opts.nnodes,
+                   "--node-rank {} must be in [0, --nnodes={})", opts.node_rank, opts.nnodes);
+  TANDEM_CHECK_ARG(opts.master_port >= 0 && opts.master_port <= 65535,
+                   "--master-port {} is out of range 0-65535", opts.master_port);
+  TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
+                   "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
+  TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
+  TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
+                   "--grace-period must be between 0 and 600 seconds");
+  if (opts.standalone) {
+    TANDEM_CHECK_ARG(opts.nnodes == 1, "--standalone runs on one node; drop --nnodes {}",
+                     opts.nnodes);
+    opts.master_addr = "127.0.0.1";
+    opts.master_port = 0;
+  }
+  TANDEM_CHECK_ARG(!(opts.nnodes > 1 && opts.master_port == 0),
+                   "a multi-node job needs a fixed --master-port that every node knows; port 0 "
+                   "only works with --nnodes 1");
+  if ((opts.tee != 0 || opts.redirects != 0) && opts.log_dir.empty()) {
+    TANDEM_THROW(UsageError, "--tee and --redirects write log files: add --log-dir DIR");
+  }
+  // Unlike torchrun, --log-dir alone already keeps every stream's file.
+  if (!opts.log_dir.empty() && opts.tee == 0 && opts.redirects == 0) opts.tee = 3;
+}
+
+}  // namespace
+
+LaunchOptions parse_launch_options(int argc, char** argv, bool* help_printed) {
+  *help_printed = false;
+  std::vector<std::string> own;
+  LaunchOptions opts;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = normalize(argv[i]);
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;
+    own.push_back(arg);
+    if (kValueOptions.count(arg) && i + 1 < argc) own.push_back(argv[++i]);
+  }
+  for (; i < argc; ++i) opts.program.emplace_back(argv[i]);
+
+  CLI::App app{"Start a job of N processes per node (torchrun-compatible).", "tandem launch"};
+  app.add_option("--nproc-per-node", opts.nproc_per_node, "processes on this node")
+      ->each([&](const std::string&) { opts.nproc_given = true; });
+  app.add_option("--nnodes", opts.nnodes, "number of nodes");
+  app.add_option("--node-rank", opts.node_rank, "rank of this node, 0..nnodes-1");
+  app.add_option("--master-addr", opts.master_addr, "address of node 0");
+  app.add_option("--master-port", opts.master_port, "rendezvous port on node 0; 0 picks a free one");
+  app.add_flag("--standalone", opts.standalone, "single node on a free local port");
+  std::string rdzv_endpoint, rdzv_backend, rdzv_id;
+  double monitor_interval = 0;
+  app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
+  app.add_option("--rdzv-backend", rdzv_backend, "accepted for torchrun compatibility (static/c10d)");
+  app.add_option("--rdzv-id", rdzv_id, "accepted for torchrun compatibility");
+  app.add_option("--monitor-interval", monitor_interval, "accepted for torchrun compatibility");
+  app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
+  app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");
+  app.add_option("--tee", opts.tee, "streams copied to files and console: 1 out, 2 err, 3 both");
+  app.add_option("--redirects", opts.redirects, "streams sent to files only: 1 out, 2 err, 3 both");
+  app.add_option("--include", opts.include, "DeepSpeed filter: host:0,1@host2:2");
+  app.add_option("--exclude", opts.exclude, "DeepSpeed filter: host:1");
+  app.add_option("--grace-period", opts.grace_period_s, "seconds between SIGTERM and SIGKILL");
+  bool no_prefix = false;
+  bool no_python = false;
+  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
+  app.add_flag("--no-python", no_python, "accepted for torchrun compatibility");
+  app.footer("Everything after PROGRAM is passed to it unchanged.");
+
+  std::vector<std::string> reversed(own.rbegin(), own.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    std::printf("\nusage: tandem launch [options] PROGRAM [ARGS...]\n");
+    *help_printed = true;
+    return opts;
+  } catch (const CLI::ParseError& e) {
+    TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
+  }
+  opts.prefix_output = !no_prefix;
+  if (!rdzv_endpoint.empty()) apply_rdzv_endpoint(rdzv_endpoint, opts);
+  validate(opts);
+  return opts;
+}
+
+}  // namespace tandem::cli

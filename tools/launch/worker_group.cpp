@@ -1,0 +1,190 @@
+#include "launch/worker_group.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+
+#include "tandem/core/error.h"
+
+namespace tandem::cli {
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+void install_launcher_signal_handlers() {
+  if (g_signal_pipe[0] >= 0) return;
+  TANDEM_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "pipe2 failed: {}",
+               std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
+}
+
+WorkerGroup::WorkerGroup(std::vector<std::string> argv, std::vector<WorkerSpec> workers,
+                         double grace_period_s, bool prefix_output)
+    : argv_(std::move(argv)),
+      workers_(std::move(workers)),
+      grace_period_s_(grace_period_s),
+      pump_(prefix_output) {}
+
+void WorkerGroup::spawn(const WorkerSpec& spec) {
+  int out_pipe[2];
+  int err_pipe[2];
+  TANDEM_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
+               "cannot create pipes for rank {}: {}", spec.global_rank, std::strerror(errno));
+  // Everything the child touches is prepared before fork(): between fork and
+  // exec only async-signal-safe calls are allowed (the store thread runs).
+  std::vector<std::string> argv = argv_;
+  std::vector<std::string> env = spec.env;
+  std::vector<char*> c_argv = c_strings(argv);
+  std::vector<char*> c_env = c_strings(env);
+  const pid_t launcher = ::getpid();
+  sigset_t empty_mask;
+  sigemptyset(&empty_mask);
+
+  pid_t pid = ::fork();
+  TANDEM_CHECK(pid >= 0, "fork failed for rank {}: {}", spec.global_rank, std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(125);  // launcher already gone
+    ::signal(SIGPIPE, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(sig, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+    const char* msg = "tandem launch: cannot execute the program: ";
+    (void)!::write(STDERR_FILENO, msg, std::strlen(msg));
+    const char* why = std::strerror(errno);
+    (void)!::write(STDERR_FILENO, why, std::strlen(why));
+    (void)!::write(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also from the parent, so signal_all never races the child
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  pump_.add_stream(out_pipe[0], spec.global_rank, false, spec.stdout_sink);
+  pump_.add_stream(err_pipe[0], spec.global_rank, true, spec.stderr_sink);
+  pids_.push_back(pid);
+}
+
+void WorkerGroup::signal_all(int sig) {
+  for (pid_t pid : pids_) {
+    if (pid > 0) ::kill(-pid, sig);  // the worker's whole process group
+  }
+}
+
+void WorkerGroup::reap(GroupResult& result) {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] <= 0) continue;
+    int status = 0;
+    pid_t done = ::waitpid(pids_[i], &status, WNOHANG);
+    if (done != pids_[i]) continue;
+    WorkerExit exit;
+    exit.global_rank = workers_[i].global_rank;
+    exit.pid = pids_[i];
+    exit.seconds = now_s() - start_;
+    if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
+    pids_[i] = 0;
+    result.exits.push_back(exit);
+    if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0) {
+      result.has_first_failure = true;
+      result.first_failure = exit;
+    }
+  }
+}
+
+GroupResult WorkerGroup::run() {
+  install_launcher_signal_handlers();
+  start_ = now_s();
+  for (const auto& spec : workers_) spawn(spec);
+
+  GroupResult result;
+  double kill_deadline = -1;  // when >= 0: SIGKILL whoever is left at that time
+  bool killed = false;
+  double drain_deadline = -1;
+  auto begin_shutdown = [&](int sig) {
+    if (kill_deadline >= 0) return;
+    signal_all(sig);
+    kill_deadline = now_s() + grace_period_s_;
+  };
+
+  for (;;) {
+    reap(result);
+    bool all_reaped = true;
+    for (pid_t pid : pids_) all_reaped = all_reaped && pid == 0;
+    if (result.has_first_failure) begin_shutdown(SIGTERM);
+    if (kill_deadline >= 0 && !killed && now_s() >= kill_deadline) {
+      signal_all(SIGKILL);
+      killed = true;
+    }
+    std::vector<int> fds = pump_.open_fds();
+    if (all_reaped) {
+      // Grandchildren may hold a pipe open; give them a moment, no more.
+      if (fds.empty()) break;
+      if (drain_deadline < 0) drain_deadline = now_s() + 1.0;
+      if (now_s() >= drain_deadline) break;
+    }
+    std::vector<pollfd> polled;
+    polled.push_back({g_signal_pipe[0], POLLIN, 0});
+    for (int fd : fds) polled.push_back({fd, POLLIN, 0});
+    int n = ::poll(polled.data(), polled.size(), 100);
+    if (n < 0 && errno != EINTR) break;
+    if (n <= 0) continue;
+    if (polled[0].revents & POLLIN) {
+      unsigned char sig;
+      while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (sig == SIGCHLD) continue;
+        if (result.launcher_signal != 0) {
+          signal_all(SIGKILL);  // second signal: stop now
+          killed = true;
+        }
+        result.launcher_signal = sig;
+        begin_shutdown(sig == SIGHUP ? SIGTERM : sig);
+      }
+    }
+    for (size_t i = 1; i < polled.size(); ++i) {
+      if (polled[i].revents & (POLLIN | POLLHUP | POLLERR)) pump_.on_readable(polled[i].fd);
+    }
+  }
+  pump_.close_all();
+  result.success = result.launcher_signal == 0 && !result.has_first_failure;
+  return result;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,66 @@
+#pragma once
+// Spawns and supervises one node's worker processes.
+//
+// Each worker runs in its own process group, with PR_SET_PDEATHSIG so that
+// it dies with the launcher even when the launcher is SIGKILLed. The first
+// worker to fail stops all the others (SIGTERM, then SIGKILL after a grace
+// period). SIGINT/SIGTERM sent to the launcher are forwarded the same way.
+// Single-threaded: run() owns the calling thread until every worker is gone.
+
+#include <string>
+#include <vector>
+
+#include "launch/output_pump.h"
+
+namespace tandem::cli {
+
+struct WorkerSpec {
+  int global_rank = 0;
+  int local_rank = 0;
+  std::vector<std::string> env;  // "KEY=VALUE", the complete environment
+  StreamSink stdout_sink;
+  StreamSink stderr_sink;
+};
+
+struct WorkerExit {
+  int global_rank = 0;
+  int pid = 0;
+  int exit_code = 0;  // valid when signal == 0
+  int signal = 0;     // signal that killed it, 0 if it exited
+  double seconds = 0; // since start
+  bool failed() const { return signal != 0 || exit_code != 0; }
+};
+
+struct GroupResult {
+  bool success = true;
+  int launcher_signal = 0;           // SIGINT/SIGTERM received by the launcher
+  bool has_first_failure = false;
+  WorkerExit first_failure;          // the root cause when !success
+  std::vector<WorkerExit> exits;     // every worker, in exit order
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup(std::vector<std::string> argv, std::vector<WorkerSpec> workers,
+              double grace_period_s, bool prefix_output);
+
+  // Starts every worker and supervises until all have exited.
+  GroupResult run();
+
+ private:
+  void spawn(const WorkerSpec& spec);
+  void signal_all(int sig);
+  void reap(GroupResult& result);
+
+  std::vector<std::string> argv_;
+  std::vector<WorkerSpec> workers_;
+  double grace_period_s_;
+  OutputPump pump_;
+  std::vector<int> pids_;  // by position in workers_; 0 once reaped
+  double start_ = 0;
+};
+
+// Installs the launcher's signal handlers (self-pipe). Call once, before run().
+void install_launcher_signal_handlers();
+
+}  // namespace tandem::cli

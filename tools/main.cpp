@@ -1,0 +1,52 @@
+// `tandem`: the command-line front end. Maps errors to exit codes:
+// 0 success, 1 failure at run time, 2 bad input (UsageError).
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "env/env_command.h"
+#include "launch/launch_command.h"
+#include "tandem/core/error.h"
+#include "tandem/core/version.h"
+
+namespace {
+
+void print_usage() {
+  std::printf(
+      "usage: tandem <command> [options]\n"
+      "\n"
+      "commands:\n"
+      "  launch   start a multi-process job (torchrun-compatible flags)\n"
+      "  env      report versions, backends, devices, BLAS and the rank environment\n"
+      "\n"
+      "Run `tandem <command> --help` for a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string command = argv[1];
+  try {
+    if (command == "--version" || command == "version") {
+      std::printf("tandem %s (LibTorch %s)\n", tandem::version(), tandem::torch_version().c_str());
+      return 0;
+    }
+    if (command == "launch") return tandem::cli::run_launch_command(argc - 1, argv + 1);
+    if (command == "env") return tandem::cli::run_env_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "tandem: unknown command '%s'\n\n", command.c_str());
+    print_usage();
+    return 2;
+  } catch (const tandem::UsageError& e) {
+    std::fprintf(stderr, "tandem %s: error: %s\n", command.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}
