@@ -1,0 +1,306 @@
+#include "env/system_probe.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+// Device names need the CUDA runtime headers, which only a CUDA LibTorch has.
+#if defined(TANDEM_WITH_NCCL) && __has_include(<ATen/cuda/CUDAContext.h>)
+#include <ATen/cuda/CUDAContext.h>
+#define TANDEM_ENV_CUDA_NAMES 1
+#endif
+
+#include "tandem/core/version.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr const char* kReferenceBlasWarning =
+    "LibTorch is using the reference BLAS, about 6x slower: install libopenblas0-openmp "
+    "(scripts/setup.sh does)";
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string real_path(const std::string& path) {
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) return path;
+  std::string result = resolved;
+  std::free(resolved);
+  return result;
+}
+
+bool contains(const std::string& haystack, const char* needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string compiler_string() {
+#if defined(__clang__)
+  return "clang " __clang_version__;
+#elif defined(__GNUC__)
+  return "GCC " __VERSION__;
+#else
+  return "unknown";
+#endif
+}
+
+// Fills the CPU section from /proc/cpuinfo (Linux); x86 reports "flags",
+// ARM "Features". Only the first processor's entry is read.
+void probe_cpu(SystemReport& report) {
+  std::istringstream cpuinfo(read_text_file("/proc/cpuinfo"));
+  std::string flags_line;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name" && report.cpu_model.empty()) report.cpu_model = value;
+    if ((key == "flags" || key == "Features") && flags_line.empty()) flags_line = value;
+  }
+  std::istringstream words(flags_line);
+  std::vector<std::string> flags{std::istream_iterator<std::string>(words), {}};
+  for (const char* flag :
+       {"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}) {
+    report.cpu_flags.emplace_back(flag, std::find(flags.begin(), flags.end(), flag) != flags.end());
+  }
+  report.logical_cpus = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t mask;
+  report.usable_cpus =
+      sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : report.logical_cpus;
+}
+
+// at::show_config() is the only place LibTorch states its runtime CPU
+// capability and the BLAS it was built for, so pick those out of the text.
+void probe_torch_config(SystemReport& report) {
+  const std::string config = at::show_config();
+  const std::string capability_tag = "CPU capability usage: ";
+  auto at = config.find(capability_tag);
+  if (at != std::string::npos) {
+    at += capability_tag.size();
+    report.aten_cpu_capability = config.substr(at, config.find('\n', at) - at);
+  }
+  for (const char* key : {"BLAS_INFO", "LAPACK_INFO", "BUILD_TYPE", "USE_CUDA", "USE_NCCL",
+                          "USE_MPI", "USE_OPENMP", "USE_MKLDNN"}) {
+    for (const char* prefix : {", ", ": "}) {
+      auto start = config.find(std::string(prefix) + key + "=");
+      if (start == std::string::npos) continue;
+      start += std::string(prefix).size() + std::string(key).size() + 1;
+      report.torch_build_settings.emplace_back(
+          key, config.substr(start, config.find_first_of(",\n", start) - start));
+      break;
+    }
+  }
+}
+
+void probe_cuda(SystemReport& report) {
+  report.cuda_available = torch::cuda::is_available();
+  report.cuda_device_count = static_cast<int>(torch::cuda::device_count());
+  for (int i = 0; i < report.cuda_device_count; ++i) {
+    CudaDeviceInfo device;
+    device.index = i;
+#if defined(TANDEM_ENV_CUDA_NAMES)
+    const auto* properties = at::cuda::getDeviceProperties(i);
+    device.name = properties->name;
+    device.total_memory = static_cast<std::int64_t>(properties->totalGlobalMem);
+#endif
+    report.cuda_devices.push_back(device);
+  }
+}
+
+// Real path of the library that serves `symbol` to the global scope, which
+// is where libtorch_cpu's own undefined BLAS symbols bind; empty if none.
+std::string library_defining(const char* symbol) {
+  Dl_info info{};
+  void* address = dlsym(RTLD_DEFAULT, symbol);
+  if (address == nullptr || dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
+  return real_path(info.dli_fname);
+}
+
+// Names the BLAS in `library`: first by a symbol only that vendor exports,
+// then by path (Debian's alternatives put each one in its own directory,
+// e.g. .../openblas-openmp/, and the reference one in .../blas/).
+std::string classify_blas(const std::string& library) {
+  for (const auto& [symbol, vendor] : {std::pair{"openblas_get_config", "OpenBLAS"},
+                                       {"bli_info_get_version_str", "BLIS"},
+                                       {"MKL_Get_Version", "MKL"}}) {
+    if (library_defining(symbol) == library) return vendor;
+  }
+  std::string lower = library;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const auto& [tag, vendor] : {std::pair{"openblas", "OpenBLAS"},
+                                    {"flexiblas", "FlexiBLAS"},
+                                    {"blis", "BLIS"},
+                                    {"mkl", "MKL"},
+                                    {"atlas", "ATLAS"},
+                                    {"netlib", "reference"},
+                                    {"reference", "reference"},
+                                    {"/blas/libblas", "reference"}}) {
+    if (contains(lower, tag)) return vendor;
+  }
+  // A bare libblas.so.N with no vendor's symbols is the reference build
+  // (e.g. Arch's netlib package in /usr/lib).
+  auto name = std::filesystem::path(library).filename().string();
+  return name.rfind("libblas.so", 0) == 0 ? "reference" : "unknown";
+}
+
+// A rough figure to tell a tuned BLAS (tens of GFLOP/s and up) from the
+// reference one (a few). Best of many short runs, capped at about 100 ms,
+// because a threaded BLAS on a busy machine has slow outliers.
+double time_gemm_gflops() {
+  constexpr int64_t kSize = 256;
+  at::Tensor a = at::randn({kSize, kSize});
+  at::Tensor b = at::randn({kSize, kSize});
+  at::mm(a, b);  // warm-up: the first call starts the BLAS thread pool
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(100);
+  double best_seconds = 1e30;
+  for (int i = 0; i < 50 && (i < 3 || Clock::now() < deadline); ++i) {
+    auto start = Clock::now();
+    at::mm(a, b);
+    best_seconds =
+        std::min(best_seconds, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return 2.0 * kSize * kSize * kSize / best_seconds / 1e9;
+}
+
+void probe_blas(SystemReport& report) {
+  BlasInfo& blas = report.blas;
+  // Loads and initialises the BLAS (some pick their kernels on first call).
+  blas.gemm_gflops = time_gemm_gflops();
+
+  // Ask the dynamic linker who serves sgemm_. Scanning the maps alone is not
+  // enough: an OpenBLAS LAPACK can pull libopenblas in next to a reference
+  // libblas, and then the reference one serves sgemm_.
+  blas.library = library_defining("sgemm_");
+  if (!blas.library.empty()) blas.vendor = classify_blas(blas.library);
+  std::istringstream maps(read_text_file("/proc/self/maps"));
+  for (std::string line; std::getline(maps, line);) {
+    auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    std::string path = line.substr(slash);
+    std::string name = std::filesystem::path(path).filename().string();
+    if (!contains(name, "blas") && !contains(name, "lapack") && !contains(name, "mkl") &&
+        !contains(name, "blis")) {
+      continue;
+    }
+    path = real_path(path);
+    auto& mapped = blas.mapped_libraries;
+    if (std::find(mapped.begin(), mapped.end(), path) == mapped.end()) mapped.push_back(path);
+  }
+  if (auto get_config = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+    blas.openblas_config = get_config();
+  }
+  if (auto get_threads =
+          reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) {
+    blas.openblas_num_threads = get_threads();
+  }
+  // openblas_get_parallel(): 0 serial, 1 pthreads, 2 OpenMP.
+  if (auto get_parallel = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+      get_parallel != nullptr && blas.vendor == "OpenBLAS") {
+    int parallel = get_parallel();
+    blas.variant = parallel == 2 ? "openmp" : parallel == 1 ? "pthread" : "serial";
+  }
+  // PyTorch wheels link MKL statically and keep sgemm_ hidden.
+  if (blas.vendor == "unknown") {
+    for (const auto& [key, value] : report.torch_build_settings) {
+      if (key == "BLAS_INFO" && value == "mkl") blas.vendor = "MKL";
+    }
+  }
+  if (blas.vendor == "reference") blas.warning = kReferenceBlasWarning;
+}
+
+// Mirrors Accelerate's lookup (HF_HOME, else $XDG_CACHE_HOME/huggingface)
+// so an existing `accelerate config` is found until tandem has its own.
+void probe_config(SystemReport& report) {
+  const std::string home = env_or_empty("HOME");
+  std::string cache = env_or_empty("XDG_CACHE_HOME");
+  if (cache.empty() && !home.empty()) cache = home + "/.cache";
+  std::string hf_home = env_or_empty("HF_HOME");
+  if (hf_home.empty() && !cache.empty()) hf_home = cache + "/huggingface";
+
+  std::vector<std::pair<std::string, std::string>> candidates;
+  if (!cache.empty()) candidates.emplace_back("tandem", cache + "/tandem/default_config.yaml");
+  if (!hf_home.empty()) {
+    candidates.emplace_back("accelerate", hf_home + "/accelerate/default_config.yaml");
+  }
+  for (const auto& [source, path] : candidates) {
+    report.config_searched.push_back(path);
+    std::error_code error;
+    if (report.config_file.empty() && std::filesystem::is_regular_file(path, error)) {
+      report.config_file = path;
+      report.config_source = source;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> report_warnings(const SystemReport& report) {
+  std::vector<std::string> warnings;
+  if (!report.blas.warning.empty()) warnings.push_back(report.blas.warning);
+  if (!report.rank_env_error.empty()) {
+    warnings.push_back("the rank environment is malformed: " + report.rank_env_error);
+  }
+  return warnings;
+}
+
+SystemReport probe_system(const tandem::RankEnv& env) {
+  SystemReport report;
+  report.tandem_version = tandem::version();
+  report.torch_version = tandem::torch_version();
+  report.compiler = compiler_string();
+  report.cxx_standard =
+      "C++" + std::to_string(__cplusplus / 100 % 100) + " (" + std::to_string(__cplusplus) + ")";
+#if defined(NDEBUG)
+  report.build_type = "release (NDEBUG)";
+#else
+  report.build_type = "debug";
+#endif
+
+  report.gloo = true;  // c10d Gloo is required by the build (USE_C10D_GLOO).
+#if defined(TANDEM_WITH_NCCL)
+  report.nccl = true;
+#endif
+#if defined(USE_C10D_MPI)
+  report.mpi = true;
+#endif
+
+  probe_cuda(report);
+  probe_torch_config(report);
+  probe_cpu(report);
+  probe_blas(report);
+  report.intra_op_threads = at::get_num_threads();
+  report.inter_op_threads = at::get_num_interop_threads();
+  report.omp_num_threads = env_or_empty("OMP_NUM_THREADS");
+  report.rank_env = env;
+  probe_config(report);
+  return report;
+}
+
+}  // namespace tandem::cli
