@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "comm/comm_error.h"
 #include "comm/process_group_impl.h"
@@ -52,6 +55,15 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const ProcessGroupOp
                  options.gloo_interface.empty() ? options.gloo_host : options.gloo_interface,
                  reason);
   }
+}
+
+std::string default_host_id() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  std::getline(boot, boot_id);
+  return std::string(host) + "/" + boot_id;
 }
 
 }  // namespace
@@ -117,11 +129,11 @@ compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
 }
 
 std::string ProcessGroup::Impl::describe(const char* op, const at::Tensor& tensor,
-                                         const compat::BackendBase& backend) {
+                                         const std::string& backend) {
   std::ostringstream shape;
   shape << tensor.sizes();
   return fmt::format("{} #{} {}{} on {}", op, sequence++, c10::toString(tensor.scalar_type()),
-                     shape.str(), backend.getBackendName());
+                     shape.str(), backend);
 }
 
 // ---- construction -----------------------------------------------------------
@@ -158,7 +170,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
         fmt::format("joining the Gloo group ({} ranks)", world_size), options.timeout);
   }
   log_debug("joined a Gloo group of {} ranks", world_size);
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+  auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+  if (options.shared_memory && world_size > 1) pg->setup_shared_memory();
+  pg->impl_->sequence = 0;  // number only the caller's collectives
+  return pg;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
@@ -174,6 +189,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
       if (resolved.gloo_host.empty()) resolved.gloo_host = "127.0.0.1";
     }
   }
+  if (resolved.host_id.empty()) {
+    // Launchers on different nodes never share memory, even when two "nodes"
+    // are network namespaces of one machine.
+    resolved.host_id = default_host_id() + "/node" + std::to_string(env.node_rank);
+  }
+  resolved.shared_memory = resolved.shared_memory && env.shared_memory;
   auto store = detail::connect_store(env, resolved.timeout);
   return create(std::move(store), env.rank, env.world_size, resolved);
 }
@@ -184,6 +205,46 @@ int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::world_size() const { return impl_->world_size; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
 std::string ProcessGroup::backend_name() const { return impl_->is_local() ? "local" : "gloo"; }
+bool ProcessGroup::uses_shared_memory() const { return impl_->shm != nullptr; }
+
+void ProcessGroup::setup_shared_memory() {
+  // Collective: every rank takes the same branches, decided on gathered data.
+  const std::string host = impl_->options.host_id.empty() ? default_host_id() : impl_->options.host_id;
+  auto hosts = all_gather_strings(host);
+  if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; })) {
+    log_debug("ranks span several hosts: all-reduce uses Gloo");
+    return;
+  }
+  const int world = impl_->world_size;
+  const std::size_t bytes = detail::ShmTransport::segment_bytes(world);
+  detail::ShmSegment segment;
+  std::string error;
+  if (impl_->rank == 0) {
+    try {
+      segment = detail::ShmSegment::create(bytes, 0, world);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const std::string name = all_gather_strings(error.empty() ? segment.name() : std::string())[0];
+  if (impl_->rank != 0 && !name.empty()) {
+    try {
+      segment = detail::ShmSegment::open(name, bytes, impl_->rank, world);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  auto errors = all_gather_strings(error);  // also: every rank has mapped it
+  if (impl_->rank == 0 && segment.valid()) segment.unlink();
+  for (const auto& e : errors) {
+    if (!e.empty()) {
+      if (impl_->rank == 0) log_warn("shared memory is unavailable, all-reduce uses Gloo: {}", e);
+      return;
+    }
+  }
+  impl_->shm = std::make_unique<detail::ShmTransport>(std::move(segment), impl_->rank, world,
+                                                      impl_->options.timeout);
+}
 std::uint64_t ProcessGroup::sequence_number() const { return impl_->sequence; }
 
 // ---- collectives ------------------------------------------------------------
@@ -192,18 +253,25 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce", "the tensor");
   check_avg(tensor, op, "all_reduce");
   if (impl_->is_local()) return Work();
+  if (impl_->shm && detail::ShmTransport::supports(tensor)) {
+    std::string what = impl_->describe("all_reduce", tensor, "shm");
+    return Work(impl_->shm->all_reduce(tensor, op, what), what);
+  }
   auto& backend = impl_->backend_for(tensor);
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = impl_->options.timeout;
-  std::function<void()> finish;
-  if (op == ReduceOp::kAvg) {
-    finish = [tensor, world = impl_->world_size]() mutable { tensor.div_(world); };
-  }
+  // Gloo cannot reduce bfloat16: reduce an fp32 copy and round once at the end.
+  const bool upcast = tensor.scalar_type() == at::kBFloat16 && !impl_->uses_nccl(tensor);
+  at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
+  std::function<void()> finish = [tensor, wire, upcast, op, world = impl_->world_size]() mutable {
+    if (op == ReduceOp::kAvg) wire.div_(world);
+    if (upcast) tensor.copy_(wire);
+  };
   return impl_->launch(
-      impl_->describe("all_reduce", tensor, backend),
+      impl_->describe("all_reduce", tensor, backend.getBackendName()),
       [&] {
-        std::vector<at::Tensor> tensors{tensor};
+        std::vector<at::Tensor> tensors{wire};
         return backend.allreduce(tensors, opts);
       },
       std::move(finish));
@@ -222,7 +290,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("broadcast", tensor, backend), [&] {
+  impl_->launch(impl_->describe("broadcast", tensor, backend.getBackendName()), [&] {
           std::vector<at::Tensor> tensors{tensor};
           return backend.broadcast(tensors, opts);
         }).wait();
@@ -239,7 +307,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   for (int r = 0; r < impl_->world_size; ++r) outputs[0].push_back(at::empty_like(tensor));
   c10d::AllgatherOptions opts;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("all_gather", tensor, backend), [&] {
+  impl_->launch(impl_->describe("all_gather", tensor, backend.getBackendName()), [&] {
           std::vector<at::Tensor> inputs{tensor};
           return backend.allgather(outputs, inputs, opts);
         }).wait();
@@ -267,7 +335,7 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
   for (int r = 0; r < impl_->world_size; ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
   c10d::AllgatherOptions opts;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("all_gather_into", input, backend), [&] {
+  impl_->launch(impl_->describe("all_gather_into", input, backend.getBackendName()), [&] {
           std::vector<at::Tensor> inputs{input.view({-1})};
           return backend.allgather(outputs, inputs, opts);
         }).wait();
@@ -298,7 +366,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
     opts.timeout = impl_->options.timeout;
     std::vector<std::vector<at::Tensor>> inputs(1);
     for (int r = 0; r < world; ++r) inputs[0].push_back(flat_in.narrow(0, r * n, n));
-    impl_->launch(impl_->describe("reduce_scatter", input, backend), [&] {
+    impl_->launch(impl_->describe("reduce_scatter", input, backend.getBackendName()), [&] {
             std::vector<at::Tensor> outputs{flat_out};
             return backend.reduce_scatter(outputs, inputs, opts);
           }).wait();
@@ -309,7 +377,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
   auto received = at::empty({world * n}, input.options());
   c10d::AllToAllOptions opts;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("reduce_scatter", input, backend), [&] {
+  impl_->launch(impl_->describe("reduce_scatter", input, backend.getBackendName()), [&] {
           std::vector<int64_t> even_split;
           return backend.alltoall_base(received, flat_in, even_split, even_split, opts);
         }).wait();

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "comm/shm_transport.h"
 #include "core/torch_compat.h"
 #include "tandem/comm/process_group.h"
 
@@ -16,6 +17,7 @@ struct ProcessGroup::Impl {
   compat::StorePtr store;
   c10::intrusive_ptr<compat::BackendBase> gloo;
   c10::intrusive_ptr<compat::BackendBase> nccl;  // created on first CUDA collective
+  std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
   std::uint64_t sequence = 0;
 
   bool is_local() const { return !gloo; }
@@ -25,7 +27,7 @@ struct ProcessGroup::Impl {
   bool uses_nccl(const at::Tensor& tensor) const;
 
   // "all_reduce #12 Float[4, 8] on gloo": used in every error message.
-  std::string describe(const char* op, const at::Tensor& tensor, const compat::BackendBase& backend);
+  std::string describe(const char* op, const at::Tensor& tensor, const std::string& backend);
 
   // Wraps a c10d call that returns Work, translating synchronous errors.
   template <typename Fn>

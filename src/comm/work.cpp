@@ -44,11 +44,15 @@ Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeou
       on_complete_(std::move(on_complete)),
       waited_(false) {}
 
+Work::Work(std::shared_future<void> future, std::string description)
+    : future_(std::move(future)), description_(std::move(description)), waited_(false) {}
+
 Work::Work(Work&& other) noexcept { *this = std::move(other); }
 
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     work_ = std::move(other.work_);
+    future_ = std::move(other.future_);
     timeout_ = other.timeout_;
     description_ = std::move(other.description_);
     on_complete_ = std::move(other.on_complete_);
@@ -59,19 +63,28 @@ Work& Work::operator=(Work&& other) noexcept {
 }
 
 Work::~Work() {
-  if (waited_ || !work_) return;
+  if (waited_ || (!work_ && !future_.valid())) return;
   try {
+    if (future_.valid()) {
+      future_.get();
+      return;
+    }
     work_->wait(timeout_);
   } catch (const std::exception& e) {
     log_error("{} failed while its handle was dropped unwaited: {}", description_, e.what());
   }
 }
 
-bool Work::is_completed() const { return waited_ || !work_ || work_->isCompleted(); }
+bool Work::is_completed() const {
+  if (waited_) return true;
+  if (future_.valid()) return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  return !work_ || work_->isCompleted();
+}
 
 void Work::wait() {
   if (waited_) return;
   waited_ = true;
+  if (future_.valid()) future_.get();  // the transport bounds its own waits
   if (work_) {
     try {
       work_->wait(timeout_);

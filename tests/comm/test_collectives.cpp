@@ -35,24 +35,44 @@ at::Tensor expected_reduce(ReduceOp op, int world, int64_t n, at::ScalarType dty
 
 class CollectivesByWorld : public ::testing::TestWithParam<int> {};
 
-TEST_P(CollectivesByWorld, AllReduceEveryOpAndSizeMatchesClosedForm) {
-  const int world = GetParam();
-  run_ranks(world, [&](ProcessGroup& pg) {
-    for (auto dtype : {at::kFloat, at::kDouble, at::kLong}) {
-      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
-        if (op == ReduceOp::kAvg && dtype == at::kLong) continue;
-        for (int64_t n : kSizes) {
-          auto t = rank_tensor(pg.rank(), n, dtype);
-          pg.all_reduce(t, op);
-          auto want = expected_reduce(op, world, n, dtype);
-          ASSERT_TRUE(at::allclose(t.to(at::kDouble), want.to(at::kDouble)))
-              << "world " << world << " op " << to_string(op) << " n " << n << " dtype "
-              << c10::toString(dtype);
+// All-reduce runs on two transports: shared memory (ranks on one host, the
+// default) and Gloo. Both must give the closed-form result.
+class AllReduceByWorldAndTransport : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(AllReduceByWorldAndTransport, EveryOpDtypeAndSizeMatchesClosedForm) {
+  const auto [world, shared_memory] = GetParam();
+  ProcessGroupOptions options;
+  options.shared_memory = shared_memory;
+  // 1<<18 fits one 4 MiB chunk; 2.5M + 3 elements spans three, unevenly.
+  const std::vector<int64_t> sizes = {0, 1, 7, 1 << 18, (5 << 19) + 3};
+  run_ranks(
+      world,
+      [&](ProcessGroup& pg) {
+        ASSERT_EQ(pg.uses_shared_memory(), shared_memory && world > 1);
+        for (auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16}) {
+          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+            if (op == ReduceOp::kAvg && dtype == at::kLong) continue;
+            for (int64_t n : sizes) {
+              if (n > (1 << 18) && (dtype != at::kFloat || op == ReduceOp::kMin)) continue;
+              auto t = rank_tensor(pg.rank(), n, dtype);
+              pg.all_reduce(t, op);
+              auto want = expected_reduce(op, world, n, dtype);
+              ASSERT_TRUE(at::allclose(t.to(at::kDouble), want.to(at::kDouble)))
+                  << "world " << world << " op " << to_string(op) << " n " << n << " dtype "
+                  << c10::toString(dtype);
+            }
+          }
         }
-      }
-    }
-  });
+      },
+      options);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    World1To8, AllReduceByWorldAndTransport,
+    ::testing::Combine(::testing::Range(1, 9), ::testing::Bool()), [](const auto& info) {
+      return "world" + std::to_string(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "_shm" : "_gloo");
+    });
 
 TEST_P(CollectivesByWorld, BroadcastFromEveryRoot) {
   const int world = GetParam();
@@ -116,7 +136,7 @@ TEST_P(CollectivesByWorld, GatherStringsOfDifferentLengths) {
 INSTANTIATE_TEST_SUITE_P(World1To8, CollectivesByWorld, ::testing::Range(1, 9),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
-TEST(Collectives, AsyncAllReducesCompleteIndependently) {
+TEST(Collectives, AsyncAllReducesCompleteInAnyWaitOrder) {
   run_ranks(3, [](ProcessGroup& pg) {
     auto a = at::full({1000}, static_cast<float>(pg.rank()));
     auto b = at::full({10}, 1.0f);
@@ -144,8 +164,11 @@ TEST(Collectives, LocalWorldIsANoOpThatNeedsNoStore) {
   EXPECT_EQ(pg->sequence_number(), 0u);
 }
 
-TEST(Collectives, MissingRankTimesOutWithTheOperationNamed) {
+class MissingRank : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MissingRank, TimesOutWithTheOperationNamed) {
   ProcessGroupOptions options;
+  options.shared_memory = GetParam();
   options.timeout = std::chrono::milliseconds(1500);
   std::string message;
   std::promise<void> rank0_done;
@@ -173,7 +196,13 @@ TEST(Collectives, MissingRankTimesOutWithTheOperationNamed) {
   EXPECT_NE(message.find("all_reduce #0"), std::string::npos) << message;
   EXPECT_NE(message.find("[rank 0/2]"), std::string::npos) << message;
   EXPECT_NE(message.find("1500 ms"), std::string::npos) << message;
+  if (GetParam()) {
+    EXPECT_NE(message.find("rank(s) 1 never arrived"), std::string::npos) << message;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, MissingRank, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "shm" : "gloo"; });
 
 TEST(Collectives, BadArgumentsAreUsageErrors) {
   run_ranks(2, [](ProcessGroup& pg) {

@@ -48,6 +48,11 @@ struct ProcessGroupOptions {
   std::string gloo_host;
   // Network interface Gloo listens on (e.g. "eth0"); wins over gloo_host.
   std::string gloo_interface;
+  // When every rank is on one host, carry CPU all-reduces through shared
+  // memory instead of Gloo's loopback TCP (several times faster).
+  bool shared_memory = true;
+  // Ranks with equal host ids share memory. Empty: hostname and boot id.
+  std::string host_id;
 };
 
 class ProcessGroup {
@@ -77,6 +82,8 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const;
   // Name of the backend for CPU tensors: "gloo", or "local" at world 1.
   std::string backend_name() const;
+  // True when CPU all-reduces go through the shared-memory transport.
+  bool uses_shared_memory() const;
 
   // In-place reduction of `tensor` across ranks. kAvg needs a floating type.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
@@ -115,6 +122,7 @@ class ProcessGroup {
 
  private:
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  void setup_shared_memory();
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <string>
 
 #include <c10/util/intrusive_ptr.h>
@@ -21,6 +22,8 @@ class Work {
   Work() = default;  // an already-completed no-op
   Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
        std::string description, std::function<void()> on_complete);
+  // A collective run by tandem's own transport; the future carries its error.
+  Work(std::shared_future<void> future, std::string description);
   Work(Work&&) noexcept;
   Work& operator=(Work&&) noexcept;
   Work(const Work&) = delete;
@@ -37,6 +40,7 @@ class Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  std::shared_future<void> future_;
   std::chrono::milliseconds timeout_{0};
   std::string description_;
   std::function<void()> on_complete_;

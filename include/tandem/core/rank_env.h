@@ -30,6 +30,8 @@ struct RankEnv {
   // Network interface for Gloo (TANDEM_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME).
   // Empty: use the local address that routes to master_addr.
   std::string socket_ifname;
+  // TANDEM_SHM=0 turns the intra-node shared-memory transport off.
+  bool shared_memory = true;
 
   // True when some launcher set the environment, even for world 1.
   bool launched() const { return source != RankEnvSource::kNone; }
