@@ -195,6 +195,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
     resolved.host_id = default_host_id() + "/node" + std::to_string(env.node_rank);
   }
   resolved.shared_memory = resolved.shared_memory && env.shared_memory;
+  if (!env.cuda_backend.empty()) resolved.cuda_backend = parse_cuda_backend(env.cuda_backend);
   auto store = detail::connect_store(env, resolved.timeout);
   return create(std::move(store), env.rank, env.world_size, resolved);
 }

@@ -92,6 +92,7 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
                                 parse_int(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0), 0);
   env.socket_ifname = get(vars, "TANDEM_SOCKET_IFNAME", get(vars, "GLOO_SOCKET_IFNAME", ""));
   env.shared_memory = parse_int(vars, "TANDEM_SHM", 1, 0) != 0;
+  env.cuda_backend = get(vars, "TANDEM_CUDA_BACKEND", "");
   if (find(vars, "RANK") && find(vars, "WORLD_SIZE")) {
     env.source = RankEnvSource::kTorchrun;
     env.rank = parse_int(vars, "RANK", 0, 0);

@@ -79,6 +79,18 @@ TEST(RankEnv, TorchrunWinsOverSlurmWhenBothAreSet) {
   EXPECT_EQ(env.rank, 0);
 }
 
+TEST(RankEnv, ReadsTandemTransportSwitches) {
+  RankEnv defaults = RankEnv::from_map({});
+  EXPECT_TRUE(defaults.shared_memory);
+  EXPECT_EQ(defaults.cuda_backend, "");
+  RankEnv env = RankEnv::from_map({{"TANDEM_SHM", "0"},
+                                   {"TANDEM_CUDA_BACKEND", "gloo"},
+                                   {"GLOO_SOCKET_IFNAME", "eth1"}});
+  EXPECT_FALSE(env.shared_memory);
+  EXPECT_EQ(env.cuda_backend, "gloo");
+  EXPECT_EQ(env.socket_ifname, "eth1");
+}
+
 TEST(RankEnv, MalformedValuesNameTheVariable) {
   try {
     RankEnv::from_map({{"RANK", "one"}, {"WORLD_SIZE", "2"}});

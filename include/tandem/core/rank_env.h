@@ -32,6 +32,8 @@ struct RankEnv {
   std::string socket_ifname;
   // TANDEM_SHM=0 turns the intra-node shared-memory transport off.
   bool shared_memory = true;
+  // TANDEM_CUDA_BACKEND=auto|nccl|gloo: backend for CUDA tensors ("" = auto).
+  std::string cuda_backend;
 
   // True when some launcher set the environment, even for world 1.
   bool launched() const { return source != RankEnvSource::kNone; }
