@@ -7,3 +7,4 @@
 #include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/version.h"
+#include "tandem/parallel/ddp.h"

@@ -44,6 +44,8 @@ Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeou
       on_complete_(std::move(on_complete)),
       waited_(false) {}
 
+Work::Work() = default;
+
 Work::Work(std::shared_future<void> future, std::string description)
     : future_(std::move(future)), description_(std::move(description)), waited_(false) {}
 

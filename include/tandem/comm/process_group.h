@@ -55,7 +55,7 @@ struct ProcessGroupOptions {
   std::string host_id;
 };
 
-class ProcessGroup {
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
   // Joins the job that `env` describes, rendezvousing through a TCPStore at
   // MASTER_ADDR:MASTER_PORT (hosted by rank 0 unless the launcher hosts it).

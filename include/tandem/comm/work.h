@@ -19,7 +19,7 @@ namespace tandem {
 // collective is ever left running on freed memory.
 class Work {
  public:
-  Work() = default;  // an already-completed no-op
+  Work();  // an already-completed no-op
   Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
        std::string description, std::function<void()> on_complete);
   // A collective run by tandem's own transport; the future carries its error.

@@ -1,0 +1,117 @@
+#pragma once
+// DistributedDataParallel for LibTorch modules.
+//
+// Wrap a module once; keep calling module->forward(...) and loss.backward()
+// exactly as in a single-process loop. By the time backward() returns, every
+// parameter's .grad holds the average over all ranks.
+//
+//   auto pg = tandem::ProcessGroup::init(tandem::RankEnv::from_environment());
+//   auto model = MyNet();
+//   tandem::DistributedDataParallel ddp(model, pg);
+//   ... model->forward(x) ... loss.backward() ... optimizer.step()
+//
+// How: gradients live in flat per-bucket buffers and each parameter's .grad is
+// a view into its bucket (no copy). An autograd hook marks a parameter ready
+// when its gradient is accumulated; when a bucket is complete its all-reduce
+// starts at once, overlapping the rest of backward. Buckets start in reverse
+// parameter order (first one 1 MB, then 25 MB) and are rebuilt once, after
+// the first backward, in the order gradients actually arrived (rank 0's).
+// Buffers (e.g. BatchNorm running statistics) are copied from rank 0 at
+// construction and after every synchronised backward, so each forward starts
+// from rank 0's buffers as in PyTorch.
+//
+// Thread-safety: one training thread per DistributedDataParallel. The module
+// must outlive it; the wrapper must outlive any backward through the module.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem {
+
+// What is sent across ranks for each bucket.
+enum class CommHook {
+  kAverage,       // fp32 (the parameters' dtype) average
+  kFp16Compress,  // cast to fp16, average, cast back: half the bytes
+  kBf16Compress,  // cast to bf16, average, cast back: half the bytes, fp32 range
+};
+
+struct DDPOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  // Parameters that get no gradient in a backward are an error by default
+  // (the message names them). With this set they count as ready instead.
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;
+  CommHook comm_hook = CommHook::kAverage;
+};
+
+namespace detail {
+class Reducer;
+}
+
+class DistributedDataParallel {
+ public:
+  // Broadcasts `module`'s parameters and buffers from rank 0, checks that
+  // every rank has the same parameter names, shapes and dtypes (the error
+  // names the rank and the first difference), and installs the hooks.
+  // Collective: every rank must construct its wrapper in the same order.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          std::shared_ptr<ProcessGroup> process_group, DDPOptions options = {});
+
+  template <typename ModuleImpl>
+  DistributedDataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module,
+                          std::shared_ptr<ProcessGroup> process_group, DDPOptions options = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                                std::move(process_group), options) {}
+
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Gradient accumulation: while a NoSync lives, backward() communicates
+  // nothing and gradients accumulate locally; the first backward after it
+  // reduces everything accumulated. Not nestable across wrappers' threads.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // Copies rank 0's buffers to every rank (collective). Called for you at
+  // construction and after each synchronised backward when broadcast_buffers.
+  void sync_buffers();
+
+  torch::nn::Module& module() const { return *module_; }
+  std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
+  ProcessGroup& process_group() const { return *process_group_; }
+  const DDPOptions& options() const { return options_; }
+
+  // Introspection and test seams.
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  bool buckets_rebuilt() const;
+  // Number of synchronised backward passes so far.
+  std::int64_t sync_count() const;
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> process_group_;
+  DDPOptions options_;
+  std::unique_ptr<detail::Reducer> reducer_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,123 @@
+#include "tandem/parallel/ddp.h"
+
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "parallel/reducer.h"
+#include "tandem/core/error.h"
+
+namespace tandem {
+namespace {
+
+// Broadcasts `tensors` from rank 0 with one collective per dtype.
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+  if (pg.world_size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::map<std::pair<int, std::string>, std::vector<at::Tensor>> groups;
+  for (const auto& t : tensors) {
+    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  }
+  for (auto& [key, group] : groups) {
+    std::vector<at::Tensor> flat_views;
+    for (const auto& t : group) flat_views.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_views);
+    pg.broadcast(flat, 0);
+    std::int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+std::string signature(const std::string& name, const at::Tensor& t) {
+  std::ostringstream shape;
+  shape << t.sizes();
+  return name + " " + c10::toString(t.scalar_type()) + shape.str();
+}
+
+// Every rank must wrap the same model; compare against rank 0 and name the
+// first difference. Every rank reaches the same verdict, so none hangs.
+void check_same_model(ProcessGroup& pg, const std::vector<std::string>& signatures) {
+  std::string mine;
+  for (const auto& s : signatures) mine += s + "\n";
+  auto all = pg.all_gather_strings(mine);
+  auto split = [](const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  };
+  const auto reference = split(all[0]);
+  for (int r = 1; r < static_cast<int>(all.size()); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto other = split(all[r]);
+    std::size_t k = 0;
+    while (k < reference.size() && k < other.size() && reference[k] == other[k]) ++k;
+    std::string on_zero = k < reference.size() ? reference[k] : "(no more parameters)";
+    std::string on_r = k < other.size() ? other[k] : "(no more parameters)";
+    TANDEM_THROW(UsageError,
+                 "DistributedDataParallel: rank {} has a different model than rank 0 ({} vs {} "
+                 "parameters). First difference at parameter #{}: rank 0 has '{}', rank {} has "
+                 "'{}'. Every rank must build the same model (same config, same code) before "
+                 "wrapping it",
+                 r, other.size(), reference.size(), k, on_zero, r, on_r);
+  }
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 std::shared_ptr<ProcessGroup> process_group,
+                                                 DDPOptions options)
+    : module_(std::move(module)), process_group_(std::move(process_group)), options_(options) {
+  TANDEM_CHECK_ARG(module_ != nullptr, "DistributedDataParallel: the module is null");
+  TANDEM_CHECK_ARG(process_group_ != nullptr, "DistributedDataParallel: the process group is null");
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<std::string> signatures;
+  std::vector<at::Tensor> state;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    signatures.push_back(signature(item.key(), item.value()) +
+                         (item.value().requires_grad() ? "" : " frozen"));
+    state.push_back(item.value());
+    if (!item.value().requires_grad()) continue;
+    params.push_back(item.value());
+    names.push_back(item.key());
+  }
+  check_same_model(*process_group_, signatures);
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) state.push_back(item.value());
+  broadcast_coalesced(*process_group_, state);
+  std::function<void()> after_sync;
+  if (options_.broadcast_buffers) after_sync = [this] { sync_buffers(); };
+  reducer_ = std::make_unique<detail::Reducer>(std::move(params), std::move(names), *process_group_,
+                                               options_, std::move(after_sync));
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.reducer_->sync_enabled()) {
+  ddp_.reducer_->set_sync_enabled(false);
+}
+
+DistributedDataParallel::NoSync::~NoSync() { ddp_.reducer_->set_sync_enabled(previous_); }
+
+void DistributedDataParallel::sync_buffers() {
+  std::vector<at::Tensor> buffers;
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers.push_back(item.value());
+  broadcast_coalesced(*process_group_, buffers);
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+  return reducer_->bucket_names();
+}
+
+bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt(); }
+
+std::int64_t DistributedDataParallel::sync_count() const { return reducer_->sync_count(); }
+
+}  // namespace tandem

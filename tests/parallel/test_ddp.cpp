@@ -1,0 +1,316 @@
+// DistributedDataParallel: parity with single-process training on the
+// concatenated batch is the main evidence; the rest pins down buckets,
+// no_sync, unused parameters and model checks.
+
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "parallel/ddp_test_models.h"
+#include "support/thread_ranks.h"
+#include "tandem/core/error.h"
+#include "tandem/parallel/ddp.h"
+
+namespace tandem {
+namespace {
+
+using testing::copy_state;
+using testing::max_relative_diff;
+using testing::Mlp;
+using testing::run_ranks;
+
+constexpr int kIn = 12, kHidden = 24, kOut = 5;
+
+struct Data {
+  std::vector<torch::Tensor> inputs;  // per step, the whole global batch
+  std::vector<torch::Tensor> labels;
+};
+
+Data make_data(int steps, int global_batch) {
+  torch::manual_seed(123);
+  Data d;
+  for (int s = 0; s < steps; ++s) {
+    d.inputs.push_back(torch::randn({global_batch, kIn}));
+    d.labels.push_back(torch::randint(0, kOut, {global_batch}));
+  }
+  return d;
+}
+
+Mlp reference_init() {
+  torch::manual_seed(7);
+  return Mlp(kIn, kHidden, kOut);
+}
+
+// Trains a fresh copy of the reference model on the full batches.
+Mlp train_single(const Data& data, int steps) {
+  Mlp model(kIn, kHidden, kOut);
+  copy_state(*model, *reference_init());
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model(data.inputs[s]), data.labels[s]).backward();
+    opt.step();
+  }
+  return model;
+}
+
+// Every rank starts from a different init (DDP must broadcast rank 0's) and
+// trains on its slice of each global batch.
+void train_ddp(ProcessGroup& pg, const Data& data, int steps, const DDPOptions& options,
+               Mlp& out) {
+  Mlp model(kIn, kHidden, kOut);
+  copy_state(*model, *out);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(static_cast<float>(pg.rank()));
+  }
+  DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  const int64_t b = data.inputs[0].size(0) / pg.world_size();
+  for (int s = 0; s < steps; ++s) {
+    auto x = data.inputs[s].narrow(0, pg.rank() * b, b);
+    auto y = data.labels[s].narrow(0, pg.rank() * b, b);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model(x), y).backward();
+    opt.step();
+  }
+  out = model;
+}
+
+class DdpParity : public ::testing::TestWithParam<std::tuple<int, double>> {};
+
+TEST_P(DdpParity, MlpMatchesSingleProcessOnTheConcatenatedBatch) {
+  const auto [world, bucket_mb] = GetParam();
+  const int steps = 6, per_rank = 4;
+  Data data = make_data(steps, world * per_rank);
+  Mlp expected = train_single(data, steps);
+  DDPOptions options;
+  options.bucket_cap_mb = bucket_mb;
+  options.first_bucket_cap_mb = bucket_mb;
+  std::vector<Mlp> trained(world, nullptr);
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Mlp model = reference_init();
+    train_ddp(pg, data, steps, options, model);
+    trained[pg.rank()] = model;
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_LT(max_relative_diff(*trained[r], *expected), 1e-5) << "rank " << r;
+  }
+}
+
+// Default caps (one bucket here) and a tiny cap (one parameter per bucket).
+INSTANTIATE_TEST_SUITE_P(Worlds, DdpParity,
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(25.0, 1e-4)),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) < 1 ? "_tiny_buckets" : "_default_buckets");
+                         });
+
+TEST(Ddp, TinyCapGivesOneBucketPerParameterInReverseOrder) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    Mlp model(kIn, kHidden, kOut);
+    DDPOptions options;
+    options.bucket_cap_mb = 1e-6;
+    options.first_bucket_cap_mb = 1e-6;
+    DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+    auto buckets = ddp.bucket_parameter_names();
+    ASSERT_EQ(buckets.size(), 6u);
+    EXPECT_EQ(buckets.front(), std::vector<std::string>{"fc3.bias"});
+    EXPECT_EQ(buckets.back(), std::vector<std::string>{"fc1.weight"});
+  });
+}
+
+// Registered a, b, c but applied c(b(a(x))) in reverse: the gradient of `a`
+// (applied last) arrives first.
+struct ShuffledImpl : torch::nn::Module {
+  ShuffledImpl() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    c = register_module("c", torch::nn::Linear(8, 8));
+  }
+  torch::Tensor forward(torch::Tensor x) { return a(torch::relu(b(torch::relu(c(x))))); }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(Shuffled);
+
+TEST(Ddp, BucketsAreRebuiltOnceInGradientArrivalOrder) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    Shuffled model;
+    DDPOptions options;
+    options.bucket_cap_mb = 1e-6;
+    options.first_bucket_cap_mb = 1e-6;
+    DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+    EXPECT_FALSE(ddp.buckets_rebuilt());
+    EXPECT_EQ(ddp.bucket_parameter_names().front().front(), "c.bias");  // reverse registration
+    model(torch::randn({4, 8})).sum().backward();
+    EXPECT_TRUE(ddp.buckets_rebuilt());
+    auto rebuilt = ddp.bucket_parameter_names();
+    ASSERT_EQ(rebuilt.size(), 6u);
+    EXPECT_EQ(rebuilt.front().front().substr(0, 2), "a.");  // applied last, ready first
+    EXPECT_EQ(rebuilt.back().front().substr(0, 2), "c.");
+    // The reduced gradients survived the move into the new buckets.
+    auto grad = model->a->weight.grad().clone();
+    pg.all_reduce(grad, ReduceOp::kMax);
+    EXPECT_TRUE(torch::equal(grad, model->a->weight.grad()));
+    model(torch::randn({4, 8})).sum().backward();
+    EXPECT_EQ(ddp.bucket_parameter_names(), rebuilt);  // only once
+    EXPECT_EQ(ddp.sync_count(), 2);
+  });
+}
+
+TEST(Ddp, GradientsAreViewsIntoOneFlatBucket) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    Mlp model(kIn, kHidden, kOut);
+    DistributedDataParallel ddp(model, pg.shared_from_this());
+    ASSERT_EQ(ddp.bucket_parameter_names().size(), 1u);
+    model(torch::randn({3, kIn})).sum().backward();
+    auto storage = model->fc1->weight.grad().storage().data();
+    for (auto& p : model->parameters()) EXPECT_EQ(p.grad().storage().data(), storage);
+    // After zero_grad to None, the next backward copies back into the bucket.
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    model(torch::randn({3, kIn})).sum().backward();
+    for (auto& p : model->parameters()) EXPECT_EQ(p.grad().storage().data(), storage);
+  });
+}
+
+TEST(Ddp, NoSyncAccumulationEqualsOneBigBatch) {
+  const int world = 2, per_rank = 3;
+  Data data = make_data(2, world * per_rank);
+  // Reference: one process accumulating both micro-batches over all ranks' data.
+  Mlp reference(kIn, kHidden, kOut);
+  copy_state(*reference, *reference_init());
+  for (int s = 0; s < 2; ++s) {
+    torch::nn::functional::cross_entropy(reference(data.inputs[s]), data.labels[s]).backward();
+  }
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Mlp model = reference_init();
+    Mlp local(kIn, kHidden, kOut);
+    copy_state(*local, *model);
+    DistributedDataParallel ddp(model, pg.shared_from_this());
+    auto slice = [&](int s, const std::vector<torch::Tensor>& v) {
+      return v[s].narrow(0, pg.rank() * per_rank, per_rank);
+    };
+    {
+      auto guard = ddp.no_sync();
+      torch::nn::functional::cross_entropy(model(slice(0, data.inputs)), slice(0, data.labels)).backward();
+    }
+    // Nothing was communicated: the gradient is this rank's own.
+    torch::nn::functional::cross_entropy(local(slice(0, data.inputs)), slice(0, data.labels)).backward();
+    EXPECT_TRUE(torch::allclose(model->fc1->weight.grad(), local->fc1->weight.grad()));
+    EXPECT_EQ(ddp.sync_count(), 0);
+    torch::nn::functional::cross_entropy(model(slice(1, data.inputs)), slice(1, data.labels)).backward();
+    EXPECT_EQ(ddp.sync_count(), 1);
+    // Average over ranks of per-rank sums of two micro-batch means equals the
+    // sum over micro-batches of the global mean.
+    auto ref = reference->named_parameters();
+    for (auto& item : model->named_parameters()) {
+      EXPECT_TRUE(torch::allclose(item.value().grad(), ref[item.key()].grad(), 1e-5, 1e-6))
+          << item.key();
+    }
+  });
+}
+
+struct PartlyUsedImpl : torch::nn::Module {
+  PartlyUsedImpl() {
+    used = register_module("used", torch::nn::Linear(4, 4));
+    spare = register_module("spare", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_spare) {
+    return use_spare ? spare(used(x)) : used(x);
+  }
+  torch::nn::Linear used{nullptr}, spare{nullptr};
+};
+TORCH_MODULE(PartlyUsed);
+
+TEST(Ddp, UnusedParametersAreAnErrorThatNamesThemAndTheFix) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    PartlyUsed model;
+    DistributedDataParallel ddp(model, pg.shared_from_this());
+    try {
+      model->forward(torch::randn({2, 4}), false).sum().backward();
+      ADD_FAILURE() << "backward with unused parameters did not throw";
+    } catch (const UsageError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("2 parameter(s) received no gradient"), std::string::npos) << what;
+      EXPECT_NE(what.find("spare.weight"), std::string::npos) << what;
+      EXPECT_NE(what.find("spare.bias"), std::string::npos) << what;
+      EXPECT_NE(what.find("find_unused_parameters"), std::string::npos) << what;
+      EXPECT_NE(what.find("[rank " + std::to_string(pg.rank()) + "/2]"), std::string::npos) << what;
+    }
+  });
+}
+
+TEST(Ddp, FindUnusedParametersAveragesWhatSomeRankUsed) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    PartlyUsed model;
+    DDPOptions options;
+    options.find_unused_parameters = true;
+    DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+    auto x = torch::ones({2, 4});
+    // Only rank 0 uses `spare`: both ranks must end with the same gradient.
+    model->forward(x, pg.rank() == 0).sum().backward();
+    ASSERT_TRUE(model->spare->weight.grad().defined());
+    auto g = model->spare->weight.grad().clone();
+    auto g_max = g.clone();
+    pg.all_reduce(g_max, ReduceOp::kMax);
+    EXPECT_TRUE(torch::equal(g, g_max));
+    EXPECT_GT(g.abs().sum().item<float>(), 0);
+    // Nobody uses it: its gradient stays undefined, as in single-process training.
+    PartlyUsed fresh;
+    DistributedDataParallel ddp2(fresh, pg.shared_from_this(), options);
+    fresh->forward(x, false).sum().backward();
+    EXPECT_FALSE(fresh->spare->weight.grad().defined());
+  });
+}
+
+TEST(Ddp, DifferentModelsAcrossRanksNameTheRankAndParameter) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    torch::nn::Sequential model(torch::nn::Linear(4, 5),
+                                torch::nn::Linear(5, pg.rank() == 0 ? 3 : 2));
+    try {
+      DistributedDataParallel ddp(model, pg.shared_from_this());
+      ADD_FAILURE() << "no error for different models";
+    } catch (const UsageError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("rank 1 has a different model than rank 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("1.weight Float[3, 5]"), std::string::npos) << what;
+      EXPECT_NE(what.find("1.weight Float[2, 5]"), std::string::npos) << what;
+    }
+  });
+}
+
+TEST(Ddp, Bf16CompressionHookAveragesWithinBf16Precision) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    Mlp model = reference_init();
+    Mlp plain(kIn, kHidden, kOut);
+    copy_state(*plain, *model);
+    DDPOptions compressed;
+    compressed.comm_hook = CommHook::kBf16Compress;
+    DistributedDataParallel ddp(model, pg.shared_from_this(), compressed);
+    DistributedDataParallel ddp_plain(plain, pg.shared_from_this());
+    torch::manual_seed(0);
+    auto x = torch::arange(3 * kIn).reshape({3, kIn}).to(torch::kFloat).div(10).add(pg.rank());
+    model(x).pow(2).mean().backward();
+    plain(x).pow(2).mean().backward();
+    auto want = plain->fc1->weight.grad();
+    auto got = model->fc1->weight.grad();
+    EXPECT_TRUE(torch::allclose(got, want, 1e-2, 1e-3));
+    EXPECT_FALSE(torch::equal(got, want));  // it did go through bf16
+  });
+}
+
+TEST(Ddp, BuffersFollowRankZero) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::BatchNorm1d(4));
+    DistributedDataParallel ddp(model, pg.shared_from_this());
+    auto x = torch::full({3, 4}, static_cast<float>(pg.rank())) + torch::arange(12).reshape({3, 4});
+    model->forward(x).sum().backward();  // running stats differ per rank ...
+    auto mean = model->named_buffers()["1.running_mean"].clone();
+    auto mean0 = mean.clone();
+    pg.broadcast(mean0, 0);
+    EXPECT_TRUE(torch::equal(mean, mean0));  // ... until the broadcast after backward
+  });
+}
+
+}  // namespace
+}  // namespace tandem
