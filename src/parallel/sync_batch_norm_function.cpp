@@ -47,10 +47,15 @@ struct ProcessGroupCapsule : torch::CustomClassHolder {
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
   // y = (x - mean) * invstd * weight + bias, with mean/invstd already global.
+  // weight and bias come as optionals: LibTorch 1.13's Function::apply
+  // rejects an undefined at::Tensor argument but skips an empty optional.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias,
-                            const at::Tensor& mean, const at::Tensor& invstd, int64_t count,
+                            const c10::optional<at::Tensor>& weight_arg,
+                            const c10::optional<at::Tensor>& bias_arg, const at::Tensor& mean,
+                            const at::Tensor& invstd, int64_t count,
                             std::shared_ptr<ProcessGroup> pg) {
+    const at::Tensor weight = weight_arg.value_or(at::Tensor());
+    const at::Tensor bias = bias_arg.value_or(at::Tensor());
     const auto shape = channel_shape(input);
     const auto dtype = invstd.scalar_type();
     // Folding the affine transform into one scale and shift per channel makes
@@ -160,8 +165,11 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight,
                            std::shared_ptr<ProcessGroup> pg) {
   TANDEM_CHECK(pg != nullptr, "sync_batch_norm needs a process group");
   const auto invstd = stats.var.add(eps).rsqrt();
-  return SyncBatchNormFunction::apply(input, weight, bias, stats.mean, invstd, stats.count,
-                                      std::move(pg));
+  const auto optional = [](const at::Tensor& t) {
+    return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+  };
+  return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), stats.mean, invstd,
+                                      stats.count, std::move(pg));
 }
 
 }  // namespace tandem::detail

@@ -98,9 +98,14 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   at::Tensor num_batches_tracked;  // undefined unless options.track_running_stats()
 
  private:
-  void register_state(at::Tensor weight, bool weight_requires_grad, at::Tensor bias,
-                      bool bias_requires_grad, at::Tensor running_mean, at::Tensor running_var,
-                      at::Tensor num_batches_tracked);
+  struct SkipReset {};
+  // For from_batch_norm: registers nothing, so the adopted tensors can be.
+  SyncBatchNormImpl(SkipReset, const SyncBatchNormOptions& options,
+                    std::shared_ptr<ProcessGroup> process_group);
+  // Registers the five tensors (undefined ones too, as BatchNorm does); a
+  // parameter keeps its own requires_grad flag.
+  void register_state(at::Tensor new_weight, at::Tensor new_bias, at::Tensor new_running_mean,
+                      at::Tensor new_running_var, at::Tensor new_num_batches_tracked);
   // Bumps num_batches_tracked in training and returns the running-statistics
   // update factor, exactly as torch::nn::BatchNorm does.
   double next_average_factor();
