@@ -8,3 +8,5 @@
 #include "tandem/core/rank_env.h"
 #include "tandem/core/version.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/data/distributed_loader.h"
+#include "tandem/data/distributed_sampler.h"

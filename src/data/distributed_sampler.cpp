@@ -18,8 +18,8 @@ int64_t compute_num_samples(int64_t dataset_size, int64_t num_replicas, bool dro
 
 // Every rank must agree on what defines the global index list; a mismatch
 // would not fail anywhere, it would silently duplicate and drop samples.
-void check_same_on_every_rank(ProcessGroup& pg, int64_t dataset_size, bool shuffle,
-                              uint64_t seed, bool drop_last) {
+void check_same_on_every_rank(ProcessGroup& pg, int64_t dataset_size, bool shuffle, uint64_t seed,
+                              bool drop_last) {
   auto mine = at::empty({4}, at::kLong);
   auto* p = mine.data_ptr<int64_t>();
   p[0] = dataset_size;

@@ -29,16 +29,16 @@ class DistributedSampler {
   // samples. `seed` must be the same on every rank, or ranks draw different
   // permutations and samples are duplicated and lost. Throws UsageError when
   // num_replicas < 1, rank is outside [0, num_replicas) or dataset_size < 0.
-  DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
-                     bool shuffle = true, uint64_t seed = 0, bool drop_last = false);
+  DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle = true,
+                     uint64_t seed = 0, bool drop_last = false);
 
   // Same, with num_replicas = pg.world_size() and rank = pg.rank(). A
   // collective: every rank of `pg` must construct its sampler at the same
   // point. It checks that all ranks passed the same dataset_size, shuffle,
   // seed and drop_last, and throws UsageError naming the first rank that
   // differs. The sampler keeps no reference to `pg`.
-  DistributedSampler(ProcessGroup& pg, int64_t dataset_size, bool shuffle = true,
-                     uint64_t seed = 0, bool drop_last = false);
+  DistributedSampler(ProcessGroup& pg, int64_t dataset_size, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
 
   // This rank's indices for the current epoch, num_samples() of them, each in
   // [0, dataset_size). Deterministic in (constructor arguments, epoch()).

@@ -1,0 +1,226 @@
+#include "tandem/data/distributed_loader.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <c10/util/StringUtil.h>
+
+#include "data/batch_prefetcher.h"
+#include "tandem/comm/process_group.h"
+
+namespace tandem {
+namespace {
+
+int64_t checked_tensor_rows(const std::vector<at::Tensor>& tensors) {
+  TANDEM_CHECK_ARG(!tensors.empty(),
+                   "DistributedLoader: no tensors given. Pass one tensor per field, e.g. "
+                   "{{inputs, labels}}, each with one row per sample in dim 0.");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TANDEM_CHECK_ARG(tensors[i].defined(), "DistributedLoader: tensor {} is undefined.", i);
+    TANDEM_CHECK_ARG(tensors[i].dim() >= 1,
+                     "DistributedLoader: tensor {} is 0-dimensional; every tensor needs a dim "
+                     "0 with one row per sample (unsqueeze(0) a scalar).",
+                     i);
+    TANDEM_CHECK_ARG(tensors[i].size(0) == tensors[0].size(0),
+                     "DistributedLoader: tensor {} has {} rows in dim 0 (shape {}) but tensor 0 "
+                     "has {} (shape {}). Sample i is row i of every tensor, so all must have "
+                     "the same size in dim 0.",
+                     i, tensors[i].size(0), c10::str(tensors[i].sizes()), tensors[0].size(0),
+                     c10::str(tensors[0].sizes()));
+  }
+  return tensors[0].size(0);
+}
+
+// Sample i is row i of every tensor; index_select gives the same contiguous
+// batch as PyTorch's default_collate stacking t[i] one row at a time.
+DistributedLoader::Fetch tensor_fetch(std::vector<at::Tensor> tensors) {
+  return [tensors = std::move(tensors)](const std::vector<int64_t>& indices) {
+    const at::Tensor index = at::from_blob(const_cast<int64_t*>(indices.data()),
+                                           {static_cast<int64_t>(indices.size())}, at::kLong);
+    DistributedLoader::Batch batch;
+    batch.reserve(tensors.size());
+    for (const auto& t : tensors) {
+      batch.push_back(t.index_select(0, t.is_cpu() ? index : index.to(t.device())));
+    }
+    return batch;
+  };
+}
+
+}  // namespace
+
+struct DistributedLoader::Impl {
+  Impl(Fetch fetch, DistributedSampler sampler, DistributedLoaderOptions options)
+      : fetch_(std::move(fetch)), sampler_(std::move(sampler)), options_(std::move(options)) {
+    num_samples_ = sampler_.num_samples();
+    if (!options_.even_batches && !sampler_.drop_last()) {
+      // Without padding rank r holds the real positions r, r + R, ... < n.
+      const int64_t n = sampler_.dataset_size();
+      const int64_t r = sampler_.rank();
+      const int64_t replicas = sampler_.num_replicas();
+      num_samples_ = n > r ? (n - r + replicas - 1) / replicas : 0;
+    }
+    const int64_t b = options_.batch_size;
+    num_batches_ = options_.drop_last ? num_samples_ / b : (num_samples_ + b - 1) / b;
+  }
+
+  std::vector<int64_t> epoch_indices() const {
+    std::vector<int64_t> indices = sampler_.indices();
+    // Padding sits at the end of each rank's list, so dropping it is a cut.
+    indices.resize(static_cast<size_t>(num_samples_));
+    return indices;
+  }
+
+  // Runs on the prefetch thread when there is one: reads only order_, which
+  // is fixed while a pass (and so the thread) is alive.
+  Batch prepare(int64_t b) const {
+    const int64_t begin = b * options_.batch_size;
+    const int64_t end = std::min(begin + options_.batch_size, num_samples_);
+    Batch batch = fetch_(std::vector<int64_t>(order_.begin() + begin, order_.begin() + end));
+    if (options_.pin_memory && options_.device.is_cuda()) {
+      for (auto& t : batch) {
+        if (t.is_cpu() && !t.is_pinned()) t = t.pin_memory();
+      }
+    }
+    return batch;
+  }
+
+  // Runs on the consumer's thread: a copy issued here is ordered on the
+  // stream the consumer will use the batch on. Issued from the prefetch
+  // thread it would go to that thread's current stream, and a non_blocking
+  // copy could still be in flight when the consumer's kernels read it.
+  Batch deliver(Batch batch) const {
+    const bool non_blocking = options_.non_blocking && options_.device.is_cuda();
+    for (auto& t : batch) {
+      if (t.device() != options_.device) t = t.to(options_.device, non_blocking);
+    }
+    return batch;
+  }
+
+  void start_pass() {
+    end_pass();
+    order_ = epoch_indices();
+    next_batch_ = std::min(pending_skip_, num_batches_);
+    pending_skip_ = 0;
+    active_ = true;
+    ++pass_;
+    if (options_.prefetch > 0 && next_batch_ < num_batches_) {
+      prefetcher_ = std::make_unique<detail::BatchPrefetcher>(
+          [this](int64_t b) { return prepare(b); }, next_batch_, num_batches_, options_.prefetch);
+    }
+  }
+
+  void end_pass() {
+    prefetcher_.reset();  // joins the thread before order_ may change
+    active_ = false;
+  }
+
+  std::optional<Batch> next() {
+    if (!active_) start_pass();
+    if (next_batch_ >= num_batches_) {
+      end_pass();
+      return std::nullopt;
+    }
+    Batch batch;
+    try {
+      batch = prefetcher_ ? prefetcher_->pop() : prepare(next_batch_);
+    } catch (...) {
+      end_pass();
+      throw;
+    }
+    ++next_batch_;
+    return deliver(std::move(batch));
+  }
+
+  Fetch fetch_;
+  DistributedSampler sampler_;
+  DistributedLoaderOptions options_;
+  int64_t num_samples_ = 0;
+  int64_t num_batches_ = 0;
+  int64_t pending_skip_ = 0;
+
+  // The pass in progress.
+  bool active_ = false;
+  uint64_t pass_ = 0;
+  std::vector<int64_t> order_;
+  int64_t next_batch_ = 0;
+  std::unique_ptr<detail::BatchPrefetcher> prefetcher_;
+};
+
+DistributedLoader::DistributedLoader(std::vector<at::Tensor> tensors, int64_t num_replicas,
+                                     int64_t rank, DistributedLoaderOptions options)
+    : DistributedLoader(Fetch(), checked_tensor_rows(tensors), num_replicas, rank,
+                        std::move(options)) {
+  impl_->fetch_ = tensor_fetch(std::move(tensors));
+}
+
+DistributedLoader::DistributedLoader(std::vector<at::Tensor> tensors, ProcessGroup& pg,
+                                     DistributedLoaderOptions options)
+    : DistributedLoader(Fetch(), checked_tensor_rows(tensors), pg, std::move(options)) {
+  impl_->fetch_ = tensor_fetch(std::move(tensors));
+}
+
+DistributedLoader::DistributedLoader(Fetch fetch, int64_t dataset_size, int64_t num_replicas,
+                                     int64_t rank, DistributedLoaderOptions options) {
+  validate(options);
+  DistributedSampler sampler(dataset_size, num_replicas, rank, options.shuffle, options.seed,
+                             options.sampler_drop_last);
+  impl_ = std::make_unique<Impl>(std::move(fetch), std::move(sampler), std::move(options));
+}
+
+DistributedLoader::DistributedLoader(Fetch fetch, int64_t dataset_size, ProcessGroup& pg,
+                                     DistributedLoaderOptions options) {
+  validate(options);
+  DistributedSampler sampler(pg, dataset_size, options.shuffle, options.seed,
+                             options.sampler_drop_last);
+  impl_ = std::make_unique<Impl>(std::move(fetch), std::move(sampler), std::move(options));
+}
+
+DistributedLoader::~DistributedLoader() = default;
+DistributedLoader::DistributedLoader(DistributedLoader&&) noexcept = default;
+DistributedLoader& DistributedLoader::operator=(DistributedLoader&&) noexcept = default;
+
+int64_t DistributedLoader::size() const { return impl_->num_batches_; }
+int64_t DistributedLoader::num_samples() const { return impl_->num_samples_; }
+
+void DistributedLoader::set_epoch(int64_t epoch) {
+  impl_->end_pass();
+  impl_->sampler_.set_epoch(epoch);
+}
+
+int64_t DistributedLoader::epoch() const { return impl_->sampler_.epoch(); }
+
+void DistributedLoader::skip_first_batches(int64_t num_batches) {
+  TANDEM_CHECK_ARG(num_batches >= 0,
+                   "DistributedLoader::skip_first_batches: num_batches must be >= 0, got {}. "
+                   "Pass the number of batches of this epoch already consumed.",
+                   num_batches);
+  impl_->end_pass();
+  impl_->pending_skip_ = num_batches;
+}
+
+std::optional<DistributedLoader::Batch> DistributedLoader::next() { return impl_->next(); }
+
+std::vector<int64_t> DistributedLoader::epoch_indices() const { return impl_->epoch_indices(); }
+
+const DistributedLoaderOptions& DistributedLoader::options() const { return impl_->options_; }
+const DistributedSampler& DistributedLoader::sampler() const { return impl_->sampler_; }
+
+DistributedLoader::Iterator DistributedLoader::begin() {
+  impl_->start_pass();
+  return Iterator(this, impl_->pass_);
+}
+
+DistributedLoader::Iterator::Iterator(DistributedLoader* loader, uint64_t pass)
+    : loader_(loader), pass_(pass), batch_(loader->next()) {}
+
+DistributedLoader::Iterator& DistributedLoader::Iterator::operator++() {
+  const Impl& impl = *loader_->impl_;
+  TANDEM_CHECK_ARG(impl.active_ && impl.pass_ == pass_,
+                   "DistributedLoader: the pass being iterated was ended by set_epoch(), "
+                   "skip_first_batches() or a new begin(). Call them between passes, not "
+                   "inside the loop body.");
+  batch_ = loader_->next();
+  return *this;
+}
+
+}  // namespace tandem
