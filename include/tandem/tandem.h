@@ -10,3 +10,4 @@
 #include "tandem/parallel/ddp.h"
 #include "tandem/data/distributed_loader.h"
 #include "tandem/data/distributed_sampler.h"
+#include "tandem/parallel/sync_batch_norm.h"

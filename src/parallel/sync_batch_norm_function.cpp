@@ -1,5 +1,6 @@
 #include "parallel/sync_batch_norm_function.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
