@@ -3,6 +3,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/work.h"
+#include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "parallel/reducer.h"
+#include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
@@ -76,6 +77,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     : module_(std::move(module)), process_group_(std::move(process_group)), options_(options) {
   TANDEM_CHECK_ARG(module_ != nullptr, "DistributedDataParallel: the module is null");
   TANDEM_CHECK_ARG(process_group_ != nullptr, "DistributedDataParallel: the process group is null");
+  if (options_.cache_cpu_allocations) enable_cpu_caching_allocator();
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   std::vector<std::string> signatures;

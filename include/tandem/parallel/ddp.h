@@ -50,6 +50,10 @@ struct DDPOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::kAverage;
+  // Install tandem's caching CPU allocator (process-wide; see
+  // tandem/core/cpu_allocator.h): training steps stop page-faulting their
+  // large tensors back in. False keeps the system allocator.
+  bool cache_cpu_allocations = true;
 };
 
 namespace detail {
