@@ -20,7 +20,8 @@ using testing::ProcessResult;
 using testing::read_file;
 using testing::run_process;
 using testing::TempDir;
-using testing::wait_until;
+using testing::wait_for_exit;
+using testing::wait_for_files;
 
 std::vector<std::string> launch(std::vector<std::string> args) {
   args.insert(args.begin(), {bin("tandem"), "launch"});
@@ -40,21 +41,19 @@ std::vector<pid_t> read_pids(const std::string& dir, int n) {
 
 // Waits until all n workers have written their pid files.
 std::vector<pid_t> wait_for_pids(const std::string& dir, int n) {
-  wait_until([&] { return static_cast<int>(read_pids(dir, n).size()) == n; }, 20);
+  wait_for_files(dir, [&] { return static_cast<int>(read_pids(dir, n).size()) == n; }, 20);
   auto pids = read_pids(dir, n);
   EXPECT_EQ(static_cast<int>(pids.size()), n) << "workers did not start";
   return pids;
 }
 
 bool none_alive(const std::vector<pid_t>& pids, double within_s) {
-  return wait_until(
-      [&] {
-        for (pid_t p : pids) {
-          if (process_alive(p)) return false;
-        }
-        return true;
-      },
-      within_s);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(within_s);
+  for (pid_t p : pids) {
+    double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (!wait_for_exit(p, std::max(0.0, left))) return false;
+  }
+  return true;
 }
 
 TEST(Launch, PrintsEveryRankWithTheWorldSize) {

@@ -3,16 +3,20 @@
 // start it in the background and signal it. Output goes to temp files.
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace tandem::testing {
@@ -64,15 +68,46 @@ inline bool process_alive(pid_t pid) {
          content[close_paren + 2] != 'Z';
 }
 
-// Polls `condition` every 20 ms until it holds or `timeout_s` passes.
-template <typename Fn>
-bool wait_until(Fn condition, double timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+inline int remaining_ms(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<std::int64_t>(0, left.count()));
+}
+
+// Waits until `pid` has terminated (any process, not only a child), or
+// `timeout_s` passes. Blocks in poll() on a pidfd: no sleeping.
+inline bool wait_for_exit(pid_t pid, double timeout_s) {
+  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return !process_alive(pid);  // already gone (ESRCH)
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s));
+  bool exited = false;
+  while (!exited) {
+    pollfd p{fd, POLLIN, 0};
+    int n = ::poll(&p, 1, remaining_ms(deadline));
+    if (n > 0) exited = true;
+    if (n == 0) break;  // timed out
   }
-  return condition();
+  ::close(fd);
+  return exited || !process_alive(pid);
+}
+
+// Waits until `condition` holds, re-checking whenever a file in `dir` is
+// created or written (inotify), or until `timeout_s` passes.
+template <typename Fn>
+bool wait_for_files(const std::string& dir, Fn condition, double timeout_s) {
+  int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s));
+  bool done = condition();
+  while (!done && remaining_ms(deadline) > 0) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) break;
+    char events[4096];
+    while (::read(fd, events, sizeof(events)) > 0) {
+    }
+    done = condition();
+  }
+  ::close(fd);
+  return done || condition();
 }
 
 class BackgroundProcess {
@@ -109,7 +144,7 @@ class BackgroundProcess {
   ProcessResult wait(double timeout_s) {
     ProcessResult r;
     int status = 0;
-    bool done = wait_until([&] { return ::waitpid(pid_, &status, WNOHANG) == pid_; }, timeout_s);
+    bool done = wait_for_exit(pid_, timeout_s) && ::waitpid(pid_, &status, 0) == pid_;
     if (!done) {
       r.timed_out = true;
       ::kill(pid_, SIGKILL);
