@@ -8,6 +8,7 @@
 
 #include "config/config_command.h"
 #include "env/env_command.h"
+#include "estimate/estimate_memory_command.h"
 #include "launch/launch_command.h"
 #include "tandem/core/error.h"
 #include "tandem/core/version.h"
@@ -19,10 +20,11 @@ void print_usage() {
       "usage: tandem <command> [options]\n"
       "\n"
       "commands:\n"
-      "  launch   start a multi-process job (torchrun-compatible flags)\n"
-      "  config   write a config by answering questions; `config check FILE` validates one,\n"
-      "           `config default` writes a basic one\n"
-      "  env      report versions, backends, devices, BLAS and the rank environment\n"
+      "  launch           start a multi-process job (torchrun-compatible flags)\n"
+      "  config           write a config by answering questions; `config check FILE`\n"
+      "                   validates one, `config default` writes a basic one\n"
+      "  env              report versions, backends, devices, BLAS and the rank environment\n"
+      "  estimate-memory  model-state memory per rank for DDP and ZeRO stages 1-3\n"
       "\n"
       "Run `tandem <command> --help` for a command's options.\n");
 }
@@ -43,6 +45,9 @@ int main(int argc, char** argv) {
     if (command == "launch") return tandem::cli::run_launch_command(argc - 1, argv + 1);
     if (command == "env") return tandem::cli::run_env_command(argc - 1, argv + 1);
     if (command == "config") return tandem::cli::run_config_command(argc - 1, argv + 1);
+    if (command == "estimate-memory") {
+      return tandem::cli::run_estimate_memory_command(argc - 1, argv + 1);
+    }
     std::fprintf(stderr, "tandem: unknown command '%s'\n\n", command.c_str());
     print_usage();
     return 2;
