@@ -44,8 +44,12 @@ Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config fil
 Accelerator::~Accelerator() {
   // Hooks of the DDP wrapper point into state_ and the reducer; drop them
   // before the rest.
-  if (state_) state_->ddp = nullptr;
+  if (state_) {
+    state_->ddp = nullptr;
+    state_->zero = nullptr;
+  }
   ddp_.reset();
+  zero_.reset();
 }
 
 void Accelerator::init_state(const AcceleratorOptions& options) {
@@ -57,11 +61,6 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
   }
-  TANDEM_CHECK_ARG(config_.zero.stage == 0,
-                   "Accelerator: ZeRO stage {} is not available in this version of tandem "
-                   "(ZeRO arrives with the sharded optimizer). Set zero_optimization.stage to 0 "
-                   "to train with DDP",
-                   config_.zero.stage);
   const bool want_cuda = !options.cpu && !config_.use_cpu;
   if (want_cuda && torch::cuda::is_available()) {
     device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
@@ -118,7 +117,8 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   model->to(device_);
   // One process has nothing to synchronise (as Accelerate, which does not
   // wrap at num_processes == 1).
-  if (num_processes() > 1) {
+  // ZeRO shards when the optimizer is prepared: it needs both.
+  if (num_processes() > 1 && config_.zero.stage == 0) {
     ddp_ = std::make_unique<DistributedDataParallel>(model, process_group_, *ddp_options_);
     state_->ddp = ddp_.get();
   }
@@ -130,8 +130,24 @@ AcceleratedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& opt
                    "Accelerator::prepare_optimizer: an optimizer was already prepared; this "
                    "version of tandem steps one optimizer per Accelerator (put all parameter "
                    "groups in one optimizer)");
+  if (config_.zero.stage > 0) {
+    TANDEM_CHECK_ARG(model_ != nullptr,
+                     "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
+                     "with its optimizer; prepare the model first (or use prepare(model, "
+                     "optimizer, data))",
+                     config_.zero.stage);
+    ZeroOptions zero;
+    zero.stage = config_.zero.stage;
+    zero.reduce_bucket_size = config_.zero.reduce_bucket_size;
+    zero.offload_optimizer = config_.zero.offload_optimizer == OffloadDevice::kCpu;
+    zero.offload_param = config_.zero.offload_param == OffloadDevice::kCpu;
+    zero.pin_memory = config_.zero.offload_pin_memory;
+    zero.prefetch = config_.zero.stage3_prefetch_bucket_size != 0;
+    zero_ = std::make_unique<ZeroOptimizer>(model_, optimizer, process_group_, zero);
+    state_->zero = zero_.get();
+  }
   optimizer_core_ = std::make_shared<detail::OptimizerCore>(
-      optimizer, state_, scaler_, config_.gradient_clipping, process_group_.get());
+      optimizer, state_, scaler_, config_.gradient_clipping, process_group_.get(), zero_.get());
   return AcceleratedOptimizer(optimizer_core_);
 }
 

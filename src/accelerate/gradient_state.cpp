@@ -1,6 +1,7 @@
 #include "tandem/accelerate/gradient_state.h"
 
 #include "tandem/parallel/ddp.h"
+#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 
@@ -13,6 +14,7 @@ void GradientState::begin_micro_step() {
   sync_gradients = end_of_dataloader || micro_step % accumulation_steps == 0;
   if (sync_gradients) micro_step = 0;
   if (ddp != nullptr) ddp->set_gradient_sync(sync_gradients);
+  if (zero != nullptr) zero->set_gradient_sync(sync_gradients);
 }
 
 }  // namespace tandem

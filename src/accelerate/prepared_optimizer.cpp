@@ -10,6 +10,7 @@
 #include "tandem/amp/unscale.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 
@@ -71,12 +72,14 @@ bool has_low_precision_params(torch::optim::Optimizer& optimizer) {
 OptimizerCore::OptimizerCore(torch::optim::Optimizer& optimizer,
                              std::shared_ptr<GradientState> state,
                              std::shared_ptr<LossScaler> scaler, double gradient_clipping,
-                             ProcessGroup* group)
+                             ProcessGroup* group, ZeroOptimizer* zero)
     : optimizer_(&optimizer),
       state_(std::move(state)),
       scaler_(std::move(scaler)),
       gradient_clipping_(gradient_clipping),
-      group_(group) {
+      group_(group),
+      zero_(zero) {
+  if (zero_ != nullptr) return;  // ZeRO keeps fp32 master shards itself
   // A bf16/fp16 model trains through fp32 copies (DeepSpeed's fp16/bf16
   // optimizers): updates smaller than the low-precision spacing would
   // otherwise round away.
@@ -92,7 +95,10 @@ void OptimizerCore::unscale_gradients() {
                    "accelerator.backward(loss) and before optimizer.step())");
   const double inv_scale = scaling ? scaler_->inv_scale() : 1.0;
   bool found_inf = false;
-  if (master_) {
+  if (zero_ != nullptr) {
+    // The reduced fp32 gradient shards are what the update reads.
+    if (scaling) found_inf = unscale_and_find_inf(zero_->gradient_shards(), inv_scale);
+  } else if (master_) {
     master_->copy_grads_to_master(inv_scale);
     if (scaling) {
       std::vector<at::Tensor> grads;
@@ -119,7 +125,14 @@ void OptimizerCore::unscale_gradients() {
 double OptimizerCore::clip(double max_norm, double norm_type) {
   unscale_gradients();
   if (found_inf_) return std::numeric_limits<double>::infinity();
-  const double norm = clip_gradients(*optimizer_, max_norm, norm_type, nullptr);
+  double norm = 0;
+  if (zero_ != nullptr) {
+    TANDEM_CHECK_ARG(norm_type == 2.0, "clip_grad_norm under ZeRO clips the L2 norm "
+                     "(norm_type 2), got norm_type {}", norm_type);
+    norm = zero_->clip_grad_norm(max_norm);
+  } else {
+    norm = clip_gradients(*optimizer_, max_norm, norm_type, nullptr);
+  }
   state_->clipped_this_step = true;
   return norm;
 }
@@ -145,9 +158,17 @@ void OptimizerCore::step() {
   const bool skip = found_inf_;
   if (!skip) {
     if (gradient_clipping_ > 0 && !state_->clipped_this_step) {
-      clip_gradients(*optimizer_, gradient_clipping_, 2.0, nullptr);
+      if (zero_ != nullptr) {
+        zero_->clip_grad_norm(gradient_clipping_);
+      } else {
+        clip_gradients(*optimizer_, gradient_clipping_, 2.0, nullptr);
+      }
     }
-    optimizer_->step();
+    if (zero_ != nullptr) {
+      zero_->step();
+    } else {
+      optimizer_->step();
+    }
     if (master_) master_->copy_master_to_model();
     ++state_->optimizer_steps;
   }
@@ -167,6 +188,10 @@ void OptimizerCore::end_step() {
 
 void OptimizerCore::zero_grad() {
   if (state_->gradients_pending) return;
+  if (zero_ != nullptr) {
+    zero_->zero_grad();
+    return;
+  }
   // In place, so DDP's .grad views of its buckets stay in place (no
   // set-to-None: the next backward would have to re-adopt every gradient).
   torch::NoGradGuard no_grad;

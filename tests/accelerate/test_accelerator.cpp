@@ -312,15 +312,19 @@ TEST(Accelerator, PerProcessBatchCompletesTheDeepSpeedBatchTriple) {
   });
 }
 
-TEST(Accelerator, UnavailableSettingsAreRefusedWithTheKnobToTurn) {
+TEST(Accelerator, ZeroStageThreeWithoutShardedUnitsSaysHowToDeclareThem) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Config zero;
-    zero.zero.stage = 2;
+    zero.zero.stage = 3;
+    Accelerator accelerator(pg.shared_from_this(), zero);
+    Mlp model(kIn, kHidden, kOut);
+    torch::optim::Adam adam(model->parameters());
+    accelerator.prepare_model(model);
     try {
-      Accelerator accelerator(pg.shared_from_this(), zero);
+      accelerator.prepare_optimizer(adam);
       FAIL() << "expected UsageError";
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("zero_optimization.stage"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("tandem::Sharded<BlockImpl>"), std::string::npos);
     }
   });
 }

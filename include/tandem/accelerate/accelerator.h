@@ -51,6 +51,7 @@
 #include "tandem/core/rank_env.h"
 #include "tandem/data/distributed_loader.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 
@@ -311,6 +312,11 @@ class Accelerator {
 
   // The bare module: its state dict has no wrapper prefix (no "module.").
   std::shared_ptr<torch::nn::Module> unwrap_model() const { return model_; }
+  // The ZeRO optimizer behind the prepared optimizer when the config's
+  // zero_optimization.stage is 1-3 (after prepare_optimizer), else nullptr.
+  // Stage 3: wrap reads of the whole parameters in
+  // ZeroOptimizer::GatheredParameters.
+  ZeroOptimizer* zero_optimizer() const { return zero_.get(); }
   // Parameters and buffers by module path, cloned to the CPU.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict() const;
 
@@ -348,6 +354,7 @@ class Accelerator {
   std::shared_ptr<GradientState> state_;
   std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   std::shared_ptr<LossScaler> scaler_;
   std::shared_ptr<detail::OptimizerCore> optimizer_core_;
   MetricsLogger metrics_;

@@ -12,6 +12,7 @@
 namespace tandem {
 
 class DistributedDataParallel;
+class ZeroOptimizer;
 
 struct GradientState {
   // Micro-batches per optimizer step (gradient_accumulation_steps).
@@ -51,6 +52,8 @@ struct GradientState {
 
   // The DDP wrapper whose gradient sync follows sync_gradients (may be null).
   DistributedDataParallel* ddp = nullptr;
+  // The ZeRO optimizer, likewise (stage 1 honours the switch).
+  ZeroOptimizer* zero = nullptr;
 
   // Starts a micro-step: decides sync_gradients and sets the DDP switch.
   void begin_micro_step();

@@ -30,6 +30,8 @@
 
 namespace tandem {
 
+class ZeroOptimizer;
+
 class ProcessGroup;
 
 // Gradient-norm clipping over every parameter the optimizer holds.
@@ -49,9 +51,11 @@ namespace detail {
 class OptimizerCore {
  public:
   // `group`: the ranks that must agree on skipping an overflowing step.
+  // `zero`: the ZeRO optimizer that owns the update (nullptr: `optimizer`
+  // steps itself); it keeps its own fp32 master shards.
   OptimizerCore(torch::optim::Optimizer& optimizer, std::shared_ptr<GradientState> state,
                 std::shared_ptr<LossScaler> scaler, double gradient_clipping,
-                ProcessGroup* group);
+                ProcessGroup* group, ZeroOptimizer* zero = nullptr);
 
   // Unscales the current step's gradients once (into the fp32 masters when
   // there are any) and records whether any is inf/NaN. Later calls in the
@@ -74,6 +78,7 @@ class OptimizerCore {
   std::unique_ptr<MasterWeights> master_;
   double gradient_clipping_;
   ProcessGroup* group_;
+  ZeroOptimizer* zero_;
   bool unscaled_ = false;
   bool found_inf_ = false;
 };

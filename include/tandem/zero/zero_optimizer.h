@@ -1,0 +1,167 @@
+#pragma once
+// ZeroOptimizer: ZeRO stages 1, 2 and 3 (DeepSpeed's zero_optimization) for a
+// LibTorch model and a torch::optim Adam, AdamW or SGD.
+//
+//   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   tandem::ZeroOptions options;
+//   options.stage = 2;
+//   tandem::ZeroOptimizer zero(model, adamw, pg, options);   // collective
+//   for (...) {
+//     zero.zero_grad();
+//     loss_fn(model->forward(x), y).backward();   // gradients reduce-scattered
+//     zero.clip_grad_norm(1.0);                   // optional, sharding-aware
+//     zero.step();                                // shard update + all-gather
+//   }
+//
+// What each rank keeps (Ψ parameters, N ranks, fp32 Adam):
+//   stage 1  whole parameters and gradients, 1/N of the optimizer state:
+//            gradients are averaged by bucketed all-reduce during backward
+//            (as in DDP); each rank updates its shard of every bucket and the
+//            updated shards are all-gathered.                 4Ψ + 4Ψ + 8Ψ/N
+//   stage 2  whole parameters, 1/N of gradients and state: each bucket of
+//            `reduce_bucket_size` elements is reduce-scattered as soon as its
+//            gradients are complete (overlapping the rest of backward), and
+//            its full gradients are freed.                       4Ψ + 12Ψ/N
+//   stage 3  1/N of everything: tandem::Sharded units are gathered before
+//            their forward and backward and freed after (see sharded.h). 16Ψ/N
+//
+// Parameters are flattened into one buffer per bucket (stage 1/2) or per unit
+// (stage 3), padded to a multiple of N; rank r owns slice r of each. The
+// torch::optim optimizer supplies the hyperparameters, read at every step, so
+// LR schedulers attached to it keep working; its own step() and state are
+// never used. Each rank's update runs in tandem's fused CPU Adam on CPU fp32
+// shards and in tensor ops elsewhere.
+//
+// Mixed precision: bf16/fp16 parameters get fp32 master shards; gradients
+// are reduced and accumulated in fp32. Loss scaling is the caller's
+// (Accelerator): unscale the grad shards, agree on overflow, skip the step.
+// offload_optimizer keeps master shards, gradient shards and optimizer state
+// in host memory (pinned, with asynchronous copies, when the model is on
+// CUDA); offload_param (stage 3) keeps the parameter shards there as well.
+//
+// Gradient accumulation: stage 1 honours set_gradient_sync(false) like DDP;
+// stages 2 and 3 reduce-scatter every micro-step and accumulate into the
+// shard (full gradients are never kept), so the switch has no effect there.
+//
+// Contract: construct on every rank in the same order with the same model;
+// one training thread; the model, the optimizer and the process group must
+// outlive the ZeroOptimizer. While a backward or a stage-3 forward runs, the
+// optimizer's collectives are in flight on a helper thread: issue no other
+// collective on the same process group until backward() returns.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem {
+
+struct ZeroOptions {
+  int stage = 2;  // 1, 2 or 3
+  // Elements per gradient bucket (stages 1 and 2), DeepSpeed's
+  // reduce_bucket_size. Stage 3 reduces one unit at a time.
+  int64_t reduce_bucket_size = 500'000'000;
+  // Stage 3: gather the next unit while the current one computes.
+  bool prefetch = true;
+  bool offload_optimizer = false;  // master weights + optimizer state on the host
+  bool offload_param = false;      // stage 3: parameter shards on the host
+  bool pin_memory = true;          // host buffers pinned when the model is on CUDA
+  // Threads for the CPU Adam update; 0: LibTorch's intra-op thread count.
+  int cpu_adam_threads = 0;
+};
+
+// Bytes each rank holds now, by kind (the memory accounting of ZeRO's paper).
+struct ZeroMemoryStats {
+  int64_t parameter_bytes = 0;        // model parameters, whole or sharded
+  int64_t gradient_bytes = 0;         // full gradients or gradient shards
+  int64_t optimizer_state_bytes = 0;  // moments and fp32 master shards
+  int64_t host_bytes = 0;             // the part of the above kept on the host when offloading
+  int64_t model_state_bytes() const {
+    return parameter_bytes + gradient_bytes + optimizer_state_bytes;
+  }
+};
+
+namespace detail {
+class ZeroEngine;
+}
+
+class ZeroOptimizer {
+ public:
+  // Flattens and partitions `model`'s trainable parameters, broadcasting
+  // rank 0's values first. `optimizer` must be a torch::optim::Adam, AdamW
+  // or SGD over (a subset of) those parameters (UsageError otherwise, as for
+  // amsgrad or nesterov). Collective.
+  ZeroOptimizer(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
+                std::shared_ptr<ProcessGroup> process_group, ZeroOptions options = {});
+  template <typename ModuleImpl>
+  ZeroOptimizer(const torch::nn::ModuleHolder<ModuleImpl>& model,
+                torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> process_group,
+                ZeroOptions options = {})
+      : ZeroOptimizer(std::static_pointer_cast<torch::nn::Module>(model.ptr()), optimizer,
+                      std::move(process_group), options) {}
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // Updates this rank's shards from the reduced gradients with the
+  // optimizer's current hyperparameters, then makes the parameters whole
+  // again (stages 1 and 2). Collective.
+  void step();
+  // Clears the gradients (shards, or the flat buffers in stage 1).
+  void zero_grad();
+
+  // Scales the gradients so that their global L2 norm is at most max_norm;
+  // returns the norm before clipping (every rank gets the same value).
+  // Collective. Call after backward, before step().
+  double clip_grad_norm(double max_norm);
+  // The global L2 norm of the gradients, without clipping. Collective.
+  double grad_norm();
+
+  // The fp32 gradient shards this rank updates from (stage 1: views of its
+  // share of the averaged gradients). For loss-scaler unscaling and overflow
+  // checks; valid until the next backward.
+  std::vector<at::Tensor> gradient_shards();
+
+  // Stage 1 only: false makes the next backward accumulate locally without
+  // communicating (DDP's no_sync). Ignored by stages 2 and 3.
+  void set_gradient_sync(bool enabled);
+  bool gradient_sync() const;
+
+  // Stage 3: makes every parameter whole on every rank while the guard
+  // lives (to read, evaluate or save them), and frees them again after,
+  // keeping any change made to them in the meantime. Collective, on entry
+  // and exit. Stages 1 and 2: nothing to do.
+  class GatheredParameters {
+   public:
+    explicit GatheredParameters(ZeroOptimizer& zero);
+    ~GatheredParameters() noexcept(false);
+    GatheredParameters(const GatheredParameters&) = delete;
+    GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+   private:
+    ZeroOptimizer& zero_;
+  };
+
+  int stage() const;
+  const ZeroOptions& options() const;
+  ProcessGroup& process_group() const;
+  // Bytes held now; stage 3 parameters count what is gathered at the moment.
+  ZeroMemoryStats memory_stats() const;
+  // Introspection: buckets (stage 1/2) or units (stage 3, then the group of
+  // parameters outside every unit) as parameter names.
+  std::vector<std::vector<std::string>> group_parameter_names() const;
+  // Completed optimizer steps.
+  int64_t step_count() const;
+
+ private:
+  std::unique_ptr<detail::ZeroEngine> engine_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,58 @@
+#include "zero/flat_group.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+namespace tandem::detail {
+
+void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int world, int rank) {
+  group.offsets.clear();
+  group.numel = 0;
+  for (int64_t n : member_numels) {
+    group.offsets.push_back(group.numel);
+    group.numel += n;
+  }
+  group.padded = (group.numel + world - 1) / world * world;
+  if (group.padded == 0) group.padded = world;  // every rank owns at least one slot
+  group.shard_numel = group.padded / world;
+  group.shard_begin = rank * group.shard_numel;
+  const int64_t shard_end = group.shard_begin + group.shard_numel;
+  group.segments.clear();
+  for (std::size_t k = 0; k < group.members.size(); ++k) {
+    const int64_t lo = std::max(group.offsets[k], group.shard_begin);
+    const int64_t hi = std::min(group.offsets[k] + member_numels[k], shard_end);
+    if (lo >= hi) continue;
+    group.segments.push_back(
+        {group.members[k], lo - group.offsets[k], lo - group.shard_begin, hi - lo});
+  }
+}
+
+at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor t = at::empty({0}, flat.options());
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * sizes[d + 1];
+  }
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+  return t;
+}
+
+void release_storage(const at::Tensor& tensor) {
+  tensor.storage().unsafeGetStorageImpl()->reset();
+}
+
+void reallocate_storage(const at::Tensor& tensor, int64_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (static_cast<int64_t>(storage->nbytes()) == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));
+  storage->set_nbytes(static_cast<size_t>(nbytes));
+}
+
+int64_t storage_bytes(const at::Tensor& tensor) {
+  if (!tensor.defined()) return 0;
+  return static_cast<int64_t>(tensor.storage().nbytes());
+}
+
+}  // namespace tandem::detail

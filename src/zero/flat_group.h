@@ -1,0 +1,85 @@
+#pragma once
+// The flat layout behind ZeRO: a group of parameters (a gradient bucket in
+// stages 1 and 2, a Sharded unit in stage 3) laid end to end in one buffer,
+// padded to a multiple of the world size, rank r owning slice r.
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tandem {
+class ShardedUnit;
+}
+
+namespace tandem::detail {
+
+// A stretch of this rank's shard that lies in one parameter.
+struct ShardSegment {
+  std::size_t param = 0;       // index into the engine's parameter list
+  int64_t param_offset = 0;    // first element within the parameter
+  int64_t shard_offset = 0;    // first element within the shard
+  int64_t length = 0;
+};
+
+// A run of the shard updated with one set of hyperparameters: consecutive
+// segments whose parameters share an optimizer param group.
+struct ShardRun {
+  std::size_t param_group = 0;
+  int64_t shard_offset = 0;
+  int64_t length = 0;
+};
+
+enum class ParamsState { kWhole, kGathering, kReleased };
+
+struct FlatGroup {
+  std::vector<std::size_t> members;  // parameter indices, in layout order
+  std::vector<int64_t> offsets;      // each member's first element in the flat buffer
+  int64_t numel = 0;                 // sum of the members' elements
+  int64_t padded = 0;                // numel rounded up to a multiple of the world size
+  int64_t shard_numel = 0;           // padded / world size
+  int64_t shard_begin = 0;           // this rank's first element in the flat buffer
+
+  ShardedUnit* unit = nullptr;       // stage 3: the unit whose parameters these are
+  bool partitioned_params = false;   // stage 3 unit: whole only while in use
+
+  at::Tensor full;         // padded flat parameters (the params' dtype and device)
+  at::Tensor param_shard;  // partitioned_params: this rank's slice, kept between uses
+  at::Tensor master;       // fp32 shard the optimizer updates
+  bool master_is_param = false;  // master aliases the parameters' own memory
+  at::Tensor grad_full;    // stage 1: padded flat gradients; .grad aliases them
+  at::Tensor grad_shard;   // fp32 gradient shard the update reads
+  bool grad_shard_is_view = false;  // stage 1: aliases grad_full's slice
+  std::vector<at::Tensor> state;    // optimizer state shards (moments, momentum)
+  std::vector<ShardSegment> segments;
+  std::vector<ShardRun> runs;
+
+  // Backward bookkeeping.
+  std::size_t pending = 0;
+  bool prepared = false;  // gradients packed (stage 2/3) and ready to launch
+  at::Tensor wire;        // stage 2/3: the packed fp32 gradients to reduce-scatter
+
+  // Stage 3.
+  ParamsState params_state = ParamsState::kWhole;
+  std::shared_future<void> gather_done;
+};
+
+// Lays out `members` (with their element counts) for `world` ranks and
+// computes `rank`'s segments.
+void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int world, int rank);
+
+// A tensor over `flat`'s storage at `offset` with `sizes`, contiguous, that
+// autograd does not treat as a view of `flat` (its own version counter).
+at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
+
+// Frees `tensor`'s storage; tensors aliasing it keep their shapes and see the
+// memory again after reallocate_storage().
+void release_storage(const at::Tensor& tensor);
+// Gives `tensor`'s storage its full size again (contents undefined).
+void reallocate_storage(const at::Tensor& tensor, int64_t nbytes);
+// Bytes the storage holds now.
+int64_t storage_bytes(const at::Tensor& tensor);
+
+}  // namespace tandem::detail

@@ -1,0 +1,169 @@
+// Backward under ZeRO: as each group's gradients complete, stage 1 all-reduces
+// its flat gradient buffer (DDP's scheme) and stages 2 and 3 pack the
+// gradients, free them, and reduce-scatter the pack into this rank's fp32
+// shard, all on the communication thread while backward goes on.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "tandem/core/error.h"
+#include "zero/zero_engine.h"
+
+namespace tandem::detail {
+namespace {
+
+// Runs after AccumulateGrad has added this backward's gradient into .grad.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(ZeroEngine* engine, std::size_t index) : engine_(engine), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    engine_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  ZeroEngine* engine_;
+  std::size_t index_;
+};
+
+}  // namespace
+
+void ZeroEngine::install_hooks() {
+  group_of_.assign(params_.size(), 0);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t i : groups_[g].members) group_of_[i] = g;
+  }
+  ready_.assign(params_.size(), false);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
+    // The parameter holds its accumulator weakly: keep it alive, or the next
+    // backward builds a new one without our hook.
+    accumulators_.push_back(std::move(accumulator));
+  }
+  install_unit_hooks();
+}
+
+void ZeroEngine::on_grad_ready(std::size_t index) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (options_.stage == 1 && !sync_enabled_) return;  // accumulate locally, as DDP's no_sync
+  if (!in_backward_) begin_backward();
+  if (ready_[index]) return;
+  ready_[index] = true;
+  if (options_.stage == 1) adopt_grad(index);
+  FlatGroup& group = groups_[group_of_[index]];
+  if (--group.pending == 0) {
+    prepare(group);
+    launch_ready_groups();
+  }
+}
+
+void ZeroEngine::begin_backward() {
+  in_backward_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& group : groups_) {
+    group.pending = group.members.size();
+    group.prepared = false;
+  }
+  next_to_launch_ = 0;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+}
+
+void ZeroEngine::adopt_grad(std::size_t index) {
+  FlatGroup& group = groups_[group_of_[index]];
+  std::size_t k = 0;
+  while (group.members[k] != index) ++k;
+  at::Tensor& grad = params_[index].mutable_grad();
+  at::Tensor view = alias(group.grad_full, group.offsets[k], params_[index].sizes());
+  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
+  // Gradients set to None, or a fresh tensor from autograd: one copy brings
+  // them into the buffer, and from then on .grad is a view of it.
+  torch::NoGradGuard no_grad;
+  if (grad.defined()) {
+    view.copy_(grad);
+  } else {
+    view.zero_();
+  }
+  grad = view;
+}
+
+void ZeroEngine::prepare(FlatGroup& group) {
+  group.prepared = true;
+  if (options_.stage == 1) return;
+  torch::NoGradGuard no_grad;
+  group.wire = at::zeros({group.padded}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  for (std::size_t k = 0; k < group.members.size(); ++k) {
+    at::Tensor& grad = params_[group.members[k]].mutable_grad();
+    if (!grad.defined()) continue;  // unused this step: contributes zeros
+    group.wire.narrow(0, group.offsets[k], grad.numel()).copy_(grad.reshape({-1}));
+    grad = at::Tensor();  // the full gradient lives no longer than its bucket
+  }
+  if (group.partitioned_params) release(group);
+}
+
+void ZeroEngine::launch_ready_groups() {
+  // Strictly in group order, so every rank issues the same collectives in the
+  // same sequence whatever order its gradients arrived in.
+  while (next_to_launch_ < groups_.size() && groups_[next_to_launch_].prepared) {
+    launch(groups_[next_to_launch_++]);
+  }
+}
+
+void ZeroEngine::launch(FlatGroup& group) {
+  FlatGroup* g = &group;
+  if (options_.stage == 1) {
+    queue_.submit([this, g] {
+      pg_->all_reduce(g->grad_full, ReduceOp::kAvg);
+      if (!g->grad_shard_is_view) {
+        torch::NoGradGuard no_grad;
+        g->grad_shard.copy_(g->grad_full.narrow(0, g->shard_begin, g->shard_numel));
+      }
+    });
+    return;
+  }
+  at::Tensor wire = std::move(group.wire);
+  group.wire = at::Tensor();
+  queue_.submit([this, g, wire] {
+    torch::NoGradGuard no_grad;
+    at::Tensor shard = at::empty({g->shard_numel}, wire.options());
+    pg_->reduce_scatter(shard, wire, ReduceOp::kAvg);
+    // Micro-steps accumulate into the shard until zero_grad().
+    if (shard.device() == g->grad_shard.device()) {
+      g->grad_shard.add_(shard);
+    } else {
+      g->grad_shard.add_(shard.to(g->grad_shard.device()));
+    }
+  });
+}
+
+void ZeroEngine::finalize_backward() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  in_backward_ = false;
+  // Parameters that got no gradient this time contribute zeros; their
+  // groups launch now, in order, on every rank.
+  for (auto& group : groups_) {
+    if (group.prepared) continue;
+    if (options_.stage == 1) {
+      for (std::size_t i : group.members) {
+        if (!ready_[i]) adopt_grad(i);
+      }
+    }
+    group.pending = 0;
+    prepare(group);
+  }
+  launch_ready_groups();
+  queue_.drain();
+  if (options_.stage == 3) {
+    if (!hold_gathered_) {
+      for (auto& group : groups_) {
+        if (group.partitioned_params) release(group);
+      }
+    }
+    forward_order_fixed_ = forward_order_fixed_ || !forward_order_.empty();
+  }
+}
+
+}  // namespace tandem::detail

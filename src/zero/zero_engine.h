@@ -1,0 +1,108 @@
+#pragma once
+// The machinery behind tandem::ZeroOptimizer: the flat groups, the autograd
+// hooks that pack and reduce gradients as each group completes, the stage-3
+// gather/release around each Sharded unit, and the sharded update.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "tandem/zero/sharded.h"
+#include "tandem/zero/zero_optimizer.h"
+#include "zero/comm_queue.h"
+#include "zero/flat_group.h"
+#include "zero/shard_update.h"
+
+namespace tandem::detail {
+
+class ZeroEngine {
+ public:
+  ZeroEngine(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
+             std::shared_ptr<ProcessGroup> pg, ZeroOptions options);
+  ~ZeroEngine();
+
+  void step();
+  void zero_grad();
+  double grad_norm();
+  double clip_grad_norm(double max_norm);
+  std::vector<at::Tensor> gradient_shards();
+  void set_gradient_sync(bool enabled);
+  bool gradient_sync() const;
+  void gather_all();
+  void release_all();
+
+  int stage() const { return options_.stage; }
+  const ZeroOptions& options() const { return options_; }
+  ProcessGroup& process_group() const { return *pg_; }
+  ZeroMemoryStats memory_stats() const;
+  std::vector<std::vector<std::string>> group_names() const;
+  int64_t step_count() const { return step_; }
+
+  // Autograd and unit hooks.
+  void on_grad_ready(std::size_t index);
+  void unit_before_forward(std::size_t group);
+  at::Tensor unit_after_forward(std::size_t group, at::Tensor output);
+  void unit_before_backward(std::size_t group);
+
+ private:
+  void collect_parameters(torch::nn::Module& model);
+  void build_bucket_groups();
+  void build_unit_groups(torch::nn::Module& model);
+  void finish_group(FlatGroup& group);
+  void build_runs(FlatGroup& group);
+  void install_hooks();
+  void install_unit_hooks();
+
+  void begin_backward();
+  void finalize_backward();
+  void adopt_grad(std::size_t index);
+  void prepare(FlatGroup& group);
+  void launch_ready_groups();
+  void launch(FlatGroup& group);
+  void wait_quiet();
+
+  // Stage 3.
+  void gather(FlatGroup& group, bool wait);
+  void release(FlatGroup& group);
+  void write_back_shard(FlatGroup& group);
+  int neighbour_in_forward_order(std::size_t group, int direction) const;
+
+  at::Tensor to_state_device(const at::Tensor& t) const;
+  at::Tensor empty_state(int64_t n) const;
+
+  std::shared_ptr<torch::nn::Module> model_;
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<ProcessGroup> pg_;
+  ZeroOptions options_;
+  UpdateRule rule_;
+  int world_ = 1;
+  int rank_ = 0;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  c10::Device state_device_ = c10::Device(c10::kCPU);
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::size_t> param_group_of_;  // optimizer param group, or npos
+  std::vector<FlatGroup> groups_;
+  std::vector<std::size_t> group_of_;
+  std::vector<std::unique_ptr<ShardedUnitHooks>> unit_hooks_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+
+  CommQueue queue_;
+  std::recursive_mutex mutex_;
+  bool sync_enabled_ = true;
+  bool in_backward_ = false;
+  std::vector<bool> ready_;
+  std::size_t next_to_launch_ = 0;
+  std::vector<std::size_t> forward_order_;
+  bool forward_order_fixed_ = false;
+  bool hold_gathered_ = false;
+  int64_t step_ = 0;
+};
+
+}  // namespace tandem::detail

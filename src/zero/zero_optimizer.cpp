@@ -1,0 +1,39 @@
+#include "tandem/zero/zero_optimizer.h"
+
+#include "zero/zero_engine.h"
+
+namespace tandem {
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::nn::Module> model,
+                             torch::optim::Optimizer& optimizer,
+                             std::shared_ptr<ProcessGroup> process_group, ZeroOptions options)
+    : engine_(std::make_unique<detail::ZeroEngine>(std::move(model), optimizer,
+                                                   std::move(process_group), options)) {}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::step() { engine_->step(); }
+void ZeroOptimizer::zero_grad() { engine_->zero_grad(); }
+double ZeroOptimizer::clip_grad_norm(double max_norm) { return engine_->clip_grad_norm(max_norm); }
+double ZeroOptimizer::grad_norm() { return engine_->grad_norm(); }
+std::vector<at::Tensor> ZeroOptimizer::gradient_shards() { return engine_->gradient_shards(); }
+void ZeroOptimizer::set_gradient_sync(bool enabled) { engine_->set_gradient_sync(enabled); }
+bool ZeroOptimizer::gradient_sync() const { return engine_->gradient_sync(); }
+int ZeroOptimizer::stage() const { return engine_->stage(); }
+const ZeroOptions& ZeroOptimizer::options() const { return engine_->options(); }
+ProcessGroup& ZeroOptimizer::process_group() const { return engine_->process_group(); }
+ZeroMemoryStats ZeroOptimizer::memory_stats() const { return engine_->memory_stats(); }
+std::vector<std::vector<std::string>> ZeroOptimizer::group_parameter_names() const {
+  return engine_->group_names();
+}
+int64_t ZeroOptimizer::step_count() const { return engine_->step_count(); }
+
+ZeroOptimizer::GatheredParameters::GatheredParameters(ZeroOptimizer& zero) : zero_(zero) {
+  zero_.engine_->gather_all();
+}
+
+ZeroOptimizer::GatheredParameters::~GatheredParameters() noexcept(false) {
+  zero_.engine_->release_all();
+}
+
+}  // namespace tandem

@@ -1,0 +1,60 @@
+// Bad setups are refused with a message that says what and how to fix it.
+
+#include <gtest/gtest.h>
+
+#include "support/thread_ranks.h"
+#include "tandem/core/error.h"
+#include "zero/zero_test_models.h"
+
+namespace tandem {
+namespace {
+
+using testing::Recipe;
+
+std::string construct_error(ZeroOptions options, bool sharded_blocks,
+                            const std::string& optimizer = "adam") {
+  auto pg = ProcessGroup::local();
+  Recipe r;
+  r.depth = sharded_blocks ? 2 : 0;
+  testing::Stack model = testing::make_model(r);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (optimizer == "rmsprop") {
+    opt = std::make_unique<torch::optim::RMSprop>(model->parameters());
+  } else if (optimizer == "amsgrad") {
+    opt = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                               torch::optim::AdamOptions().amsgrad(true));
+  } else {
+    opt = std::make_unique<torch::optim::Adam>(model->parameters());
+  }
+  try {
+    ZeroOptimizer zero(model, *opt, pg, options);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ZeroErrors, StageThreeWithoutShardedUnitsSaysHowToDeclareThem) {
+  ZeroOptions options;
+  options.stage = 3;
+  EXPECT_NE(construct_error(options, false).find("tandem::Sharded<BlockImpl>"), std::string::npos);
+}
+
+TEST(ZeroErrors, OtherOptimizersAndAmsgradAreRefused) {
+  ZeroOptions options;
+  EXPECT_NE(construct_error(options, true, "rmsprop").find("Adam, AdamW and SGD"),
+            std::string::npos);
+  EXPECT_NE(construct_error(options, true, "amsgrad").find("amsgrad"), std::string::npos);
+}
+
+TEST(ZeroErrors, OffloadParamNeedsStageThreeAndStageMustBeOneToThree) {
+  ZeroOptions options;
+  options.offload_param = true;
+  EXPECT_NE(construct_error(options, true).find("offload_param needs stage 3"), std::string::npos);
+  ZeroOptions stage0;
+  stage0.stage = 0;
+  EXPECT_NE(construct_error(stage0, true).find("stage must be 1, 2 or 3"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

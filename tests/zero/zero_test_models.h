@@ -1,0 +1,164 @@
+#pragma once
+// A small model with tandem::Sharded blocks, and the two training loops the
+// ZeRO tests compare: DDP with a torch::optim optimizer, and ZeroOptimizer.
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/parallel/ddp.h"
+#include "tandem/zero/sharded.h"
+#include "tandem/zero/zero_optimizer.h"
+
+namespace tandem::testing {
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int width) {
+    fc = register_module("fc", torch::nn::Linear(width, width));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + torch::relu(fc(norm(x))); }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+
+// in -> [Sharded block] x depth -> out. `loose` adds unsharded input and
+// output layers (parameters outside every unit).
+struct StackImpl : torch::nn::Module {
+  StackImpl(int in, int width, int out, int depth, bool loose = true) {
+    if (loose) {
+      input = register_module("input", torch::nn::Linear(in, width));
+      output = register_module("output", torch::nn::Linear(width, out));
+    }
+    for (int i = 0; i < depth; ++i) {
+      blocks.push_back(register_module("block" + std::to_string(i), Sharded<BlockImpl>(width)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    if (input) x = input(x);
+    for (auto& block : blocks) x = block->forward(x);
+    return output ? output(x) : x;
+  }
+  torch::nn::Linear input{nullptr}, output{nullptr};
+  std::vector<Sharded<BlockImpl>> blocks;
+};
+TORCH_MODULE(Stack);
+
+enum class Opt { kAdam, kAdamW, kSgd };
+
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
+                                                               std::vector<torch::Tensor> params) {
+  switch (opt) {
+    case Opt::kAdam:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(1e-2).weight_decay(0.01));
+    case Opt::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    case Opt::kSgd:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(5e-2).momentum(0.9).weight_decay(0.01));
+  }
+  return nullptr;
+}
+
+struct Recipe {
+  int in = 6, width = 16, out = 4, depth = 3;
+  bool loose = true;
+  int steps = 4;
+  int accumulation = 2;
+  int global_batch = 8;  // per micro-step, across all ranks
+  double clip = 0.5;     // <= 0: no clipping
+  Opt opt = Opt::kAdam;
+};
+
+// Rank `rank`'s micro-batch `micro` of step `step`: a slice of one global
+// batch that is the same on every rank.
+inline std::pair<torch::Tensor, torch::Tensor> micro_batch(const Recipe& r, int step, int micro,
+                                                           int rank, int world) {
+  // A generator of its own: ranks run as threads, and the global one is shared.
+  auto gen = at::detail::createCPUGenerator(1000 + step * 10 + micro);
+  auto x = torch::randn({r.global_batch, r.in}, gen);
+  auto y = torch::randint(0, r.out, {r.global_batch}, gen);
+  const int per = r.global_batch / world;
+  return {x.narrow(0, rank * per, per), y.narrow(0, rank * per, per)};
+}
+
+inline Stack make_model(const Recipe& r) {
+  // Initialisation draws from the global generator: one rank thread at a time.
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  torch::manual_seed(42);
+  return Stack(r.in, r.width, r.out, r.depth, r.loose);
+}
+
+using Params = std::map<std::string, torch::Tensor>;
+
+inline Params snapshot(const torch::nn::Module& model) {
+  Params out;
+  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// DDP + torch::optim: the reference.
+inline Params train_ddp(ProcessGroup& pg, const Recipe& r) {
+  Stack model = make_model(r);
+  DDPOptions ddp_options;
+  ddp_options.cache_cpu_allocations = false;
+  DistributedDataParallel ddp(model, pg.shared_from_this(), ddp_options);
+  auto optimizer = make_optimizer(r.opt, model->parameters());
+  for (int step = 0; step < r.steps; ++step) {
+    optimizer->zero_grad();
+    for (int micro = 0; micro < r.accumulation; ++micro) {
+      ddp.set_gradient_sync(micro == r.accumulation - 1);
+      auto [x, y] = micro_batch(r, step, micro, pg.rank(), pg.world_size());
+      (torch::nn::functional::cross_entropy(model->forward(x), y) / r.accumulation).backward();
+    }
+    if (r.clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), r.clip);
+    optimizer->step();
+  }
+  return snapshot(*model);
+}
+
+// ZeroOptimizer over the same recipe; `inspect` sees the optimizer after
+// every step.
+inline Params train_zero(ProcessGroup& pg, const Recipe& r, ZeroOptions options,
+                         const std::function<void(ZeroOptimizer&, Stack&)>& inspect = {}) {
+  Stack model = make_model(r);
+  auto optimizer = make_optimizer(r.opt, model->parameters());
+  ZeroOptimizer zero(model, *optimizer, pg.shared_from_this(), options);
+  for (int step = 0; step < r.steps; ++step) {
+    zero.zero_grad();
+    for (int micro = 0; micro < r.accumulation; ++micro) {
+      zero.set_gradient_sync(micro == r.accumulation - 1);
+      auto [x, y] = micro_batch(r, step, micro, pg.rank(), pg.world_size());
+      (torch::nn::functional::cross_entropy(model->forward(x), y) / r.accumulation).backward();
+    }
+    if (r.clip > 0) zero.clip_grad_norm(r.clip);
+    zero.step();
+    if (inspect) inspect(zero, model);
+  }
+  ZeroOptimizer::GatheredParameters whole(zero);
+  return snapshot(*model);
+}
+
+// Largest relative difference (absolute where the reference is ~0).
+inline double max_relative_diff(const Params& a, const Params& b) {
+  double worst = 0;
+  for (const auto& [name, ref] : b) {
+    const auto& got = a.at(name);
+    auto abs_diff = (got - ref).abs();
+    auto rel = abs_diff / (ref.abs() + 1e-12);
+    auto err = torch::where(ref.abs() > 1e-3, rel, abs_diff);
+    worst = std::max(worst, err.max().item<double>());
+  }
+  return worst;
+}
+
+}  // namespace tandem::testing
