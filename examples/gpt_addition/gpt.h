@@ -1,11 +1,15 @@
 #pragma once
 // A small GPT: token and position embeddings, pre-norm transformer blocks
 // (causal self-attention, then a GELU MLP), a final LayerNorm and a linear
-// head. Plain LibTorch nn, nothing tandem-specific.
+// head. Plain LibTorch nn; each block is a tandem::Sharded unit, which is the
+// plain block unless the run uses ZeRO stage 3 (then each block's parameters
+// are gathered around its forward and backward, one block at a time).
 
 #include <cmath>
 
 #include <torch/torch.h>
+
+#include "tandem/zero/sharded.h"
 
 namespace gpt {
 
@@ -68,7 +72,7 @@ struct GptImpl : torch::nn::Module {
     tok = register_module("tok", torch::nn::Embedding(c.vocab_size, c.n_embd));
     pos = register_module("pos", torch::nn::Embedding(c.block_size, c.n_embd));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(Block(c));
+    for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(tandem::Sharded<BlockImpl>(c));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     head = register_module("head", torch::nn::Linear(c.n_embd, c.vocab_size));
     init_weights();
@@ -78,7 +82,7 @@ struct GptImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     auto positions = torch::arange(tokens.size(1), tokens.options());
     auto x = tok(tokens) + pos(positions);
-    for (auto& block : *blocks) x = block->as<Block>()->forward(x);
+    for (auto& block : *blocks) x = block->as<tandem::ShardedImpl<BlockImpl>>()->forward(x);
     return head(ln_f(x));
   }
 
