@@ -13,6 +13,7 @@
 
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
+#include "tandem/optim/optimizer_factory.h"
 #include "tandem/core/logging.h"
 #include "tandem/optim/lr_scheduler.h"
 
@@ -149,6 +150,16 @@ AcceleratedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& opt
   optimizer_core_ = std::make_shared<detail::OptimizerCore>(
       optimizer, state_, scaler_, config_.gradient_clipping, process_group_.get(), zero_.get());
   return AcceleratedOptimizer(optimizer_core_);
+}
+
+AcceleratedOptimizer Accelerator::prepare_optimizer_from_config(double default_lr) {
+  TANDEM_CHECK_ARG(model_ != nullptr, "Accelerator::prepare_optimizer_from_config: prepare the "
+                   "model first; the optimizer is built over its parameters");
+  TANDEM_CHECK_ARG(owned_optimizer_ == nullptr && optimizer_core_ == nullptr,
+                   "Accelerator::prepare_optimizer_from_config: an optimizer was already "
+                   "prepared (one optimizer per Accelerator)");
+  owned_optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), default_lr);
+  return prepare_optimizer(*owned_optimizer_);
 }
 
 AcceleratedScheduler Accelerator::prepare_scheduler(LRScheduler& scheduler) {

@@ -15,13 +15,17 @@ namespace {
 using testing::Params;
 using testing::run_ranks;
 
-Params train(int world, int stage) {
+Params train(int world, int stage, bool optimizer_from_config = false) {
   testing::Recipe r;
   Config config;
   config.gradient_accumulation_steps = 2;
   config.gradient_clipping = 0.5;
   config.zero.stage = stage;
   config.zero.reduce_bucket_size = 200;
+  if (optimizer_from_config) {
+    config.optimizer.type = "AdamW";
+    config.optimizer.lr = 1e-2;
+  }
   auto gen = at::detail::createCPUGenerator(3);
   const auto x = torch::randn({48, r.in}, gen);
   const auto y = torch::randint(0, r.out, {48}, gen);
@@ -34,7 +38,10 @@ Params train(int world, int stage) {
     DistributedLoaderOptions options;
     options.batch_size = 4;
     options.shuffle = false;
-    auto [optimizer, loader] = accelerator.prepare(model, adamw, {x, y}, options);
+    accelerator.prepare_model(model);
+    auto loader = accelerator.prepare_data({x, y}, options);
+    auto optimizer = optimizer_from_config ? accelerator.prepare_optimizer_from_config()
+                                           : accelerator.prepare_optimizer(adamw);
     EXPECT_EQ(accelerator.zero_optimizer() != nullptr, stage > 0);
     for (auto& batch : loader) {
       optimizer.zero_grad();
@@ -56,6 +63,11 @@ TEST(AcceleratorZero, EveryStageTrainsLikeDdpWithAccumulationAndClipping) {
   for (int stage = 1; stage <= 3; ++stage) {
     EXPECT_LT(testing::max_relative_diff(train(2, stage), ddp), 1e-5) << "stage " << stage;
   }
+}
+
+TEST(AcceleratorZero, TheConfigsOptimizerBlockBuildsTheSameOptimizer) {
+  // AdamWOptions(1e-2) in code and {"type": "AdamW", "params": {"lr": 0.01}}.
+  EXPECT_LT(testing::max_relative_diff(train(2, 2, true), train(2, 2, false)), 1e-7);
 }
 
 }  // namespace

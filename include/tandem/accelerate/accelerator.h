@@ -127,6 +127,13 @@ class Accelerator {
   // device). One optimizer per Accelerator: a second call throws UsageError.
   AcceleratedOptimizer prepare_optimizer(torch::optim::Optimizer& optimizer);
 
+  // Builds the optimizer that the config's `optimizer` block describes
+  // (DeepSpeed's {"type": "AdamW", "params": {...}}; Adam, AdamW or SGD)
+  // over the prepared model's parameters, and prepares it. The Accelerator
+  // owns it. `default_lr` stands in for a missing or "auto" lr. Call after
+  // prepare_model(); UsageError without an optimizer block.
+  AcceleratedOptimizer prepare_optimizer_from_config(double default_lr = 0.0);
+
   // Wraps a scheduler so that it steps once per real optimizer step.
   AcceleratedScheduler prepare_scheduler(LRScheduler& scheduler);
   AcceleratedScheduler prepare_scheduler(torch::optim::LRScheduler& scheduler);
@@ -355,6 +362,7 @@ class Accelerator {
   std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<ZeroOptimizer> zero_;
+  std::unique_ptr<torch::optim::Optimizer> owned_optimizer_;  // from the config
   std::shared_ptr<LossScaler> scaler_;
   std::shared_ptr<detail::OptimizerCore> optimizer_core_;
   MetricsLogger metrics_;
