@@ -1,0 +1,156 @@
+"""ZeRO training step and per-rank memory: tandem stages 0-3 against PyTorch DDP and ZeroRedundancyOptimizer, in one run.
+
+Runs, under --nproc ranks, tandem's bench_zero at each of --stages (0 = tandem
+DDP + torch::optim::Adam; 1, 2, 3 = ZeroOptimizer) and bench_zero.py at each
+of --torch-stages (0 = PyTorch DDP + Adam; 1 = ZeroRedundancyOptimizer(Adam)
+over DDP), all on the same model, for --reps repetitions; the order of the
+configurations reverses every other repetition. Run with Debian's Python:
+
+    /usr/bin/python3 bench/compare_zero.py --build build --reps 2
+
+Reported per configuration (median over repetitions): step_ms (each run's
+figure is the median over steps of the slowest rank); the ratio to tandem's
+DDP step and to PyTorch's ZeroRedundancyOptimizer step (< 1.0: faster); the
+per-rank model-state bytes (largest rank) against ZeRO's formula (fp32 Adam:
+DDP 16Ψ, stage 1 4Ψ + 4Ψ + 8Ψ/N, stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N); and the
+RSS the training loop adds to the bare process (loop peak - baseline, largest
+rank) against the same formula. The last line is JSON.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from bench_common import (BENCH_DIR, add_common_args, last_json, run_launcher, run_ranks,
+                          tandem_paths)
+
+# As in compare_ddp.py: keep glibc from returning (and re-faulting) large
+# blocks every step, for both sides alike; --no-malloc-tuning turns it off.
+MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's maximum
+                 "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
+TIMES = ("step_ms", "forward_ms", "backward_ms", "optimizer_ms")
+MiB = 1 << 20
+
+
+def run_tandem(args, stage, bench_args):
+    launcher, program = tandem_paths(args, "bench_zero")
+    cmd = [program, "--stage", str(stage)] + bench_args
+    if args.offload and stage > 0:
+        cmd.append("--offload")
+    if args.no_launcher:
+        return last_json(run_ranks(cmd, args.nproc, args.timeout)[0])
+    launch = [launcher, "launch", "--nproc-per-node", str(args.nproc), "--standalone",
+              "--no-prefix"]
+    return last_json(run_launcher(launch + cmd, args.timeout))
+
+
+def run_torch(args, stage, bench_args):
+    script = os.path.join(BENCH_DIR, "bench_zero.py")
+    cmd = [args.python, script, "--stage", str(stage)] + bench_args
+    return last_json(run_ranks(cmd, args.nproc, args.timeout)[0])
+
+
+def summarise(runs):
+    """Median over repetitions of each figure of one configuration."""
+    out = {key: statistics.median(run[key] for run in runs) for key in TIMES}
+    out["step_runs"] = [run["step_ms"] for run in runs]
+    first = runs[0]
+    for key in ("impl", "stage", "optimizer", "params", "formula_bytes"):
+        out[key] = first[key]
+    out["model_state_bytes"] = max(run["model_state_bytes"] for run in runs)
+    # The footprint of the loop: its RSS high-water mark over the bare
+    # process's RSS, on the rank where it is largest.
+    added = [max(peak - base for peak, base in zip(run["per_rank"]["loop_peak_rss_bytes"],
+                                                    run["per_rank"]["baseline_rss_bytes"]))
+             for run in runs]
+    out["loop_added_rss_bytes"] = int(statistics.median(added))
+    out["loop_peak_rss_bytes"] = int(statistics.median(run["loop_peak_rss_bytes"] for run in runs))
+    out["peak_rss_bytes"] = int(statistics.median(run["peak_rss_bytes"] for run in runs))
+    out["baseline_rss_bytes"] = int(statistics.median(
+        max(run["per_rank"]["baseline_rss_bytes"]) for run in runs))
+    cached = [max(run["per_rank"].get("allocator_cached_bytes", [0])) for run in runs]
+    out["allocator_cached_bytes"] = int(statistics.median(cached))
+    out["state_vs_formula"] = out["model_state_bytes"] / out["formula_bytes"]
+    out["rss_vs_formula"] = out["loop_added_rss_bytes"] / out["formula_bytes"]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument("--stages", default="0,1,2,3", help="tandem stages (0 = DDP)")
+    parser.add_argument("--torch-stages", default="0,1",
+                        help="PyTorch: 0 = DDP, 1 = ZeroRedundancyOptimizer over DDP")
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per run")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="DDP bucket cap; tandem ZeRO reduce_bucket_size in MiB of fp32")
+    parser.add_argument("--offload", action="store_true",
+                        help="tandem stages 1-3 with offload_optimizer")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (one node)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="leave glibc's malloc thresholds at their defaults")
+    args = parser.parse_args()
+    tandem_paths(args, "bench_zero")
+    if not args.no_malloc_tuning:
+        os.environ.update(MALLOC_TUNING)
+    load_before = os.getloadavg()
+
+    bench_args = ["--width", str(args.width), "--depth", str(args.depth), "--batch",
+                  str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                  "--bucket-mb", str(args.bucket_mb)]
+    configs = ([("tandem", int(s)) for s in args.stages.split(",") if s] +
+               [("torch", int(s)) for s in args.torch_stages.split(",") if s])
+    runners = {"tandem": run_tandem, "torch": run_torch}
+    runs = {config: [] for config in configs}
+    for rep in range(args.reps):
+        for impl, stage in (configs if rep % 2 == 0 else configs[::-1]):
+            runs[(impl, stage)].append(runners[impl](args, stage, bench_args))
+            print(f"rep {rep + 1}/{args.reps} {impl} stage {stage} done", file=sys.stderr,
+                  flush=True)
+    results = [summarise(runs[config]) for config in configs]
+
+    by_config = {(r["impl"], r["stage"]): r for r in results}
+    ddp = by_config.get(("tandem", 0))
+    torch_zero = by_config.get(("torch", 1))
+    for r in results:
+        r["vs_tandem_ddp"] = r["step_ms"] / ddp["step_ms"] if ddp else None
+        r["vs_torch_zero1"] = r["step_ms"] / torch_zero["step_ms"] if torch_zero else None
+
+    params = results[0]["params"]
+    print(f"ZeRO step and memory per rank: {args.depth} x (Linear({args.width}) + LayerNorm) + "
+          f"Linear(10), {params:,} params, batch {args.batch}/rank, Adam, world {args.nproc}, "
+          f"bucket {args.bucket_mb:g} MB{', tandem offload_optimizer' if args.offload else ''}; "
+          f"median of {args.reps} reps, each the median of {args.steps} steps")
+    print(f"{'impl':>6} {'stage':>5} {'step ms':>8} {'fwd':>7} {'bwd':>7} {'opt':>7} "
+          f"{'/t-DDP':>7} {'/pt-Z1':>7} {'state MiB':>9} {'formula':>8} {'st/f':>5} "
+          f"{'loop+RSS':>8} {'rss/f':>5}")
+    for r in results:
+        def ratio(value):
+            return f"{value:7.3f}" if value is not None else f"{'-':>7}"
+        print(f"{r['impl']:>6} {r['stage']:5d} {r['step_ms']:8.1f} {r['forward_ms']:7.1f} "
+              f"{r['backward_ms']:7.1f} {r['optimizer_ms']:7.1f} {ratio(r['vs_tandem_ddp'])} "
+              f"{ratio(r['vs_torch_zero1'])} {r['model_state_bytes'] / MiB:9.1f} "
+              f"{r['formula_bytes'] / MiB:8.1f} {r['state_vs_formula']:5.2f} "
+              f"{r['loop_added_rss_bytes'] / MiB:8.1f} {r['rss_vs_formula']:5.2f}")
+    print("stage 0 = DDP; torch stage 1 = ZeroRedundancyOptimizer; /t-DDP, /pt-Z1 = step time "
+          "over tandem DDP's, over PyTorch ZeRO-1's; loop+RSS = loop peak RSS - baseline RSS")
+    print(json.dumps({"bench": "zero", "world": args.nproc, "reps": args.reps,
+                      "width": args.width, "depth": args.depth, "batch": args.batch,
+                      "steps": args.steps, "warmup": args.warmup, "bucket_mb": args.bucket_mb,
+                      "offload": args.offload, "params": params,
+                      "launcher": not args.no_launcher,
+                      "malloc_tuning": not args.no_malloc_tuning,
+                      "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                      "results": results}))
+
+
+if __name__ == "__main__":
+    main()
