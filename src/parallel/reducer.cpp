@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "parallel/bucket_assignment.h"
+#include "parallel/grad_ready_hook.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -15,32 +16,6 @@ namespace tandem::detail {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-
-// Runs after AccumulateGrad has added this backward's gradient into .grad.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(Reducer* reducer, std::size_t index) : reducer_(reducer), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    reducer_->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  Reducer* reducer_;
-  std::size_t index_;
-};
-
-// A tensor over `flat`'s memory that autograd does not treat as a view:
-// LibTorch 1.13's Optimizer::zero_grad() calls detach_() on every .grad,
-// which throws for views.
-at::Tensor alias(const at::Tensor& flat, std::int64_t offset, at::IntArrayRef sizes) {
-  at::Tensor t = at::empty({0}, flat.options());
-  std::vector<std::int64_t> strides(sizes.size(), 1);
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
-  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-  return t;
-}
 
 std::vector<std::size_t> reverse_order(std::size_t n) {
   std::vector<std::size_t> order(n);
@@ -67,7 +42,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                static_cast<std::int64_t>(options_.bucket_cap_mb * kMiB)));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook<Reducer>>(this, i)));
     // The parameter holds its accumulator weakly: keep it alive, or the next
     // backward builds a new one without our hook.
     accumulators_.push_back(std::move(accumulator));
@@ -124,7 +99,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
     at::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;
     const Bucket& bucket = buckets[bucket_of_[i]];
-    at::Tensor view = alias(bucket.flat, offset_of_[i], params_[i].sizes());
+    at::Tensor view = flat_alias(bucket.flat, offset_of_[i], params_[i].sizes());
     view.copy_(grad);
     grad = view;
   }
@@ -132,7 +107,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
 }
 
 at::Tensor Reducer::grad_view(std::size_t index) const {
-  return alias(buckets_[bucket_of_[index]].flat, offset_of_[index], params_[index].sizes());
+  return flat_alias(buckets_[bucket_of_[index]].flat, offset_of_[index], params_[index].sizes());
 }
 
 void Reducer::adopt_grad(std::size_t index) {

@@ -29,16 +29,6 @@ void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int wo
   }
 }
 
-at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  at::Tensor t = at::empty({0}, flat.options());
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
-    strides[d] = strides[d + 1] * sizes[d + 1];
-  }
-  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-  return t;
-}
-
 void release_storage(const at::Tensor& tensor) {
   tensor.storage().unsafeGetStorageImpl()->reset();
 }

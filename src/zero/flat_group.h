@@ -70,10 +70,6 @@ struct FlatGroup {
 // computes `rank`'s segments.
 void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int world, int rank);
 
-// A tensor over `flat`'s storage at `offset` with `sizes`, contiguous, that
-// autograd does not treat as a view of `flat` (its own version counter).
-at::Tensor alias(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
-
 // Frees `tensor`'s storage; tensors aliasing it keep their shapes and see the
 // memory again after reallocate_storage().
 void release_storage(const at::Tensor& tensor);

@@ -8,28 +8,11 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "parallel/grad_ready_hook.h"
 #include "tandem/core/error.h"
 #include "zero/zero_engine.h"
 
 namespace tandem::detail {
-namespace {
-
-// Runs after AccumulateGrad has added this backward's gradient into .grad.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(ZeroEngine* engine, std::size_t index) : engine_(engine), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    engine_->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  ZeroEngine* engine_;
-  std::size_t index_;
-};
-
-}  // namespace
 
 void ZeroEngine::install_hooks() {
   group_of_.assign(params_.size(), 0);
@@ -39,7 +22,7 @@ void ZeroEngine::install_hooks() {
   ready_.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook<ZeroEngine>>(this, i)));
     // The parameter holds its accumulator weakly: keep it alive, or the next
     // backward builds a new one without our hook.
     accumulators_.push_back(std::move(accumulator));
@@ -77,7 +60,7 @@ void ZeroEngine::adopt_grad(std::size_t index) {
   std::size_t k = 0;
   while (group.members[k] != index) ++k;
   at::Tensor& grad = params_[index].mutable_grad();
-  at::Tensor view = alias(group.grad_full, group.offsets[k], params_[index].sizes());
+  at::Tensor view = flat_alias(group.grad_full, group.offsets[k], params_[index].sizes());
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
   // Gradients set to None, or a fresh tensor from autograd: one copy brings
   // them into the buffer, and from then on .grad is a view of it.

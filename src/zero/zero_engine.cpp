@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "parallel/grad_ready_hook.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -189,7 +190,7 @@ void ZeroEngine::finish_group(FlatGroup& group) {
   group.full = at::zeros({group.padded}, first.options().requires_grad(false));
   for (std::size_t k = 0; k < group.members.size(); ++k) {
     at::Tensor& p = params_[group.members[k]];
-    at::Tensor view = alias(group.full, group.offsets[k], p.sizes());
+    at::Tensor view = flat_alias(group.full, group.offsets[k], p.sizes());
     view.copy_(p);
     p.set_data(view);
   }

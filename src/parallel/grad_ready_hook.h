@@ -1,0 +1,46 @@
+#pragma once
+// Pieces shared by the gradient reducers (DDP's Reducer, the ZeRO engine):
+// the autograd post-hook that reports a parameter's gradient as accumulated,
+// and non-view aliases into flat buffers.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+namespace tandem::detail {
+
+// Runs after AccumulateGrad has added this backward's gradient into .grad and
+// calls owner->on_grad_ready(index).
+template <typename Owner>
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(Owner* owner, std::size_t index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    owner_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  Owner* owner_;
+  std::size_t index_;
+};
+
+// A contiguous tensor over `flat`'s storage at `offset` with `sizes`, that
+// autograd does not treat as a view of `flat` (its own version counter):
+// LibTorch 1.13's Optimizer::zero_grad() calls detach_() on every .grad,
+// which throws for views.
+inline at::Tensor flat_alias(const at::Tensor& flat, std::int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor t = at::empty({0}, flat.options());
+  std::vector<std::int64_t> strides(sizes.size(), 1);
+  for (std::int64_t d = static_cast<std::int64_t>(sizes.size()) - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * sizes[d + 1];
+  }
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+  return t;
+}
+
+}  // namespace tandem::detail
