@@ -43,4 +43,18 @@ inline at::Tensor flat_alias(const at::Tensor& flat, std::int64_t offset, at::In
   return t;
 }
 
+// Makes `grad` (a parameter's .grad) the alias `view` of its slot in a flat
+// gradient buffer. When the optimizer set .grad to None or autograd stole a
+// fresh tensor, one copy brings the gradient (or zeros) into the slot.
+inline void adopt_into(at::Tensor& grad, const at::Tensor& view) {
+  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
+  at::NoGradGuard no_grad;
+  if (grad.defined()) {
+    view.copy_(grad);
+  } else {
+    view.zero_();
+  }
+  grad = view;
+}
+
 }  // namespace tandem::detail

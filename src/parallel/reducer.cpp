@@ -111,18 +111,7 @@ at::Tensor Reducer::grad_view(std::size_t index) const {
 }
 
 void Reducer::adopt_grad(std::size_t index) {
-  at::Tensor& grad = params_[index].mutable_grad();
-  at::Tensor view = grad_view(index);
-  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
-  // The optimizer set .grad to None, or autograd stole a fresh tensor: one
-  // copy brings the gradient back into the bucket.
-  torch::NoGradGuard no_grad;
-  if (grad.defined()) {
-    view.copy_(grad);
-  } else {
-    view.zero_();
-  }
-  grad = view;
+  adopt_into(params_[index].mutable_grad(), grad_view(index));
 }
 
 void Reducer::on_grad_ready(std::size_t index) {

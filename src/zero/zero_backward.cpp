@@ -16,8 +16,12 @@ namespace tandem::detail {
 
 void ZeroEngine::install_hooks() {
   group_of_.assign(params_.size(), 0);
+  flat_offset_.assign(params_.size(), 0);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    for (std::size_t i : groups_[g].members) group_of_[i] = g;
+    for (std::size_t k = 0; k < groups_[g].members.size(); ++k) {
+      group_of_[groups_[g].members[k]] = g;
+      flat_offset_[groups_[g].members[k]] = groups_[g].offsets[k];
+    }
   }
   ready_.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -56,21 +60,9 @@ void ZeroEngine::begin_backward() {
 }
 
 void ZeroEngine::adopt_grad(std::size_t index) {
-  FlatGroup& group = groups_[group_of_[index]];
-  std::size_t k = 0;
-  while (group.members[k] != index) ++k;
-  at::Tensor& grad = params_[index].mutable_grad();
-  at::Tensor view = flat_alias(group.grad_full, group.offsets[k], params_[index].sizes());
-  if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
-  // Gradients set to None, or a fresh tensor from autograd: one copy brings
-  // them into the buffer, and from then on .grad is a view of it.
-  torch::NoGradGuard no_grad;
-  if (grad.defined()) {
-    view.copy_(grad);
-  } else {
-    view.zero_();
-  }
-  grad = view;
+  const FlatGroup& group = groups_[group_of_[index]];
+  adopt_into(params_[index].mutable_grad(),
+             flat_alias(group.grad_full, flat_offset_[index], params_[index].sizes()));
 }
 
 void ZeroEngine::prepare(FlatGroup& group) {

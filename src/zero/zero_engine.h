@@ -89,6 +89,7 @@ class ZeroEngine {
   std::vector<std::size_t> param_group_of_;  // optimizer param group, or npos
   std::vector<FlatGroup> groups_;
   std::vector<std::size_t> group_of_;
+  std::vector<int64_t> flat_offset_;  // each parameter's first element in its group
   std::vector<std::unique_ptr<ShardedUnitHooks>> unit_hooks_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;

@@ -1,8 +1,8 @@
 #pragma once
 // Error types and the TANDEM_CHECK family of macros.
 //
-// Library code reports every failure by throwing one of these types; it never
-// calls exit(). Only the CLI maps them to exit codes (UsageError -> 2).
+// Library code reports every failure by throwing one of these types and never
+// ends the process itself. Only the CLI maps them to exit codes (UsageError -> 2).
 
 #include <stdexcept>
 #include <string>
