@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev   # tests that tandem workers also run under mpirun
   iproute2                     # the two-namespace multi-node test
+  clang                        # libFuzzer targets (scripts/fuzz.sh)
 )
 if [[ "${1:-}" == "--peer" ]]; then
   packages+=(python3-torch)

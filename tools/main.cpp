@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "checkpoint/checkpoint_command.h"
 #include "config/config_command.h"
 #include "env/env_command.h"
 #include "estimate/estimate_memory_command.h"
@@ -25,6 +26,8 @@ void print_usage() {
       "                   validates one, `config default` writes a basic one\n"
       "  env              report versions, backends, devices, BLAS and the rank environment\n"
       "  estimate-memory  model-state memory per rank for DDP and ZeRO stages 1-3\n"
+      "  checkpoint       `checkpoint inspect DIR` lists a checkpoint's tags; `checkpoint\n"
+      "                   merge DIR OUT.safetensors` writes its consolidated weights\n"
       "\n"
       "Run `tandem <command> --help` for a command's options.\n");
 }
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
     if (command == "launch") return tandem::cli::run_launch_command(argc - 1, argv + 1);
     if (command == "env") return tandem::cli::run_env_command(argc - 1, argv + 1);
     if (command == "config") return tandem::cli::run_config_command(argc - 1, argv + 1);
+    if (command == "checkpoint") return tandem::cli::run_checkpoint_command(argc - 1, argv + 1);
     if (command == "estimate-memory") {
       return tandem::cli::run_estimate_memory_command(argc - 1, argv + 1);
     }

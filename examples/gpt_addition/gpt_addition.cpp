@@ -38,6 +38,8 @@ struct Args {
   std::string metrics_file = "runs/gpt_addition/metrics.jsonl";
   std::string checkpoint_dir;
   int64_t save_every = 0;
+  int64_t stop_after = 0;
+  int total_limit = 0;
   std::string data_file;
   int64_t block_size = 64;  // --data only
 };
@@ -62,8 +64,16 @@ Args parse_args(int argc, char** argv) {
   app.add_option("--log-every", a.log_every, "average the loss across ranks every N steps")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-file", a.metrics_file, "JSON-lines metrics (rank 0)");
-  app.add_option("--checkpoint-dir", a.checkpoint_dir, "checkpoint folder (issue 7)");
-  app.add_option("--save-every", a.save_every, "checkpoint every N steps (issue 7)");
+  app.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "checkpoint folder; a run resumes from its `latest` checkpoint when it has one");
+  app.add_option("--save-every", a.save_every, "save a checkpoint every N steps (and at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", a.total_limit, "keep only the newest N checkpoints (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--stop-after", a.stop_after,
+                 "stop after this many steps as if interrupted (the schedule still spans "
+                 "--max-steps); for trying out resume")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--data", a.data_file, "train a char-level model on this text file instead");
   app.add_option("--block-size", a.block_size, "context length with --data")
       ->check(CLI::PositiveNumber);
@@ -147,9 +157,9 @@ int main(int argc, char** argv) {
     train = data.train;
     held_out = data.test;
   }
-  if (!args.checkpoint_dir.empty() || args.save_every > 0) {
-    accelerator.print("note: --checkpoint-dir/--save-every are accepted, but this version of "
-                      "tandem does not write checkpoints yet");
+  if (args.save_every > 0 && args.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "--save-every needs --checkpoint-dir\n");
+    return 2;
   }
 
   gpt::Gpt model(config);
@@ -178,6 +188,20 @@ int main(int argc, char** argv) {
                 : addition_accuracy(accelerator, model, eval_loader, task.answer_length());
   };
 
+  if (!args.checkpoint_dir.empty() && tandem::Accelerator::has_checkpoint(args.checkpoint_dir)) {
+    accelerator.load_state(args.checkpoint_dir);
+    accelerator.print("resumed from {} at step {} (epoch {})", args.checkpoint_dir,
+                      accelerator.step(), loader.epoch());
+  }
+  const int64_t last_step = args.stop_after > 0 ? std::min(args.stop_after, args.max_steps)
+                                                : args.max_steps;
+  auto save = [&](int64_t step) {
+    tandem::SaveStateOptions save_options;
+    save_options.total_limit = args.total_limit;
+    accelerator.save_state(args.checkpoint_dir, save_options);
+    accelerator.print("saved {}/global_step{}", args.checkpoint_dir, step);
+  };
+
   accelerator.init_trackers(args.metrics_file);
   accelerator.print("gpt_addition: {} rank(s), {} parameters, batch {} per rank x {} step(s) of "
                     "accumulation, {} steps, mixed precision {}",
@@ -200,7 +224,7 @@ int main(int argc, char** argv) {
     train_seconds += std::chrono::duration<double>(now - clock).count();
     clock = now;
   };
-  for (int64_t epoch = 0; accelerator.step() < args.max_steps; ++epoch) {
+  for (int64_t epoch = loader.epoch(); accelerator.step() < last_step; ++epoch) {
     loader.set_epoch(epoch);
     for (auto& batch : loader) {
       optimizer.zero_grad();
@@ -238,7 +262,12 @@ int main(int argc, char** argv) {
         accelerator.log({{"accuracy", accuracy}, {"train_s", train_seconds}}, step);
         clock = std::chrono::steady_clock::now();  // evaluation is not training time
       }
-      if (step >= args.max_steps) break;
+      if (args.save_every > 0 && (step % args.save_every == 0 || step == last_step)) {
+        lap();
+        save(step);
+        clock = std::chrono::steady_clock::now();  // saving is not training time
+      }
+      if (step >= last_step) break;
     }
   }
   lap();

@@ -3,6 +3,8 @@
 
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/autocast.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/amp/master_weights.h"
 #include "tandem/amp/unscale.h"

@@ -163,11 +163,21 @@ AcceleratedOptimizer Accelerator::prepare_optimizer_from_config(double default_l
 }
 
 AcceleratedScheduler Accelerator::prepare_scheduler(LRScheduler& scheduler) {
-  return AcceleratedScheduler([&scheduler] { scheduler.step(); }, state_);
+  auto core = std::make_shared<detail::SchedulerCore>();
+  core->step_fn = [&scheduler] { scheduler.step(); };
+  core->state_dict = [&scheduler] { return scheduler.state_dict(); };
+  core->load_state_dict = [&scheduler](const std::map<std::string, double>& state) {
+    scheduler.load_state_dict(state);
+  };
+  schedulers_.push_back(core);
+  return AcceleratedScheduler(core, state_);
 }
 
 AcceleratedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  return AcceleratedScheduler([&scheduler] { scheduler.step(); }, state_);
+  auto core = std::make_shared<detail::SchedulerCore>();
+  core->step_fn = [&scheduler] { scheduler.step(); };
+  schedulers_.push_back(core);
+  return AcceleratedScheduler(core, state_);
 }
 
 AcceleratedScheduler Accelerator::prepare_scheduler_from_config(AcceleratedOptimizer& optimizer,
@@ -183,7 +193,14 @@ AcceleratedScheduler Accelerator::prepare_scheduler_from_config(AcceleratedOptim
   if (total_num_steps > 0) auto_values["total_num_steps"] = static_cast<double>(total_num_steps);
   std::shared_ptr<LRScheduler> scheduler =
       make_lr_scheduler(config_.scheduler, optimizer.optimizer(), auto_values);
-  return AcceleratedScheduler([scheduler] { scheduler->step(); }, state_);
+  auto core = std::make_shared<detail::SchedulerCore>();
+  core->step_fn = [scheduler] { scheduler->step(); };
+  core->state_dict = [scheduler] { return scheduler->state_dict(); };
+  core->load_state_dict = [scheduler](const std::map<std::string, double>& state) {
+    scheduler->load_state_dict(state);
+  };
+  schedulers_.push_back(core);
+  return AcceleratedScheduler(core, state_);
 }
 
 DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions options) {
@@ -203,7 +220,11 @@ PreparedLoader Accelerator::prepare_data(std::vector<at::Tensor> tensors,
 }
 
 PreparedLoader Accelerator::wrap_loader(DistributedLoader loader) {
-  return PreparedLoader(std::move(loader), state_);
+  auto cursor = std::make_shared<detail::LoaderCursor>();
+  // The first loader prepared is the training data: checkpoints keep its
+  // position (evaluation loaders restart every pass anyway).
+  if (train_cursor_ == nullptr) train_cursor_ = cursor;
+  return PreparedLoader(std::move(loader), state_, std::move(cursor));
 }
 
 void Accelerator::backward(const at::Tensor& loss) {

@@ -6,54 +6,83 @@
 namespace tandem {
 
 PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state)
-    : loader_(std::move(loader)), state_(std::move(state)) {}
+    : PreparedLoader(std::move(loader), std::move(state),
+                     std::make_shared<detail::LoaderCursor>()) {}
+
+PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
+                               std::shared_ptr<detail::LoaderCursor> cursor)
+    : loader_(std::move(loader)), state_(std::move(state)), cursor_(std::move(cursor)) {
+  cursor_->size = loader_.size();
+  cursor_->epoch = loader_.epoch();
+}
+
+void PreparedLoader::set_loader_epoch(int64_t epoch) {
+  loader_.set_epoch(epoch);
+  cursor_->epoch = epoch;
+}
+
+void PreparedLoader::apply_restore() {
+  if (!cursor_->restore_pending) return;
+  cursor_->restore_pending = false;
+  set_loader_epoch(cursor_->epoch);
+  loader_.skip_first_batches(cursor_->skip);
+  cursor_->in_pass = false;
+  ++pass_id_;
+}
 
 void PreparedLoader::set_epoch(int64_t epoch) {
-  loader_.set_epoch(epoch);
-  epoch_set_ = true;
-  in_pass_ = false;
+  apply_restore();
+  set_loader_epoch(epoch);
+  cursor_->epoch_set = true;
+  cursor_->in_pass = false;
   ++pass_id_;
 }
 
 void PreparedLoader::skip_first_batches(int64_t num_batches) {
+  apply_restore();
   loader_.skip_first_batches(num_batches);
-  skip_ = num_batches;
-  in_pass_ = false;
+  cursor_->skip = num_batches;
+  cursor_->in_pass = false;
   ++pass_id_;
 }
 
 void PreparedLoader::start_new_pass() {
+  apply_restore();
   // set_epoch to the same epoch ends a pass in progress and keeps a pending
   // skip, exactly what DistributedLoader::begin() does.
-  loader_.set_epoch(loader_.epoch());
-  in_pass_ = false;
+  set_loader_epoch(loader_.epoch());
+  cursor_->in_pass = false;
   ++pass_id_;
 }
 
 std::optional<DistributedLoader::Batch> PreparedLoader::next() {
-  if (!in_pass_) {
-    if (!epoch_set_ && loader_.epoch() != completed_passes_) loader_.set_epoch(completed_passes_);
-    position_ = std::min(skip_, loader_.size());
-    skip_ = 0;
-    in_pass_ = true;
+  apply_restore();
+  auto& c = *cursor_;
+  if (!c.in_pass) {
+    if (!c.epoch_set && loader_.epoch() != c.completed_passes) {
+      set_loader_epoch(c.completed_passes);
+    }
+    c.position = std::min(c.skip, loader_.size());
+    c.skip = 0;
+    c.in_pass = true;
   }
   auto batch = loader_.next();
   if (!batch) {
-    in_pass_ = false;
-    completed_passes_ = loader_.epoch() + 1;
-    epoch_set_ = false;
+    c.in_pass = false;
+    c.completed_passes = loader_.epoch() + 1;
+    c.epoch_set = false;
     state_->end_of_dataloader = false;
     state_->real_rows_per_rank.clear();
     state_->batch_rows = 0;
     return batch;
   }
   note_batch(*batch);
-  ++position_;
+  ++c.position;
   return batch;
 }
 
 void PreparedLoader::note_batch(const DistributedLoader::Batch& batch) {
-  const int64_t index = position_;
+  const int64_t index = cursor_->position;
   state_->end_of_dataloader = index == loader_.size() - 1;
   const auto& sampler = loader_.sampler();
   const auto& options = loader_.options();

@@ -217,15 +217,21 @@ void AcceleratedOptimizer::zero_grad() { core_->zero_grad(); }
 
 AcceleratedScheduler::AcceleratedScheduler(std::function<void()> step_fn,
                                            std::shared_ptr<GradientState> state)
-    : step_fn_(std::move(step_fn)),
-      state_(std::move(state)),
-      seen_optimizer_steps_(state_->optimizer_steps) {}
+    : AcceleratedScheduler(std::make_shared<detail::SchedulerCore>(), std::move(state)) {
+  core_->step_fn = std::move(step_fn);
+}
+
+AcceleratedScheduler::AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core,
+                                           std::shared_ptr<GradientState> state)
+    : core_(std::move(core)), state_(std::move(state)) {
+  core_->seen_optimizer_steps = state_->optimizer_steps;
+}
 
 void AcceleratedScheduler::step() {
-  if (state_->optimizer_steps == seen_optimizer_steps_) return;
-  seen_optimizer_steps_ = state_->optimizer_steps;
-  step_fn_();
-  ++steps_;
+  if (state_->optimizer_steps == core_->seen_optimizer_steps) return;
+  core_->seen_optimizer_steps = state_->optimizer_steps;
+  core_->step_fn();
+  ++core_->steps;
 }
 
 }  // namespace tandem

@@ -42,6 +42,13 @@ class ZeroEngine {
   std::vector<std::vector<std::string>> group_names() const;
   int64_t step_count() const { return step_; }
 
+  // Checkpoints (zero_state.cpp).
+  std::vector<ZeroOptimizer::ShardFragment> shard_fragments() const;
+  std::vector<std::string> state_names() const;
+  void load_shards(const ZeroOptimizer::FragmentSource& source, int64_t step_count);
+  void for_each_whole_parameter(
+      const std::function<void(const std::string&, const at::Tensor&)>& fn);
+
   // Autograd and unit hooks.
   void on_grad_ready(std::size_t index);
   void unit_before_forward(std::size_t group);

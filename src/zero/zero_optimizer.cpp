@@ -27,6 +27,17 @@ std::vector<std::vector<std::string>> ZeroOptimizer::group_parameter_names() con
   return engine_->group_names();
 }
 int64_t ZeroOptimizer::step_count() const { return engine_->step_count(); }
+std::vector<ZeroOptimizer::ShardFragment> ZeroOptimizer::shard_fragments() const {
+  return engine_->shard_fragments();
+}
+std::vector<std::string> ZeroOptimizer::state_names() const { return engine_->state_names(); }
+void ZeroOptimizer::load_shards(const FragmentSource& source, int64_t step_count) {
+  engine_->load_shards(source, step_count);
+}
+void ZeroOptimizer::for_each_whole_parameter(
+    const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+  engine_->for_each_whole_parameter(fn);
+}
 
 ZeroOptimizer::GatheredParameters::GatheredParameters(ZeroOptimizer& zero) : zero_(zero) {
   zero_.engine_->gather_all();

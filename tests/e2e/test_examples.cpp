@@ -150,6 +150,51 @@ TEST(ZeroDemo, Stage3TrainingTracksDdpAfter300Steps) {
       << "zero-3 " << zero << " vs ddp " << ddp;
 }
 
+// Issue 7's acceptance: 40 straight steps, and 20 steps then a resumed 20
+// (new processes, `latest` picked up by itself), merge to byte-identical
+// files, under DDP and under ZeRO-3.
+TEST(GptAdditionCheckpoint, StraightAndResumedRunsMergeToIdenticalFiles) {
+  TempDir dir;
+  const std::string zero3 = dir.path() + "/zero3.json";
+  std::ofstream(zero3) << R"({"zero_optimization": {"stage": 3}})";
+  auto run = [&](const std::vector<std::string>& config, const std::string& checkpoints,
+                 int stop_after) {
+    std::vector<std::string> argv = {bin("tandem"), "launch", "--standalone", "--nproc-per-node",
+                                     "2"};
+    argv.insert(argv.end(), config.begin(), config.end());
+    for (const std::string& arg :
+         {bin("gpt_addition"), std::string("--max-steps"), std::string("40"),
+          std::string("--save-every"), std::string("20"), std::string("--checkpoint-dir"),
+          checkpoints, std::string("--stop-after"), std::to_string(stop_after),
+          std::string("--train-size"), std::string("4096"), std::string("--test-size"),
+          std::string("100"), std::string("--metrics-file"), dir.path() + "/metrics.jsonl"}) {
+      argv.push_back(arg);
+    }
+    auto r = run_process(argv, 300);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.out;
+  };
+  auto merge = [&](const std::string& checkpoints, const std::string& out) {
+    auto r = run_process({bin("tandem"), "checkpoint", "merge", checkpoints, out}, 120);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return read_file(out);
+  };
+  for (const std::vector<std::string>& config :
+       {std::vector<std::string>{}, std::vector<std::string>{"--config-file", zero3}}) {
+    const std::string label = config.empty() ? "ddp" : "zero3";
+    const std::string straight = dir.path() + "/straight_" + label;
+    const std::string resumed = dir.path() + "/resumed_" + label;
+    run(config, straight, 0);
+    run(config, resumed, 20);
+    const std::string second = run(config, resumed, 0);
+    EXPECT_NE(second.find("resumed from"), std::string::npos) << second;
+    const std::string a = merge(straight, dir.path() + "/a_" + label + ".safetensors");
+    const std::string b = merge(resumed, dir.path() + "/b_" + label + ".safetensors");
+    ASSERT_GT(a.size(), 100000u) << label;
+    EXPECT_TRUE(a == b) << label << ": the merged files differ";
+  }
+}
+
 TEST(Quickstart, ThePlainLoopAndItsAcceleratedFormBothLearn) {
   auto plain = run_process({bin("quickstart_plain")}, 120);
   ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;

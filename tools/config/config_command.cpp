@@ -17,26 +17,13 @@
 #include "config/config_wizard.h"
 #include "config/wizard_terminal.h"
 #include "tandem/config/config.h"
+#include "cli_parse.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Runs CLI11 on argv. Returns an exit code when the command is over
-// (--help: 0), nullopt to go on. Bad flags are usage errors (exit 2).
-std::optional<int> parse(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    TANDEM_THROW(UsageError, "{}. Run `{} --help` for the options", e.what(), app.get_name());
-  }
-  return std::nullopt;
-}
 
 // Writes through a temporary file and a rename, so a reader never sees half
 // a config and a failure leaves any old file as it was.
@@ -81,7 +68,7 @@ int run_check(int argc, char** argv) {
   app.add_option("--world-size", world_size,
                  "processes to resolve the batch sizes for (default: the file's num_processes, "
                  "else 1)");
-  if (auto code = parse(app, argc, argv)) return *code;
+  if (auto code = parse_cli(app, argc, argv)) return *code;
   TANDEM_CHECK_ARG(!world_size || *world_size >= 1, "--world-size must be at least 1, got {}",
                    world_size.value_or(0));
 
@@ -111,7 +98,7 @@ int run_default(int argc, char** argv) {
   app.add_option("--config-file", path, "where to write (default: tandem's default config path)");
   app.add_option("--mixed-precision", precision, "no, bf16 or fp16");
   app.add_flag("--force", force, "replace an existing file");
-  if (auto code = parse(app, argc, argv)) return *code;
+  if (auto code = parse_cli(app, argc, argv)) return *code;
 
   const MixedPrecision mixed_precision = parse_mixed_precision(precision);
   if (path.empty()) path = default_path();
@@ -142,7 +129,7 @@ int run_wizard_command(int argc, char** argv) {
       "  tandem config check FILE [--world-size N]   validate FILE, print the resolved JSON\n"
       "  tandem config default [--config-file F] [--mixed-precision M] [--force]\n"
       "                                              write a basic config without questions");
-  if (auto code = parse(app, argc, argv)) return *code;
+  if (auto code = parse_cli(app, argc, argv)) return *code;
   if (path.empty()) path = default_path();
 
   ConfigWizard wizard(WizardContext{local_gpu_count()});

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "estimate/estimate_memory.h"
+#include "cli_parse.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -40,20 +41,6 @@ constexpr const char* kFooter =
     "\n"
     "Example (the ZeRO paper's 7.5B model on 64 GPUs: 120 / 31.4 / 16.6 / 1.9 GB):\n"
     "  tandem estimate-memory --params 7.5e9 --world-size 64 --mixed-precision fp16";
-
-// Runs CLI11 on argv. Returns an exit code when the command is over
-// (--help: 0), nullopt to go on. Bad flags are usage errors (exit 2).
-std::optional<int> parse(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    TANDEM_THROW(UsageError, "{}. Run `{} --help` for the options", e.what(), app.get_name());
-  }
-  return std::nullopt;
-}
 
 // "1,234,567".
 std::string with_commas(int64_t value) {
@@ -192,7 +179,7 @@ int run_estimate_memory_command(int argc, char** argv) {
                  "the host memory per node");
   app.add_flag("--json", json, "print one JSON object instead of the table");
   app.footer(kFooter);
-  if (auto code = parse(app, argc, argv)) return *code;
+  if (auto code = parse_cli(app, argc, argv)) return *code;
 
   MemoryEstimateOptions options;
   options.params = parse_param_count(params_text);

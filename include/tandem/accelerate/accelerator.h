@@ -34,6 +34,7 @@
 
 #include <c10/core/Device.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
@@ -56,6 +57,30 @@
 namespace tandem {
 
 class LRScheduler;
+class CheckpointReader;
+
+// What save_state() writes and how (see docs/checkpoints.md).
+struct SaveStateOptions {
+  // The checkpoint's name under the directory; empty: "global_step<step()>".
+  std::string tag;
+  // Any JSON the program wants back from load_state() (DeepSpeed's
+  // client_sd): its own counters, the epoch it was in, ...
+  nlohmann::json client_state = nlohmann::json::object();
+  // Keep only the newest `total_limit` tags; 0 keeps all. The tag being
+  // written and the one `latest` names are never deleted.
+  int total_limit = 0;
+};
+
+struct LoadStateOptions {
+  // Empty: the tag the directory's `latest` file names.
+  std::string tag;
+  // Restore the optimizer's state and hyperparameters (false: weights,
+  // scheduler, scaler and data position only, as for fine-tuning).
+  bool load_optimizer_states = true;
+  // Restore this rank's CPU/CUDA generator states (only when the world
+  // size matches the saving run's).
+  bool load_rng_states = true;
+};
 
 // Code-side settings. Each set field beats the config file and the
 // environment (Accelerate's `Accelerator(mixed_precision=..., ...)`).
@@ -327,6 +352,34 @@ class Accelerator {
   // Parameters and buffers by module path, cloned to the CPU.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict() const;
 
+  // ---- Checkpoints ---------------------------------------------------------
+  // Saves everything needed to resume exactly: the model, the optimizer
+  // (every ZeRO shard), the schedulers, the loss scaler, the training
+  // loader's epoch and position, each rank's RNG states, the step counter
+  // and `options.client_state`, as DIR/<tag> (safetensors + JSON, no
+  // pickle), then points DIR/latest at it. Atomic: either every rank's part
+  // is written, fsynced and committed, or nothing changes and every rank
+  // throws CheckpointError. Call after optimizer.step() (not between the
+  // micro-steps of an accumulation cycle, whose partial gradients a
+  // checkpoint does not hold: UsageError). Collective.
+  void save_state(const std::string& dir, const SaveStateOptions& options = {});
+  // Restores a save_state() checkpoint into this run's prepared objects
+  // (prepare everything first, as in the run that saved it) and returns its
+  // client state. The checkpoint may come from another world size or
+  // strategy (DDP, ZeRO 1-3): parameters and optimizer state are resharded.
+  // The next batch of the training loader is the one after the saved
+  // position. UsageError when the model or optimizer does not match the
+  // checkpoint; CheckpointError for a missing or corrupt one. Collective.
+  nlohmann::json load_state(const std::string& dir, const LoadStateOptions& options = {});
+  // True when DIR holds a committed checkpoint that load_state(dir) would
+  // load (a `latest` file naming a complete tag).
+  static bool has_checkpoint(const std::string& dir);
+  // Writes the consolidated weights (parameters and buffers, keyed by
+  // module path, in the model's dtype) to DIR/model.safetensors, from rank
+  // 0. Streams one parameter (stage 3: one unit) at a time, so no rank ever
+  // holds a second copy of the model. Collective.
+  void save_model(const std::string& dir);
+
   // Seeds torch's CPU (and CUDA) generators with `seed`, or with
   // seed + process_index when `device_specific` (distinct dropout masks and
   // augmentations per rank, all derived from one seed).
@@ -347,6 +400,12 @@ class Accelerator {
   DistributedLoaderOptions data_options(DistributedLoaderOptions options);
   PreparedLoader wrap_loader(DistributedLoader loader);
   void resolve(int64_t micro_batch);
+  // Checkpoints (accelerator_checkpoint.cpp).
+  nlohmann::json state_meta(const SaveStateOptions& options);
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors();
+  void restore_model(const CheckpointReader& checkpoint);
+  void restore_optimizer(const CheckpointReader& checkpoint);
+  void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
 
   Config file_config_;
   ConfigEnv env_;
@@ -365,6 +424,8 @@ class Accelerator {
   std::unique_ptr<torch::optim::Optimizer> owned_optimizer_;  // from the config
   std::shared_ptr<LossScaler> scaler_;
   std::shared_ptr<detail::OptimizerCore> optimizer_core_;
+  std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
+  std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;
   MetricsLogger metrics_;
 };
 

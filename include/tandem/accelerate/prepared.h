@@ -20,6 +20,9 @@
 #include <memory>
 #include <optional>
 
+#include <map>
+#include <string>
+
 #include <torch/optim/optimizer.h>
 
 #include "tandem/accelerate/gradient_state.h"
@@ -67,6 +70,8 @@ class OptimizerCore {
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   const GradientState& state() const { return *state_; }
   bool has_master_weights() const { return master_ != nullptr; }
+  // The fp32 masters of a bf16/fp16 model (nullptr otherwise).
+  const MasterWeights* master_weights() const { return master_.get(); }
   double clip(double max_norm, double norm_type);
 
  private:
@@ -117,23 +122,59 @@ class AcceleratedOptimizer {
   std::shared_ptr<detail::OptimizerCore> core_;
 };
 
+namespace detail {
+
+// A prepared scheduler's state, shared with the Accelerator so that
+// save_state()/load_state() can reach it however the loop holds the
+// AcceleratedScheduler.
+struct SchedulerCore {
+  std::function<void()> step_fn;
+  // tandem::LRScheduler's state_dict()/load_state_dict(); empty for LibTorch
+  // schedulers, which load_state() restores by replaying step_fn.
+  std::function<std::map<std::string, double>()> state_dict;
+  std::function<void(const std::map<std::string, double>&)> load_state_dict;
+  int64_t seen_optimizer_steps = 0;
+  int64_t steps = 0;
+};
+
+}  // namespace detail
+
 class AcceleratedScheduler {
  public:
   // `step_fn` advances the wrapped scheduler by one step.
   AcceleratedScheduler(std::function<void()> step_fn, std::shared_ptr<GradientState> state);
+  AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core,
+                       std::shared_ptr<GradientState> state);
 
   // Advances the wrapped scheduler once if the optimizer really stepped since
   // the last call; a no-op otherwise. Call it right after optimizer.step().
   void step();
   // Wrapped-scheduler steps taken.
-  int64_t steps() const { return steps_; }
+  int64_t steps() const { return core_->steps; }
 
  private:
-  std::function<void()> step_fn_;
+  std::shared_ptr<detail::SchedulerCore> core_;
   std::shared_ptr<GradientState> state_;
-  int64_t seen_optimizer_steps_ = 0;
-  int64_t steps_ = 0;
 };
+
+namespace detail {
+
+// Where a PreparedLoader is in its data: shared with the Accelerator, which
+// saves it in checkpoints and restores it on load_state().
+struct LoaderCursor {
+  int64_t skip = 0;              // batches the next pass skips
+  int64_t position = 0;          // batches handed out in the current pass
+  bool in_pass = false;
+  int64_t completed_passes = 0;  // the epoch an un-set next pass takes
+  bool epoch_set = false;        // set_epoch() was called since the last pass
+  int64_t epoch = 0;             // the loader's epoch, mirrored
+  int64_t size = 0;              // batches per pass
+  // load_state() rewrote the fields above: apply them to the loader before
+  // the next batch.
+  bool restore_pending = false;
+};
+
+}  // namespace detail
 
 // A DistributedLoader that reports its position to the Accelerator.
 // Iterate it exactly like DistributedLoader (range-for, or next()). Unlike
@@ -143,17 +184,21 @@ class AcceleratedScheduler {
 class PreparedLoader {
  public:
   PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state);
+  PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
+                 std::shared_ptr<detail::LoaderCursor> cursor);
 
   int64_t size() const { return loader_.size(); }
   // Selects the epoch of the next pass (ends a pass in progress).
   void set_epoch(int64_t epoch);
-  int64_t epoch() const { return loader_.epoch(); }
+  // The epoch of the pass in progress, or of the next one after
+  // load_state() restored a position.
+  int64_t epoch() const { return cursor_->epoch; }
   // Ends a pass in progress; the next batch starts a new one.
   void start_new_pass();
   void skip_first_batches(int64_t num_batches);
   std::optional<DistributedLoader::Batch> next();
   // Batches handed out in the current pass, skipped ones included.
-  int64_t position() const { return position_; }
+  int64_t position() const { return cursor_->position; }
 
   DistributedLoader& loader() { return loader_; }
   const DistributedLoader& loader() const { return loader_; }
@@ -188,15 +233,13 @@ class PreparedLoader {
 
  private:
   void note_batch(const DistributedLoader::Batch& batch);
+  void apply_restore();
+  void set_loader_epoch(int64_t epoch);
 
   DistributedLoader loader_;
   std::shared_ptr<GradientState> state_;
-  int64_t skip_ = 0;
-  int64_t position_ = 0;
-  bool in_pass_ = false;
-  int64_t completed_passes_ = 0;
-  bool epoch_set_ = false;  // set_epoch() was called since the last pass
-  uint64_t pass_id_ = 0;    // changes whenever a pass is ended from outside
+  std::shared_ptr<detail::LoaderCursor> cursor_;
+  uint64_t pass_id_ = 0;  // changes whenever a pass is ended from outside
 };
 
 }  // namespace tandem

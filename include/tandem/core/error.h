@@ -30,6 +30,14 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// A checkpoint or tensor file could not be written or read: an I/O error
+// (disk full, permission), or a file that is truncated, corrupt or not in the
+// expected format. The message names the file.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective or rendezvous did not complete in time.
 class TimeoutError : public CommError {
  public:

@@ -50,6 +50,7 @@
 // collective on the same process group until backward() returns.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,6 +160,37 @@ class ZeroOptimizer {
   std::vector<std::vector<std::string>> group_parameter_names() const;
   // Completed optimizer steps.
   int64_t step_count() const;
+
+  // ---- Checkpoints (what Accelerator::save_state and load_state use) ------
+  // A stretch of this rank's shard that lies in one parameter, as views of
+  // the shard tensors (valid until the next step or load).
+  struct ShardFragment {
+    std::string name;   // the parameter's module path
+    int64_t begin = 0;  // first element within the flattened parameter
+    at::Tensor value;   // parameter values, in the parameter's dtype
+    at::Tensor master;  // fp32 master values; undefined when `value` is its own master
+    std::vector<at::Tensor> state;  // optimizer state, in state_names() order
+  };
+  std::vector<ShardFragment> shard_fragments() const;
+  // Names of the optimizer state kept per element: exp_avg and exp_avg_sq
+  // (Adam, AdamW), momentum_buffer (SGD with momentum), or none.
+  std::vector<std::string> state_names() const;
+  // Elements [begin, begin + length) of parameter `name` in `section`
+  // ("model", "master" or a state name) as a 1-D tensor of any dtype, or an
+  // undefined tensor when there is none (master: taken from the model
+  // values; state: zeros).
+  using FragmentSource = std::function<at::Tensor(const std::string& section,
+                                                  const std::string& name, int64_t begin,
+                                                  int64_t length)>;
+  // Overwrites this rank's shards from `source` (stages 1 and 2 then
+  // all-gather the whole parameters) and sets the step count. Call between
+  // steps, outside GatheredParameters. Collective.
+  void load_shards(const FragmentSource& source, int64_t step_count);
+  // Calls fn(name, whole parameter) for every parameter ZeRO manages, in
+  // layout order. Stage 3 gathers one unit at a time and frees it after, so
+  // at most one unit is whole beyond what training holds. Collective.
+  void for_each_whole_parameter(
+      const std::function<void(const std::string&, const at::Tensor&)>& fn);
 
  private:
   std::unique_ptr<detail::ZeroEngine> engine_;

@@ -1,0 +1,513 @@
+// Accelerator::save_state / load_state / save_model: what a checkpoint holds
+// and how it maps onto the prepared objects. The directory layout and the
+// commit protocol are tandem/checkpoint/checkpoint.h's.
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+
+#include "accelerate/optimizer_state.h"
+#include "checkpoint/checkpoint_fs.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+#include "tandem/core/version.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kModel = "model";
+constexpr const char* kMaster = "master";
+
+std::string optim_section(const std::string& state) { return "optim/" + state; }
+
+// Parameters by module path, each tensor once (tied weights keep their
+// first name).
+std::vector<std::pair<std::string, at::Tensor>> unique_parameters(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_map<const void*, bool> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (seen.emplace(item.value().unsafeGetTensorImpl(), true).second) {
+      out.emplace_back(item.key(), item.value());
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> defined_buffers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+nlohmann::json describe(const std::string& name, const at::Tensor& t) {
+  return {{"name", name},
+          {"shape", t.sizes().vec()},
+          {"dtype", safetensors_dtype_name(t.scalar_type())}};
+}
+
+at::Tensor flat(const at::Tensor& t) { return t.detach().reshape({-1}); }
+
+const char* precision_name(MixedPrecision mp) {
+  switch (mp) {
+    case MixedPrecision::kBf16:
+      return "bf16";
+    case MixedPrecision::kFp16:
+      return "fp16";
+    default:
+      return "no";
+  }
+}
+
+std::vector<std::string> generator_keys() {
+  std::vector<std::string> keys = {"rng/cpu"};
+  if (torch::cuda::is_available()) {
+    for (std::size_t i = 0; i < torch::cuda::device_count(); ++i) {
+      keys.push_back("rng/cuda" + std::to_string(i));
+    }
+  }
+  return keys;
+}
+
+at::Generator generator_for(const std::string& key) {
+  if (key == "rng/cpu") return at::detail::getDefaultCPUGenerator();
+  const auto index = static_cast<c10::DeviceIndex>(std::stoi(key.substr(8)));
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index));
+}
+
+}  // namespace
+
+bool Accelerator::has_checkpoint(const std::string& dir) {
+  try {
+    return latest_checkpoint_tag(dir).has_value();
+  } catch (const CheckpointError&) {
+    return false;
+  }
+}
+
+nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
+  nlohmann::json meta;
+  meta["step"] = state_->optimizer_steps;
+  meta["strategy"] = zero_ ? "zero" : (num_processes() > 1 ? "ddp" : "single");
+  meta["zero_stage"] = zero_ ? zero_->stage() : 0;
+  meta["mixed_precision"] = precision_name(config_.mixed_precision);
+  meta["tandem_version"] = version();
+  meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  nlohmann::json params = nlohmann::json::array();
+  nlohmann::json buffers = nlohmann::json::array();
+  if (model_) {
+    for (const auto& [name, p] : unique_parameters(*model_)) {
+      nlohmann::json d = describe(name, p);
+      d["trainable"] = p.requires_grad();
+      params.push_back(d);
+    }
+    for (const auto& [name, b] : defined_buffers(*model_)) buffers.push_back(describe(name, b));
+  }
+  meta["parameters"] = params;
+  meta["buffers"] = buffers;
+  if (optimizer_core_) {
+    auto& optimizer = optimizer_core_->optimizer();
+    nlohmann::json opt;
+    opt["type"] = detail::optimizer_type(optimizer);
+    opt["param_groups"] = detail::param_group_options(optimizer);
+    nlohmann::json steps = nlohmann::json::object();
+    int64_t step = 0;
+    if (zero_) {
+      step = zero_->step_count();
+      opt["state_names"] = zero_->state_names();
+    } else {
+      std::unordered_map<const void*, std::string> names;
+      for (const auto& [name, p] : unique_parameters(*model_)) {
+        names[p.unsafeGetTensorImpl()] = name;
+      }
+      if (const MasterWeights* master = optimizer_core_->master_weights()) {
+        for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+          names[master->master_params()[i].unsafeGetTensorImpl()] =
+              names[master->model_params()[i].unsafeGetTensorImpl()];
+        }
+      }
+      std::vector<std::string> state_names;
+      for (auto& group : optimizer.param_groups()) {
+        for (const auto& p : group.params()) {
+          const auto it = names.find(p.unsafeGetTensorImpl());
+          TANDEM_CHECK_ARG(it != names.end(),
+                           "save_state: the optimizer holds a tensor of shape {} that is not a "
+                           "parameter of the prepared model; build the optimizer over "
+                           "model->parameters()",
+                           fmt::join(p.sizes(), "x"));
+          const detail::ParamState ps = detail::get_param_state(optimizer, p);
+          if (ps.step >= 0) steps[it->second] = ps.step;
+          step = std::max(step, ps.step);
+          for (const auto& [sname, t] : ps.tensors) {
+            if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
+              state_names.push_back(sname);
+            }
+          }
+        }
+      }
+      opt["state_names"] = state_names;
+    }
+    opt["step"] = step;
+    opt["param_steps"] = steps;
+    meta["optimizer"] = opt;
+  }
+  nlohmann::json schedulers = nlohmann::json::array();
+  for (const auto& core : schedulers_) {
+    nlohmann::json s = {{"steps", core->steps}};
+    if (core->state_dict) s["state"] = core->state_dict();
+    schedulers.push_back(s);
+  }
+  meta["schedulers"] = schedulers;
+  meta["scaler"] = scaler_->state_dict();
+  if (train_cursor_) {
+    const auto& c = *train_cursor_;
+    meta["loader"] = {{"epoch", c.epoch},         {"position", c.position},
+                      {"in_pass", c.in_pass},     {"completed_passes", c.completed_passes},
+                      {"epoch_set", c.epoch_set}, {"skip", c.skip},
+                      {"size", c.size}};
+  }
+  meta["gradient_state"] = {{"optimizer_steps", state_->optimizer_steps}};
+  meta["client_state"] = options.client_state;
+  return meta;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const bool rank0 = is_main_process();
+  if (model_) {
+    std::unordered_map<std::string, bool> sharded;
+    if (zero_) {
+      const std::vector<std::string> states = zero_->state_names();
+      for (const auto& f : zero_->shard_fragments()) {
+        sharded[f.name] = true;
+        out.emplace_back(fragment_key(kModel, f.name, f.begin), f.value);
+        if (f.master.defined()) out.emplace_back(fragment_key(kMaster, f.name, f.begin), f.master);
+        for (std::size_t s = 0; s < states.size(); ++s) {
+          out.emplace_back(fragment_key(optim_section(states[s]), f.name, f.begin), f.state[s]);
+        }
+      }
+      for (const auto& group : zero_->group_parameter_names()) {
+        for (const auto& name : group) sharded[name] = true;
+      }
+    }
+    if (rank0) {
+      for (const auto& [name, p] : unique_parameters(*model_)) {
+        if (!sharded.count(name)) out.emplace_back(fragment_key(kModel, name, 0), flat(p));
+      }
+      for (const auto& [name, b] : defined_buffers(*model_)) out.emplace_back("buffer/" + name, b);
+    }
+  }
+  if (rank0 && optimizer_core_ && !zero_) {
+    auto& optimizer = optimizer_core_->optimizer();
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& [name, p] : unique_parameters(*model_)) names[p.unsafeGetTensorImpl()] = name;
+    if (const MasterWeights* master = optimizer_core_->master_weights()) {
+      for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+        const std::string& name = names[master->model_params()[i].unsafeGetTensorImpl()];
+        const at::Tensor& m = master->master_params()[i];
+        if (m.unsafeGetTensorImpl() != master->model_params()[i].unsafeGetTensorImpl()) {
+          out.emplace_back(fragment_key(kMaster, name, 0), flat(m));
+        }
+        names[m.unsafeGetTensorImpl()] = name;
+      }
+    }
+    for (auto& group : optimizer.param_groups()) {
+      for (const auto& p : group.params()) {
+        const std::string& name = names.at(p.unsafeGetTensorImpl());
+        for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
+          out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
+        }
+      }
+    }
+  }
+  for (const auto& key : generator_keys()) {
+    at::Generator gen = generator_for(key);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(key, gen.get_state());
+  }
+  return out;
+}
+
+void Accelerator::save_state(const std::string& dir, const SaveStateOptions& options) {
+  TANDEM_CHECK_ARG(!state_->gradients_pending,
+                   "save_state() was called in the middle of gradient accumulation (after "
+                   "backward(), before the optimizer step that consumes the gradients). A "
+                   "checkpoint holds no partial gradients, so resuming would lose them: call "
+                   "save_state() after optimizer.step() on a step where sync_gradients() is "
+                   "true");
+  const std::string tag =
+      options.tag.empty() ? "global_step" + std::to_string(state_->optimizer_steps) : options.tag;
+  nlohmann::json meta = is_main_process() ? state_meta(options) : nlohmann::json::object();
+  CheckpointCommitOptions commit;
+  commit.total_limit = options.total_limit;
+  commit_checkpoint(*process_group_, dir, tag, [this] { return state_tensors(); },
+                    std::move(meta), commit);
+}
+
+void Accelerator::restore_model(const CheckpointReader& checkpoint) {
+  const nlohmann::json& meta = checkpoint.meta();
+  std::map<std::string, std::vector<int64_t>> saved_shapes;
+  for (const auto& p : meta.at("parameters")) {
+    saved_shapes[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<int64_t>>();
+  }
+  const auto params = unique_parameters(*model_);
+  for (const auto& [name, p] : params) {
+    const auto it = saved_shapes.find(name);
+    TANDEM_CHECK_ARG(it != saved_shapes.end(),
+                     "load_state: the model has parameter '{}' but checkpoint '{}' does not. "
+                     "Load it into the same model architecture that saved it",
+                     name, checkpoint.path());
+    TANDEM_CHECK_ARG(it->second == p.sizes().vec(),
+                     "load_state: parameter '{}' has shape [{}] here but [{}] in checkpoint '{}'",
+                     name, fmt::join(p.sizes(), ", "), fmt::join(it->second, ", "),
+                     checkpoint.path());
+    saved_shapes.erase(it);
+  }
+  TANDEM_CHECK_ARG(saved_shapes.empty(),
+                   "load_state: checkpoint '{}' has parameter '{}' that this model lacks. Load "
+                   "it into the same model architecture that saved it",
+                   checkpoint.path(), saved_shapes.empty() ? "" : saved_shapes.begin()->first);
+
+  torch::NoGradGuard no_grad;
+  std::unordered_map<std::string, bool> sharded;
+  if (zero_) {
+    for (const auto& group : zero_->group_parameter_names()) {
+      for (const auto& name : group) sharded[name] = true;
+    }
+    auto source = [&checkpoint](const std::string& section, const std::string& name,
+                                int64_t begin, int64_t length) {
+      const std::string where =
+          section == kModel || section == kMaster ? section : optim_section(section);
+      if (!checkpoint.has(where, name)) return at::Tensor();
+      return checkpoint.read_range(where, name, begin, length);
+    };
+    const int64_t step = meta.contains("optimizer") ? meta["optimizer"].value("step", int64_t{0})
+                                                    : int64_t{0};
+    zero_->load_shards(source, step);
+  }
+  for (const auto& [name, p] : params) {
+    if (sharded.count(name)) continue;
+    p.detach().copy_(checkpoint.read_whole(kModel, name, p.sizes().vec()));
+  }
+  for (const auto& [name, b] : defined_buffers(*model_)) {
+    std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
+    TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
+                     checkpoint.path(), name);
+    b.detach().copy_(saved->view(b.sizes()));
+  }
+}
+
+void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
+  const nlohmann::json& meta = checkpoint.meta();
+  TANDEM_CHECK_ARG(meta.contains("optimizer"),
+                   "load_state: checkpoint '{}' has no optimizer state (the saving run prepared "
+                   "none); pass load_optimizer_states = false to load the rest",
+                   checkpoint.path());
+  const nlohmann::json& saved = meta["optimizer"];
+  auto& optimizer = optimizer_core_->optimizer();
+  const std::string type = detail::optimizer_type(optimizer);
+  if (saved.at("type").get<std::string>() != type) {
+    TANDEM_THROW(UsageError,
+                 "load_state: checkpoint '{}' holds {} state but this run's optimizer is {}; "
+                 "build the same optimizer type (or pass load_optimizer_states = false)",
+                 checkpoint.path(), saved.at("type").get<std::string>(), type);
+  }
+  if (zero_) return;  // restore_model() loaded the shards with the weights
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const void*, std::pair<std::string, at::Tensor>> by_impl;
+  for (const auto& [name, p] : unique_parameters(*model_)) {
+    by_impl[p.unsafeGetTensorImpl()] = {name, p};
+  }
+  if (const MasterWeights* master = optimizer_core_->master_weights()) {
+    for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+      const at::Tensor& m = master->master_params()[i];
+      const auto& [name, model_param] = by_impl.at(master->model_params()[i].unsafeGetTensorImpl());
+      if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
+        m.detach().copy_(checkpoint.has(kMaster, name)
+                             ? checkpoint.read_whole(kMaster, name, m.sizes().vec())
+                             : model_param.detach().to(m.scalar_type()));
+      }
+      by_impl[m.unsafeGetTensorImpl()] = {name, m};
+    }
+  }
+  const auto state_names = saved.value("state_names", std::vector<std::string>{});
+  const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      const std::string& name = by_impl.at(p.unsafeGetTensorImpl()).first;
+      detail::ParamState ps;
+      ps.step = steps.contains(name) ? steps[name].get<int64_t>()
+                                     : saved.value("step", int64_t{-1});
+      for (const auto& sname : state_names) {
+        if (checkpoint.has(optim_section(sname), name)) {
+          ps.tensors.emplace_back(
+              sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
+        }
+      }
+      detail::set_param_state(optimizer, p, ps);
+    }
+  }
+}
+
+void Accelerator::restore_progress(const CheckpointReader& checkpoint,
+                                   const LoadStateOptions& options) {
+  const nlohmann::json& meta = checkpoint.meta();
+  const nlohmann::json& schedulers = meta.at("schedulers");
+  TANDEM_CHECK_ARG(schedulers.size() == schedulers_.size(),
+                   "load_state: checkpoint '{}' holds {} scheduler(s) but this run prepared {}; "
+                   "prepare the same schedulers before load_state()",
+                   checkpoint.path(), schedulers.size(), schedulers_.size());
+  const int64_t optimizer_steps = meta.at("gradient_state").at("optimizer_steps").get<int64_t>();
+  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
+    auto& core = *schedulers_[i];
+    const int64_t target = schedulers[i].at("steps").get<int64_t>();
+    if (core.load_state_dict && schedulers[i].contains("state")) {
+      core.load_state_dict(schedulers[i]["state"].get<std::map<std::string, double>>());
+    } else {
+      // LibTorch schedulers have no state accessors; they are functions of
+      // their step count, so replaying the steps rebuilds them.
+      TANDEM_CHECK_ARG(core.steps <= target,
+                       "load_state: LibTorch scheduler {} has already stepped {} times, past "
+                       "the checkpoint's {}; load into a freshly prepared run",
+                       i, core.steps, target);
+      while (core.steps < target) {
+        core.step_fn();
+        ++core.steps;
+      }
+    }
+    core.steps = target;
+    core.seen_optimizer_steps = optimizer_steps;
+  }
+  if (options.load_optimizer_states && optimizer_core_ && meta.contains("optimizer")) {
+    // After the scheduler replay, so the saved learning rates win.
+    detail::load_param_group_options(optimizer_core_->optimizer(),
+                                     meta["optimizer"].at("param_groups"));
+  }
+  scaler_->load_state_dict(meta.at("scaler").get<std::map<std::string, double>>());
+  state_->optimizer_steps = optimizer_steps;
+  state_->micro_step = 0;
+  state_->micro_steps_since_step = 0;
+  state_->gradients_pending = false;
+  state_->clipped_this_step = false;
+  if (train_cursor_ && meta.contains("loader")) {
+    const nlohmann::json& l = meta["loader"];
+    auto& c = *train_cursor_;
+    const int64_t position = l.at("position").get<int64_t>();
+    const bool in_pass = l.at("in_pass").get<bool>();
+    c.epoch = l.at("epoch").get<int64_t>();
+    c.completed_passes = l.at("completed_passes").get<int64_t>();
+    c.epoch_set = l.at("epoch_set").get<bool>();
+    c.skip = l.at("skip").get<int64_t>();
+    if (in_pass && position < c.size) {
+      c.skip = position;  // continue this epoch after the last batch handed out
+      c.epoch_set = true;
+    } else if (in_pass) {
+      // The pass had handed out its last batch: resume at the next epoch.
+      c.epoch += 1;
+      c.completed_passes = c.epoch;
+      c.epoch_set = false;
+      c.skip = 0;
+    }
+    c.position = 0;
+    c.in_pass = false;
+    c.restore_pending = true;
+  }
+  if (options.load_rng_states && checkpoint.world_size() == num_processes()) {
+    for (const auto& key : generator_keys()) {
+      std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(process_index(), key);
+      if (!saved) continue;
+      at::Generator gen = generator_for(key);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(*saved);
+    }
+  } else if (options.load_rng_states && is_main_process()) {
+    log_warn("load_state: the checkpoint was saved by {} processes and this run has {}; RNG "
+             "states are per rank, so they are not restored",
+             checkpoint.world_size(), num_processes());
+  }
+}
+
+nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
+  TANDEM_CHECK_ARG(model_ != nullptr,
+                   "load_state: prepare the model (and optimizer, schedulers, data) first; "
+                   "the checkpoint is loaded into the prepared objects");
+  CheckpointReader checkpoint(dir, options.tag);
+  restore_model(checkpoint);
+  if (options.load_optimizer_states && optimizer_core_) restore_optimizer(checkpoint);
+  restore_progress(checkpoint, options);
+  wait_for_everyone();
+  return checkpoint.meta().value("client_state", nlohmann::json::object());
+}
+
+void Accelerator::save_model(const std::string& dir) {
+  TANDEM_CHECK_ARG(model_ != nullptr, "save_model: prepare the model first");
+  const bool rank0 = is_main_process();
+  std::vector<SafetensorsSpec> specs;
+  std::unordered_map<std::string, bool> sharded;
+  std::vector<std::pair<std::string, at::Tensor>> rest;
+  const auto params = unique_parameters(*model_);
+  std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
+  if (zero_) {
+    for (const auto& group : zero_->group_parameter_names()) {
+      for (const auto& name : group) {
+        const at::Tensor& p = by_name.at(name);
+        specs.push_back({name, p.scalar_type(), p.sizes().vec()});
+        sharded[name] = true;
+      }
+    }
+  }
+  for (const auto& [name, p] : params) {
+    if (!sharded.count(name)) rest.emplace_back(name, p);
+  }
+  for (auto& item : defined_buffers(*model_)) rest.push_back(item);
+  for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+
+  const std::string final_path = dir + "/model.safetensors";
+  const std::string tmp_path = dir + "/.model.safetensors.tmp";
+  std::string error;
+  std::unique_ptr<SafetensorsStreamWriter> writer;
+  auto guarded = [&](const std::function<void()>& fn) {
+    if (!rank0 || !error.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+      writer.reset();  // unlinks the partial file
+    }
+  };
+  guarded([&] {
+    detail::make_directories(dir);
+    writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
+  });
+  if (zero_) {
+    // Collective even after a rank-0 failure, so no rank is left waiting.
+    zero_->for_each_whole_parameter([&](const std::string& name, const at::Tensor& p) {
+      guarded([&] { writer->write(name, p); });
+    });
+  }
+  guarded([&] {
+    for (const auto& [name, t] : rest) writer->write(name, t);
+    writer->finish(/*sync=*/true);
+    writer.reset();
+    detail::rename_path(tmp_path, final_path);
+    detail::fsync_directory(dir);
+  });
+  const std::vector<std::string> errors = process_group_->all_gather_strings(error);
+  if (!errors[0].empty()) {
+    TANDEM_THROW(CheckpointError, "save_model('{}') failed on rank 0: {}", dir, errors[0]);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,183 @@
+// The collective commit of a checkpoint (see tandem/checkpoint/checkpoint.h).
+// Three rounds, each ended by an all-gather of every rank's error text so
+// that all ranks take the same branch: prepare the temporary directory (rank
+// 0), write the rank files (all), commit (rank 0). A process killed at any
+// point leaves the committed tags and `latest` as they were: until the
+// final renames nothing outside DIR/.tmp-<tag> changes, and each rename is
+// atomic.
+
+#include <dirent.h>
+
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint_fs.h"
+#include "checkpoint/checkpoint_meta.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/core/error.h"
+
+namespace tandem {
+namespace {
+
+// Every rank's error text (empty: success), identical on all ranks.
+std::vector<std::string> agree(ProcessGroup& pg, const std::string& error) {
+  return pg.all_gather_strings(error);
+}
+
+std::string failures(const std::vector<std::string>& errors) {
+  std::string out;
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) out += fmt::format("\n  rank {}: {}", r, errors[r]);
+  }
+  return out;
+}
+
+void remove_stale_temporaries(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(".tmp-", 0) == 0 || name == ".latest.tmp") stale.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& path : stale) detail::remove_tree_quietly(path);
+}
+
+// Moves DIR/.tmp-<tag> to DIR/<tag>, replacing an existing tag atomically.
+void install(const std::string& dir, const std::string& tmp, const std::string& final_dir) {
+  if (!detail::path_exists(final_dir)) {
+    detail::rename_path(tmp, final_dir);
+  } else if (detail::exchange_paths(tmp, final_dir)) {
+    detail::remove_tree_quietly(tmp);  // now the old contents
+  } else {
+    // No RENAME_EXCHANGE on this file system: a short window without the tag.
+    const std::string old = final_dir.substr(0, final_dir.rfind('/')) + "/.tmp-old-" +
+                            final_dir.substr(final_dir.rfind('/') + 1);
+    detail::rename_path(final_dir, old);
+    detail::rename_path(tmp, final_dir);
+    detail::remove_tree_quietly(old);
+  }
+  detail::fsync_directory(dir);
+}
+
+void point_latest(const std::string& dir, const std::string& tag) {
+  const std::string tmp = dir + "/.latest.tmp";
+  detail::write_file_synced(tmp, tag + "\n");
+  detail::rename_path(tmp, dir + "/latest");
+  detail::fsync_directory(dir);
+}
+
+void prune(const std::string& dir, const std::string& keep_tag, int total_limit) {
+  if (total_limit <= 0) return;
+  const std::vector<std::string> tags = checkpoint_tags(dir);  // oldest first
+  const std::optional<std::string> latest = latest_checkpoint_tag(dir);
+  auto excess = static_cast<int64_t>(tags.size()) - total_limit;
+  for (const auto& tag : tags) {
+    if (excess <= 0) break;
+    if (tag == keep_tag || (latest && tag == *latest)) continue;
+    // Hide it with one atomic rename first, so no reader sees half a tag.
+    const std::string doomed = detail::temporary_tag_dir(dir, "deleting-" + tag);
+    detail::rename_path(dir + "/" + tag, doomed);
+    detail::remove_tree_quietly(doomed);
+    --excess;
+  }
+  detail::fsync_directory(dir);
+}
+
+}  // namespace
+
+void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::string& tag,
+                       const std::function<CheckpointTensors()>& collect, nlohmann::json meta,
+                       const CheckpointCommitOptions& options) {
+  detail::check_tag(tag);
+  TANDEM_CHECK_ARG(!dir.empty(), "save_state: the checkpoint directory is empty");
+  const int rank = pg.rank();
+  const std::vector<std::string> targets = pg.all_gather_strings(dir + "/" + tag);
+  for (std::size_t r = 1; r < targets.size(); ++r) {
+    TANDEM_CHECK_ARG(targets[r] == targets[0],
+                     "save_state: rank {} saves to '{}' but rank 0 to '{}'. Every rank must "
+                     "pass the same directory and tag",
+                     r, targets[r], targets[0]);
+  }
+  const std::string tmp = detail::temporary_tag_dir(dir, tag);
+  const std::string final_dir = dir + "/" + tag;
+
+  std::string error;
+  if (rank == 0) {
+    try {
+      detail::make_directories(dir);
+      remove_stale_temporaries(dir);
+      detail::make_directories(tmp);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  std::vector<std::string> errors = agree(pg, error);
+  if (!errors[0].empty()) {
+    TANDEM_THROW(CheckpointError, "save_state('{}', tag '{}') could not start:{}", dir, tag,
+                 failures(errors));
+  }
+
+  const std::string file = tmp + "/" + checkpoint_rank_file(rank);
+  SafetensorsWriteResult written;
+  try {
+    written = write_safetensors(file, collect(), {}, /*sync=*/true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  errors = agree(pg, error.empty() ? "" : error);
+  const std::string failed = failures(errors);
+  std::vector<std::string> reports;
+  if (failed.empty()) {
+    reports = pg.all_gather_strings(
+        nlohmann::json{{"bytes", written.bytes},
+                       {"header_crc32c", fmt::format("{:08x}", written.header_crc32c)}}
+            .dump());
+  }
+  if (!failed.empty()) {
+    detail::remove_tree_quietly(file);
+    pg.barrier();
+    if (rank == 0) detail::remove_tree_quietly(tmp);
+    TANDEM_THROW(CheckpointError,
+                 "save_state('{}', tag '{}') failed; nothing was committed and '{}' still "
+                 "holds the previous checkpoints:{}",
+                 dir, tag, dir, failed);
+  }
+
+  if (rank == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::array();
+      for (std::size_t r = 0; r < reports.size(); ++r) {
+        nlohmann::json entry = nlohmann::json::parse(reports[r]);
+        entry["name"] = checkpoint_rank_file(static_cast<int>(r));
+        entry["rank"] = r;
+        files.push_back(entry);
+      }
+      meta["format"] = kCheckpointFormat;
+      meta["version"] = kCheckpointVersion;
+      meta["tag"] = tag;
+      meta["world_size"] = pg.world_size();
+      meta["files"] = files;
+      detail::write_file_synced(tmp + "/meta.json", detail::seal_meta(meta));
+      detail::fsync_directory(tmp);
+      install(dir, tmp, final_dir);
+      if (options.update_latest) point_latest(dir, tag);
+      prune(dir, tag, options.total_limit);
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (detail::path_exists(tmp)) detail::remove_tree_quietly(tmp);
+    }
+  }
+  errors = agree(pg, error);
+  if (!errors[0].empty()) {
+    TANDEM_THROW(CheckpointError, "save_state('{}', tag '{}') failed to commit:{}", dir, tag,
+                 failures(errors));
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,133 @@
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint_fs.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/core/error.h"
+
+namespace tandem {
+
+CheckpointReader::CheckpointReader(const std::string& dir, const std::string& tag) {
+  if (tag.empty()) {
+    std::optional<std::string> latest = latest_checkpoint_tag(dir);
+    if (!latest) {
+      TANDEM_THROW(CheckpointError,
+                   "no checkpoint to load in '{}': it has no `latest` file. Save one with "
+                   "save_state(), or pass the tag to load",
+                   dir);
+    }
+    tag_ = *latest;
+  } else {
+    tag_ = tag;
+  }
+  path_ = dir + "/" + tag_;
+  meta_ = read_checkpoint_meta(path_);
+  const auto& files = meta_.at("files");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string name = files[i].at("name").get<std::string>();
+    const std::string file_path = path_ + "/" + name;
+    if (!detail::path_exists(file_path)) {
+      TANDEM_THROW(CheckpointError, "'{}' is missing: checkpoint '{}' is incomplete", file_path,
+                   path_);
+    }
+    auto reader = std::make_unique<SafetensorsReader>(file_path);
+    const std::string crc = fmt::format("{:08x}", reader->header_crc32c());
+    if (reader->file_size() != files[i].at("bytes").get<int64_t>() ||
+        crc != files[i].at("header_crc32c").get<std::string>()) {
+      TANDEM_THROW(CheckpointError,
+                   "'{}' does not match meta.json (size {} bytes, header checksum {}; "
+                   "expected {} bytes, {}): the file was truncated or replaced",
+                   file_path, reader->file_size(), crc, files[i].at("bytes").get<int64_t>(),
+                   files[i].at("header_crc32c").get<std::string>());
+    }
+    for (const auto& entry : reader->entries()) {
+      const auto at = entry.name.rfind('@');
+      if (at == std::string::npos) continue;
+      Fragment fragment;
+      fragment.file = i;
+      fragment.key = entry.name;
+      try {
+        fragment.begin = std::stoll(entry.name.substr(at + 1));
+      } catch (const std::exception&) {
+        TANDEM_THROW(CheckpointError, "'{}': tensor '{}' has a malformed fragment offset",
+                     file_path, entry.name);
+      }
+      fragment.length = entry.numel();
+      fragments_[entry.name.substr(0, at)].push_back(fragment);
+    }
+    files_.push_back(std::move(reader));
+  }
+  for (auto& [name, list] : fragments_) {
+    std::sort(list.begin(), list.end(),
+              [](const Fragment& a, const Fragment& b) { return a.begin < b.begin; });
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+
+int CheckpointReader::world_size() const { return meta_.at("world_size").get<int>(); }
+
+bool CheckpointReader::has(const std::string& section, const std::string& name) const {
+  return fragments_.count(section + "/" + name) != 0;
+}
+
+at::Tensor CheckpointReader::read_range(const std::string& section, const std::string& name,
+                                        int64_t begin, int64_t length) const {
+  const std::string key = section + "/" + name;
+  const auto it = fragments_.find(key);
+  if (it == fragments_.end()) {
+    TANDEM_THROW(CheckpointError, "checkpoint '{}' has no '{}'", path_, key);
+  }
+  const auto& list = it->second;
+  const auto& first = *files_[list.front().file]->find(list.front().key);
+  at::Tensor out = at::empty({length}, at::TensorOptions().dtype(first.dtype));
+  int64_t covered = begin;
+  const int64_t end = begin + length;
+  for (const auto& f : list) {
+    if (covered >= end) break;
+    const int64_t f_end = f.begin + f.length;
+    if (f_end <= covered || f.length == 0) continue;
+    if (f.begin > covered) break;  // a hole
+    const int64_t take_end = std::min(f_end, end);
+    at::Tensor data;
+    if (f.begin == covered && f_end == take_end && f.begin >= begin) {
+      data = out.narrow(0, covered - begin, take_end - covered);
+      files_[f.file]->read_into(f.key, data);
+    } else {
+      data = files_[f.file]->read(f.key).view({-1});
+      TANDEM_CHECK(data.scalar_type() == out.scalar_type(),
+                   "checkpoint '{}': fragments of '{}' have different dtypes", path_, key);
+      out.narrow(0, covered - begin, take_end - covered)
+          .copy_(data.narrow(0, covered - f.begin, take_end - covered));
+    }
+    covered = take_end;
+  }
+  if (covered < end) {
+    TANDEM_THROW(CheckpointError,
+                 "checkpoint '{}': the fragments of '{}' do not cover elements [{}, {}) "
+                 "(covered up to {}): a rank file is missing data",
+                 path_, key, begin, end, covered);
+  }
+  return out;
+}
+
+at::Tensor CheckpointReader::read_whole(const std::string& section, const std::string& name,
+                                        const std::vector<int64_t>& shape) const {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  return read_range(section, name, 0, numel).view(shape);
+}
+
+std::optional<at::Tensor> CheckpointReader::read_rank_tensor(int rank,
+                                                             const std::string& key) const {
+  if (rank < 0 || rank >= static_cast<int>(files_.size())) return std::nullopt;
+  if (files_[rank]->find(key) == nullptr) return std::nullopt;
+  return files_[rank]->read(key);
+}
+
+}  // namespace tandem

@@ -1,0 +1,33 @@
+#pragma once
+// What tandem's safetensors reader and writer share: POSIX I/O that retries
+// EINTR and short transfers, errors that name the file and the OS reason,
+// the dtype mapping and the chunk size.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <c10/core/ScalarType.h>
+
+#include "checkpoint/safetensors_header.h"
+
+namespace tandem::detail {
+
+// Writes all `size` bytes at `offset`. Returns 0, or the errno that stopped it.
+int pwrite_all(int fd, const void* data, std::size_t size, int64_t offset);
+
+// Reads up to `size` bytes at `offset` into `data`, fewer only at the end of
+// the file; `done` says how many. Returns 0, or the errno that stopped it.
+int pread_all(int fd, void* data, std::size_t size, int64_t offset, std::size_t& done);
+
+// Throws CheckpointError: "<action> '<path>' failed: <OS reason>: <what to do>".
+[[noreturn]] void throw_file_error(const std::string& action, const std::string& path, int err);
+
+// UsageError for dtypes a safetensors file cannot hold in LibTorch 1.13.
+SafetensorsDtype to_safetensors_dtype(at::ScalarType dtype);
+at::ScalarType to_scalar_type(SafetensorsDtype dtype);
+
+// The largest piece per read or write call and the staging buffer size.
+int64_t safetensors_chunk_bytes();
+
+}  // namespace tandem::detail

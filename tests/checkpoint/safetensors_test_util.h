@@ -1,0 +1,97 @@
+#pragma once
+// Helpers shared by the safetensors tests: a scratch directory, raw file
+// bytes, and tensors from a closed-form formula that the Python interop
+// script (safetensors_interop.py) computes the same way.
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace tandem::testing {
+
+// A fresh directory under gtest's temp dir, removed with its contents.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string templ = ::testing::TempDir() + "tandem_st_XXXXXX";
+    path_ = ::mkdtemp(templ.data()) ? templ : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A safetensors file from a header text (space-padded to 8 bytes) and data.
+inline std::string safetensors_bytes(std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return le64(header.size()) + header + data;
+}
+
+// The test formula: bool i % 3 == 0; floating i / 4 - 3 (exact in every
+// float dtype for the sizes used); uint8 (7i + 3) % 200; other integers
+// (7i + 3) % 200 - 100.
+inline at::Tensor formula_tensor(at::ScalarType dtype, at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const at::Tensor i = at::arange(n, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor v;
+  if (dtype == at::kBool) {
+    v = at::remainder(i, 3).eq(0);
+  } else if (at::isFloatingType(dtype)) {
+    v = i * 0.25 - 3.0;
+  } else if (dtype == at::kByte) {
+    v = at::remainder(i * 7 + 3, 200);
+  } else {
+    v = at::remainder(i * 7 + 3, 200) - 100;
+  }
+  return v.to(dtype).reshape(shape);
+}
+
+struct FormulaSpec {
+  const char* name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
+// Every dtype, a 0-d and an empty tensor.
+inline std::vector<FormulaSpec> formula_specs() {
+  return {{"f64", at::kDouble, {2, 3}},    {"f32", at::kFloat, {4, 5, 6}},
+          {"f16", at::kHalf, {3, 8}},      {"bf16", at::kBFloat16, {24}},
+          {"i64", at::kLong, {5}},         {"i32", at::kInt, {2, 2}},
+          {"i16", at::kShort, {7}},        {"i8", at::kChar, {9}},
+          {"u8", at::kByte, {10}},         {"bool", at::kBool, {11}},
+          {"scalar", at::kFloat, {}},      {"empty", at::kFloat, {0, 3}}};
+}
+
+}  // namespace tandem::testing
