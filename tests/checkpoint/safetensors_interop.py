@@ -9,6 +9,10 @@ lays files out, and checks tandem's CRC-32C with its own table code.
                                       checksums and values (the test formula)
   safetensors_interop.py write FILE   write the formula tensors as a foreign
                                       writer would (no checksums, other order)
+  safetensors_interop.py load FILE    load any tandem-written file into torch
+                                      tensors (like safetensors.torch.load_file)
+                                      and check each tensor's bytes, as loaded,
+                                      against the CRC-32C the C++ writer recorded
 
 Prints "ok ..." and exits 0 on success; prints the reason and exits 1 otherwise.
 """
@@ -114,6 +118,38 @@ def check(path):
     print(f"ok {len(header)} tensors")
 
 
+def load_file(path):
+    """{name: tensor}, the way safetensors.torch.load_file returns it."""
+    blob = bytearray(open(path, "rb").read())
+    (n,) = struct.unpack("<Q", bytes(blob[:8]))
+    header = json.loads(bytes(blob[8:8 + n]).decode("utf-8"))
+    meta = header.pop("__metadata__", {})
+    data = blob[8 + n:]
+    out = {}
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        dtype = DTYPES[info["dtype"]]
+        if end > begin:
+            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+            t = torch.frombuffer(data, dtype=dtype, count=count, offset=begin)
+            out[name] = t.reshape(info["shape"]).clone()
+        else:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+    return out, meta
+
+
+def load(path):
+    tensors, meta = load_file(path)
+    crcs = json.loads(meta.get("tandem.crc32c", "{}"))
+    elements = 0
+    for name, t in tensors.items():
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        if crcs.get(name) != "%08x" % crc32c(raw):
+            fail(f"{name}: loaded bytes have checksum {crc32c(raw):08x}, the writer's {crcs.get(name)}")
+        elements += t.numel()
+    print(f"ok {len(tensors)} tensors, {elements} elements identical to what tandem wrote")
+
+
 def write(path):
     # Reverse order, so the data order differs from tandem's.
     tensors = [(name, formula(dtype, shape)) for name, dtype, shape in reversed(SPECS)]
@@ -134,7 +170,7 @@ def write(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "write"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "write", "load"):
         print(__doc__)
         sys.exit(2)
-    (check if sys.argv[1] == "check" else write)(sys.argv[2])
+    {"check": check, "write": write, "load": load}[sys.argv[1]](sys.argv[2])

@@ -63,8 +63,8 @@ int merge(const std::string& dir, const std::string& out, const std::string& tag
   }
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
-      {"tandem.tag", checkpoint.tag()},
-      {"tandem.step", std::to_string(meta.value("step", int64_t{0}))}};
+      {"checkpoint_tag", checkpoint.tag()},
+      {"checkpoint_step", std::to_string(meta.value("step", int64_t{0}))}};
   const std::string tmp = out + ".tmp";
   SafetensorsStreamWriter writer(tmp, specs, metadata);
   std::size_t index = 0;
