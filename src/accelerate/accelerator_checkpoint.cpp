@@ -299,7 +299,7 @@ void Accelerator::restore_model(const CheckpointReader& checkpoint) {
   }
   for (const auto& [name, p] : params) {
     if (sharded.count(name)) continue;
-    p.detach().copy_(checkpoint.read_whole(kModel, name, p.sizes().vec()));
+    checkpoint.read_range_into(kModel, name, 0, p.detach());
   }
   for (const auto& [name, b] : defined_buffers(*model_)) {
     std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
@@ -335,9 +335,11 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
       const at::Tensor& m = master->master_params()[i];
       const auto& [name, model_param] = by_impl.at(master->model_params()[i].unsafeGetTensorImpl());
       if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
-        m.detach().copy_(checkpoint.has(kMaster, name)
-                             ? checkpoint.read_whole(kMaster, name, m.sizes().vec())
-                             : model_param.detach().to(m.scalar_type()));
+        if (checkpoint.has(kMaster, name)) {
+          checkpoint.read_range_into(kMaster, name, 0, m.detach());
+        } else {
+          m.detach().copy_(model_param.detach().to(m.scalar_type()));
+        }
       }
       by_impl[m.unsafeGetTensorImpl()] = {name, m};
     }

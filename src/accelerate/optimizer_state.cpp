@@ -110,7 +110,9 @@ void apply_options(const std::string& type, torch::optim::OptimizerParamGroup& g
 
 at::Tensor find(const ParamState& state, const std::string& name, const at::Tensor& like) {
   for (const auto& [n, t] : state.tensors) {
-    if (n == name) return t.to(like.options()).view(like.sizes()).clone();
+    // Callers hand over freshly read tensors: adopt them without a copy
+    // when dtype and device already match.
+    if (n == name) return t.to(like.options()).view(like.sizes());
   }
   return at::Tensor();
 }

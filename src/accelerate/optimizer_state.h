@@ -33,8 +33,9 @@ struct ParamState {
 // The state `optimizer` keeps for `param`; empty tensors when it has none
 // yet (no step taken).
 ParamState get_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
-// Creates or replaces `param`'s state from tensors named as above (copied
-// into fresh tensors shaped and placed like `param`).
+// Creates or replaces `param`'s state from tensors named as above. They
+// are adopted as they are when their dtype and device match `param`'s
+// (converted otherwise), so pass tensors nothing else uses.
 void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                      const ParamState& state);
 

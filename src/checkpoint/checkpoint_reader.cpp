@@ -116,6 +116,20 @@ at::Tensor CheckpointReader::read_range(const std::string& section, const std::s
   return out;
 }
 
+void CheckpointReader::read_range_into(const std::string& section, const std::string& name,
+                                       int64_t begin, const at::Tensor& dst) const {
+  const auto it = fragments_.find(section + "/" + name);
+  if (it != fragments_.end() && dst.is_cpu() && dst.is_contiguous()) {
+    for (const auto& f : it->second) {
+      if (f.begin != begin || f.length != dst.numel()) continue;
+      if (files_[f.file]->find(f.key)->dtype != dst.scalar_type()) break;
+      files_[f.file]->read_into(f.key, dst);
+      return;
+    }
+  }
+  dst.copy_(read_range(section, name, begin, dst.numel()).view(dst.sizes()));
+}
+
 at::Tensor CheckpointReader::read_whole(const std::string& section, const std::string& name,
                                         const std::vector<int64_t>& shape) const {
   int64_t numel = 1;

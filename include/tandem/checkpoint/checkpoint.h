@@ -105,6 +105,12 @@ class CheckpointReader {
   // CheckpointError when they do not cover the range.
   at::Tensor read_range(const std::string& section, const std::string& name, int64_t begin,
                         int64_t length) const;
+  // Elements [begin, begin + dst.numel()) into `dst` (any dtype, device
+  // and layout; cast when the saved dtype differs). Reads straight into a
+  // contiguous CPU `dst` of the saved dtype when one fragment matches, which
+  // is the common case (same layout as the saving run).
+  void read_range_into(const std::string& section, const std::string& name, int64_t begin,
+                       const at::Tensor& dst) const;
   // The whole tensor with `shape`.
   at::Tensor read_whole(const std::string& section, const std::string& name,
                         const std::vector<int64_t>& shape) const;
