@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 
 #include <random>
-#include <thread>
 
 #include "support/subprocess.h"
 
@@ -30,22 +29,22 @@ TEST(CheckpointFaults, KillDuringSaveAtTwentyRandomPointsLeavesALoadableCheckpoi
   TempDir dir;
   const std::string latest = dir.path() + "/latest";
   std::mt19937 rng(20261123);
-  // Saves run back to back (a 4 MiB state each), so a kill lands inside one
-  // (writing a rank file, fsyncing, renaming, pruning) or right between two.
-  std::uniform_int_distribution<int> delay_us(0, 150'000);
+  // Saves run back to back (a 4 MiB state each). After the saver's first
+  // commit, it is killed at the k-th wake-up on file events in DIR (random
+  // k): creating .tmp-<tag>, writing .latest.tmp, renaming the tag or
+  // `latest` into place, pruning. So kills land in every phase of a save.
+  std::uniform_int_distribution<int> events_before_kill(0, 12);
   int last_step = 0;
   for (int round = 0; round < 20; ++round) {
     {
       const int64_t before = modified_ns(latest);
       BackgroundProcess saver({bin("checkpoint_worker"), "save-loop", dir.path()});
-      // Once this process has committed a save it is saving in a loop; kill
-      // it a random moment after that.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (modified_ns(latest) == before && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-      ASSERT_NE(modified_ns(latest), before) << "the saver never committed";
-      std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      const int k = events_before_kill(rng);
+      int seen = 0;
+      const bool reached = testing::wait_for_files(
+          dir.path(),
+          [&] { return modified_ns(latest) != before && seen++ >= k; }, 60);
+      ASSERT_TRUE(reached) << "the saver never committed";
       saver.send(SIGKILL);
       const auto killed = saver.wait(10);
       ASSERT_EQ(killed.signal, SIGKILL) << killed.err;
