@@ -12,6 +12,7 @@
 #include "tandem/comm/work.h"
 #include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"
+#include "tandem/core/error_file.h"
 #include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/version.h"

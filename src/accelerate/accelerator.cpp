@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include "accelerate/consistency_check.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
 #include "tandem/optim/optimizer_factory.h"
@@ -59,6 +60,7 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   overrides_.gradient_clipping = options.gradient_clipping;
   state_ = std::make_shared<GradientState>();
   resolve(0);
+  detail::check_config_consistency(*process_group_, config_);
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
   }
@@ -113,6 +115,7 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   TANDEM_CHECK_ARG(model_ == nullptr,
                    "Accelerator::prepare_model: a model was already prepared; one Accelerator "
                    "trains one model (prepare a container module holding both instead)");
+  detail::check_model_consistency(*process_group_, *model);
   // In place: parameters keep their identity, so an optimizer built before
   // prepare() still holds the right tensors.
   model->to(device_);
@@ -224,7 +227,13 @@ PreparedLoader Accelerator::wrap_loader(DistributedLoader loader) {
   // The first loader prepared is the training data: checkpoints keep its
   // position (evaluation loaders restart every pass anyway).
   if (train_cursor_ == nullptr) train_cursor_ = cursor;
-  return PreparedLoader(std::move(loader), state_, std::move(cursor));
+  return PreparedLoader(std::move(loader), state_, std::move(cursor), process_group_.get());
+}
+
+PreparedLoader Accelerator::prepare_data_loader(DistributedLoader loader) {
+  if (!training_data_prepared_) resolve(loader.options().batch_size);
+  training_data_prepared_ = true;
+  return wrap_loader(std::move(loader));
 }
 
 void Accelerator::backward(const at::Tensor& loss) {
@@ -236,6 +245,7 @@ void Accelerator::backward(const at::Tensor& loss) {
   // (Accelerate casts model outputs back to fp32 for the same reason).
   at::Tensor scaled = to_fp32(loss);
   double factor = 1.0 / static_cast<double>(state_->accumulation_steps);
+  if (state_->joining) factor *= join_gradient_weight();
   if (scaler_->enabled()) factor *= scaler_->scale();
   if (factor != 1.0) scaled = scaled * factor;
   scaled.backward();

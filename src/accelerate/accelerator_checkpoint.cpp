@@ -412,7 +412,13 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
     c.completed_passes = l.at("completed_passes").get<int64_t>();
     c.epoch_set = l.at("epoch_set").get<bool>();
     c.skip = l.at("skip").get<int64_t>();
-    if (in_pass && position < c.size) {
+    // In the same world, the saving pass's length (rank 0's; in a joined
+    // pass every rank's), so ranks whose own sizes differ (even_batches off)
+    // still agree on whether the pass goes on.
+    const bool same_world = checkpoint.world_size() == num_processes();
+    const int64_t size =
+        same_world && l.contains("size") ? l.at("size").get<int64_t>() : c.size;
+    if (in_pass && position < size) {
       c.skip = position;  // continue this epoch after the last batch handed out
       c.epoch_set = true;
     } else if (in_pass) {

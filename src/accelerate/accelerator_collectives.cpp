@@ -105,9 +105,14 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   at::Tensor mine = pad_across_processes(tensor, 0);
   auto parts = num_processes() == 1 ? std::vector<at::Tensor>{mine}
                                     : process_group_->all_gather(mine.contiguous());
+  // In a joined pass a shadow rank's outputs are repeats of its last batch:
+  // every rank knows which ranks those are, so all drop the same rows.
+  const bool joined = state_->joining &&
+                      static_cast<int>(state_->shadow_ranks.size()) == num_processes();
   for (size_t r = 0; r < parts.size(); ++r) {
     int64_t keep = sizes[r];
     if (from_batch) keep = std::min(keep, state_->real_rows_per_rank[r]);
+    if (joined && state_->shadow_ranks[r] != 0) keep = 0;
     parts[r] = parts[r].narrow(0, 0, keep);
   }
   return at::cat(parts);

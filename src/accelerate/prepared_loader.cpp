@@ -10,8 +10,12 @@ PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<Gradien
                      std::make_shared<detail::LoaderCursor>()) {}
 
 PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
-                               std::shared_ptr<detail::LoaderCursor> cursor)
-    : loader_(std::move(loader)), state_(std::move(state)), cursor_(std::move(cursor)) {
+                               std::shared_ptr<detail::LoaderCursor> cursor, ProcessGroup* group)
+    : loader_(std::move(loader)),
+      state_(std::move(state)),
+      cursor_(std::move(cursor)),
+      group_(group),
+      even_batches_(loader_.options().even_batches) {
   cursor_->size = loader_.size();
   cursor_->epoch = loader_.epoch();
 }
@@ -62,23 +66,50 @@ std::optional<DistributedLoader::Batch> PreparedLoader::next() {
     if (!c.epoch_set && loader_.epoch() != c.completed_passes) {
       set_loader_epoch(c.completed_passes);
     }
-    c.position = std::min(c.skip, loader_.size());
+    // A joined pass never pads; other passes keep the loader's own setting.
+    // Switching keeps a pending skip.
+    const bool even = !state_->join_requested && even_batches_;
+    if (loader_.options().even_batches != even) loader_.set_even_batches(even);
+    c.size = loader_.size();
+    if (state_->join_requested) {
+      begin_joined_pass();  // sets c.position and c.size
+    } else {
+      joined_ = JoinedPass();
+      c.position = std::min(c.skip, loader_.size());
+    }
     c.skip = 0;
     c.in_pass = true;
   }
+  if (joined_.active) return next_joined();
   auto batch = loader_.next();
   if (!batch) {
-    c.in_pass = false;
-    c.completed_passes = loader_.epoch() + 1;
-    c.epoch_set = false;
-    state_->end_of_dataloader = false;
-    state_->real_rows_per_rank.clear();
-    state_->batch_rows = 0;
+    end_of_pass();
     return batch;
   }
   note_batch(*batch);
   ++c.position;
   return batch;
+}
+
+void PreparedLoader::end_of_pass() {
+  auto& c = *cursor_;
+  c.in_pass = false;
+  c.completed_passes = loader_.epoch() + 1;
+  c.epoch_set = false;
+  state_->end_of_dataloader = false;
+  state_->real_rows_per_rank.clear();
+  state_->batch_rows = 0;
+  state_->joining = false;
+  state_->shadow_batch = false;
+  state_->ranks_with_data = 0;
+  state_->shadow_ranks.clear();
+  if (joined_.active) {
+    joined_ = JoinedPass();
+    // A short rank's loader may still be mid-pass (shadow steps never drain
+    // it), or hold the pass's skip unused (it resumed past its data): end
+    // the pass and drop the skip, keeping the epoch.
+    loader_.skip_first_batches(0);
+  }
 }
 
 void PreparedLoader::note_batch(const DistributedLoader::Batch& batch) {
@@ -89,6 +120,10 @@ void PreparedLoader::note_batch(const DistributedLoader::Batch& batch) {
   const int64_t rows = batch.empty() ? 0 : batch[0].size(0);
   const int64_t world = sampler.num_replicas();
   state_->batch_rows = rows;
+  state_->joining = false;
+  state_->shadow_batch = false;
+  state_->ranks_with_data = 0;
+  state_->shadow_ranks.clear();
   if (!options.even_batches || sampler.drop_last()) {
     // No padding to remove, and ranks may hold different row counts: keep
     // every row gather_for_metrics receives.

@@ -87,55 +87,6 @@ CudaBackend parse_cuda_backend(const std::string& text) {
   TANDEM_THROW(UsageError, "unknown backend '{}': use auto, nccl or gloo", text);
 }
 
-// ---- Impl -------------------------------------------------------------------
-
-void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
-  try {
-    throw;
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string reason = e.what();
-    reason.resize(std::min(reason.find('\n'), reason.size()));
-    TANDEM_THROW(UsageError, "{} was rejected: {}", what, reason);
-  }
-}
-
-bool ProcessGroup::Impl::uses_nccl(const at::Tensor& tensor) const {
-#if defined(TANDEM_WITH_NCCL)
-  return tensor.is_cuda() && options.cuda_backend != CudaBackend::kGloo;
-#else
-  (void)tensor;
-  return false;
-#endif
-}
-
-compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
-#if defined(TANDEM_WITH_NCCL)
-  if (uses_nccl(tensor)) {
-    if (!nccl) {
-      // Every rank reaches its first CUDA collective at the same point, so
-      // the lazy creation is itself collective.
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
-      nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size,
-                                                         c10d::ProcessGroupNCCL::Options::create());
-    }
-    return *nccl;
-  }
-#else
-  (void)tensor;
-#endif
-  return *gloo;
-}
-
-std::string ProcessGroup::Impl::describe(const char* op, const at::Tensor& tensor,
-                                         const std::string& backend) {
-  std::ostringstream shape;
-  shape << tensor.sizes();
-  return fmt::format("{} #{} {}{} on {}", op, sequence++, c10::toString(tensor.scalar_type()),
-                     shape.str(), backend);
-}
-
 // ---- construction -----------------------------------------------------------
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -160,6 +111,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   impl->world_size = world_size;
   impl->options = options;
   impl->store = std::move(store);
+  // Before the rendezvous: every rank's progress key is fresh once all joined.
+  impl->monitor = std::make_shared<detail::ProgressMonitor>(impl->store, rank, world_size,
+                                                            options.progress_interval);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(make_gloo_device(options));
   try {
@@ -172,15 +126,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   log_debug("joined a Gloo group of {} ranks", world_size);
   auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
   if (options.shared_memory && world_size > 1) pg->setup_shared_memory();
-  pg->impl_->sequence = 0;  // number only the caller's collectives
+  pg->impl_->sequence = 0;  // number, record and check only the caller's collectives
+  pg->impl_->setting_up = false;
   return pg;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
                                                  const ProcessGroupOptions& options) {
   if (env.launched()) set_process_rank_label(env.rank, env.world_size);
-  if (env.world_size == 1) return local();
   ProcessGroupOptions resolved = options;
+  if (env.timeout_s > 0) resolved.timeout = std::chrono::seconds(env.timeout_s);
+  resolved.debug_detail = resolved.debug_detail || env.debug_detail;
+  if (env.world_size == 1) {
+    auto pg = local();
+    pg->impl_->options = resolved;  // nothing to connect; timeout() still tells
+    return pg;
+  }
   if (resolved.gloo_host.empty() && resolved.gloo_interface.empty()) {
     if (!env.socket_ifname.empty()) {
       resolved.gloo_interface = env.socket_ifname;
@@ -254,10 +215,14 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce", "the tensor");
   check_avg(tensor, op, "all_reduce");
   if (impl_->is_local()) return Work();
+  const auto reduce = static_cast<std::int64_t>(op);
   if (impl_->shm && detail::ShmTransport::supports(tensor)) {
-    std::string what = impl_->describe("all_reduce", tensor, "shm");
-    return Work(impl_->shm->all_reduce(tensor, op, what), what);
+    auto call = impl_->begin(detail::CollectiveOp::kAllReduce, &tensor, "shm", reduce);
+    return Work(impl_->shm->all_reduce(tensor, op, call.what), call.what, impl_->options.timeout,
+                impl_->timeout_explainer(call.sequence));
   }
+  auto call = impl_->begin(detail::CollectiveOp::kAllReduce, &tensor,
+                           impl_->backend_name_for(tensor), reduce);
   auto& backend = impl_->backend_for(tensor);
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
@@ -270,7 +235,7 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
     if (upcast) tensor.copy_(wire);
   };
   return impl_->launch(
-      impl_->describe("all_reduce", tensor, backend.getBackendName()),
+      call,
       [&] {
         std::vector<at::Tensor> tensors{wire};
         return backend.allreduce(tensors, opts);
@@ -297,37 +262,55 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   TANDEM_CHECK_ARG(root >= 0 && root < impl_->world_size,
                    "broadcast: root {} is not a rank of this world of {}", root, impl_->world_size);
   if (impl_->is_local()) return;
+  auto call = impl_->begin(detail::CollectiveOp::kBroadcast, &tensor,
+                           impl_->backend_name_for(tensor), -1, root);
   auto& backend = impl_->backend_for(tensor);
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("broadcast", tensor, backend.getBackendName()), [&] {
+  impl_->launch(call, [&] {
           std::vector<at::Tensor> tensors{as_gloo_bytes(tensor, impl_->uses_nccl(tensor))};
           return backend.broadcast(tensors, opts);
         }).wait();
 }
 
-std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
-  check_tensor(tensor, "all_gather", "the input");
+namespace {
+
+// The all-gather proper, for a collective already begun as `call` (also the
+// inner gathers of all_gather_bytes, which are numbered and checked once).
+std::vector<at::Tensor> gather_tensor(ProcessGroup::Impl& impl, const at::Tensor& tensor,
+                                      const ProcessGroup::Impl::Call& call) {
   // Gloo divides by the element count: empty tensors must not reach it.
-  if (impl_->is_local() || tensor.numel() == 0) {
-    return std::vector<at::Tensor>(static_cast<size_t>(impl_->world_size), tensor.clone());
+  if (tensor.numel() == 0) {
+    return std::vector<at::Tensor>(static_cast<size_t>(impl.world_size), tensor.clone());
   }
-  auto& backend = impl_->backend_for(tensor);
-  const bool nccl = impl_->uses_nccl(tensor);
+  auto& backend = impl.backend_for(tensor);
+  const bool nccl = impl.uses_nccl(tensor);
   std::vector<at::Tensor> results;
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < impl_->world_size; ++r) {
+  for (int r = 0; r < impl.world_size; ++r) {
     results.push_back(at::empty_like(tensor));
     outputs[0].push_back(as_gloo_bytes(results.back(), nccl));
   }
   c10d::AllgatherOptions opts;
-  opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("all_gather", tensor, backend.getBackendName()), [&] {
-          std::vector<at::Tensor> inputs{as_gloo_bytes(tensor.contiguous(), nccl)};
-          return backend.allgather(outputs, inputs, opts);
-        }).wait();
+  opts.timeout = impl.options.timeout;
+  impl.launch(call, [&] {
+        std::vector<at::Tensor> inputs{as_gloo_bytes(tensor.contiguous(), nccl)};
+        return backend.allgather(outputs, inputs, opts);
+      }).wait();
   return results;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
+  check_tensor(tensor, "all_gather", "the input");
+  if (impl_->is_local()) {
+    return std::vector<at::Tensor>(static_cast<size_t>(impl_->world_size), tensor.clone());
+  }
+  auto call = impl_->begin(detail::CollectiveOp::kAllGather, &tensor,
+                           impl_->backend_name_for(tensor));
+  return gather_tensor(*impl_, tensor, call);
 }
 
 void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
@@ -345,6 +328,8 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
     flat_out.copy_(input.reshape({-1}));
     return;
   }
+  auto call = impl_->begin(detail::CollectiveOp::kAllGatherInto, &input,
+                           impl_->backend_name_for(input));
   if (n == 0) return;
   auto& backend = impl_->backend_for(input);
   std::vector<std::vector<at::Tensor>> outputs(1);
@@ -354,7 +339,7 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
   }
   c10d::AllgatherOptions opts;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("all_gather_into", input, backend.getBackendName()), [&] {
+  impl_->launch(call, [&] {
           std::vector<at::Tensor> inputs{as_gloo_bytes(input.reshape({-1}), nccl)};
           return backend.allgather(outputs, inputs, opts);
         }).wait();
@@ -376,6 +361,8 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
     flat_out.copy_(input.reshape({-1}));
     return;
   }
+  auto call = impl_->begin(detail::CollectiveOp::kReduceScatter, &input,
+                           impl_->backend_name_for(input), static_cast<std::int64_t>(op));
   if (n == 0) return;
   auto& backend = impl_->backend_for(input);
   auto flat_in = input.view({-1});
@@ -385,7 +372,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
     opts.timeout = impl_->options.timeout;
     std::vector<std::vector<at::Tensor>> inputs(1);
     for (int r = 0; r < world; ++r) inputs[0].push_back(flat_in.narrow(0, r * n, n));
-    impl_->launch(impl_->describe("reduce_scatter", input, backend.getBackendName()), [&] {
+    impl_->launch(call, [&] {
             std::vector<at::Tensor> outputs{flat_out};
             return backend.reduce_scatter(outputs, inputs, opts);
           }).wait();
@@ -396,7 +383,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
   auto received = at::empty({world * n}, input.options());
   c10d::AllToAllOptions opts;
   opts.timeout = impl_->options.timeout;
-  impl_->launch(impl_->describe("reduce_scatter", input, backend.getBackendName()), [&] {
+  impl_->launch(call, [&] {
           std::vector<int64_t> even_split;
           return backend.alltoall_base(received, flat_in, even_split, even_split, opts);
         }).wait();
@@ -413,20 +400,22 @@ void ProcessGroup::barrier() {
   if (impl_->is_local()) return;
   c10d::BarrierOptions opts;
   opts.timeout = impl_->options.timeout;
-  std::string what = fmt::format("barrier #{}", impl_->sequence++);
-  impl_->launch(what, [&] { return impl_->gloo->barrier(opts); }).wait();
+  auto call = impl_->begin(detail::CollectiveOp::kBarrier, nullptr, "gloo");
+  impl_->launch(call, [&] { return impl_->gloo->barrier(opts); }).wait();
 }
 
 std::vector<std::vector<std::uint8_t>> ProcessGroup::all_gather_bytes(
     const std::vector<std::uint8_t>& bytes) {
   if (impl_->is_local()) return {bytes};
+  // Sizes differ between ranks by design: the fingerprint holds no shape.
+  auto call = impl_->begin(detail::CollectiveOp::kAllGatherBytes, nullptr, "gloo");
   auto size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
-  auto sizes = all_gather(size);
+  auto sizes = gather_tensor(*impl_, size, call);
   int64_t longest = 1;
   for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
   auto padded = at::zeros({longest}, at::kByte);
   std::copy(bytes.begin(), bytes.end(), padded.data_ptr<std::uint8_t>());
-  auto gathered = all_gather(padded);
+  auto gathered = gather_tensor(*impl_, padded, call);
   std::vector<std::vector<std::uint8_t>> result;
   for (size_t r = 0; r < gathered.size(); ++r) {
     const auto* data = gathered[r].data_ptr<std::uint8_t>();

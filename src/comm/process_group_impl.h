@@ -2,8 +2,12 @@
 // Private state of tandem::ProcessGroup.
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "comm/collective_fingerprint.h"
+#include "comm/progress_monitor.h"
 #include "comm/shm_transport.h"
 #include "core/torch_compat.h"
 #include "tandem/comm/process_group.h"
@@ -18,7 +22,19 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<compat::BackendBase> gloo;
   c10::intrusive_ptr<compat::BackendBase> nccl;  // created on first CUDA collective
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
+  // Destroyed first (declared last): its thread writes to `store`.
+  // Shared with Work handles, which ask it to explain a timeout.
+  std::shared_ptr<detail::ProgressMonitor> monitor;
   std::uint64_t sequence = 0;
+  // While the group sets itself up, its collectives are neither recorded nor
+  // checked; the caller's numbering starts after.
+  bool setting_up = true;
+
+  // A collective being started: its number and its description.
+  struct Call {
+    std::uint64_t sequence = 0;
+    std::string what;
+  };
 
   bool is_local() const { return !gloo; }
 
@@ -26,22 +42,42 @@ struct ProcessGroup::Impl {
   compat::BackendBase& backend_for(const at::Tensor& tensor);
   bool uses_nccl(const at::Tensor& tensor) const;
 
-  // "all_reduce #12 Float[4, 8] on gloo": used in every error message.
-  std::string describe(const char* op, const at::Tensor& tensor, const std::string& backend);
+  // Starts collective number `sequence` (and advances it): records it with
+  // the progress monitor and, for the first options.desync_check_collectives
+  // collectives or in debug mode, compares its fingerprint across ranks
+  // (throws UsageError on a mismatch). Returns its description, used in
+  // every error message: "all_reduce #12 Float[4, 8] on gloo".
+  Call begin(detail::CollectiveOp op, const at::Tensor* tensor, const std::string& backend,
+             std::int64_t reduce_op = -1, std::int64_t root = -1);
+
+  // Name of the backend that carries collectives on `tensor` ("gloo",
+  // "nccl"), without creating it.
+  std::string backend_name_for(const at::Tensor& tensor) const;
+
+  // What to say about the other ranks when collective `sequence` times out;
+  // null while setting up.
+  std::function<std::string()> timeout_explainer(std::uint64_t sequence) const;
 
   // Wraps a c10d call that returns Work, translating synchronous errors.
   template <typename Fn>
-  Work launch(const std::string& what, Fn&& fn, std::function<void()> on_complete = nullptr) {
+  Work launch(const Call& call, Fn&& fn, std::function<void()> on_complete = nullptr) {
     compat::WorkPtr work;
     try {
       work = fn();
     } catch (...) {
-      rethrow_usage(what);
+      rethrow_usage(call.what);
     }
-    return Work(std::move(work), options.timeout, what, std::move(on_complete));
+    return Work(std::move(work), options.timeout, call.what, std::move(on_complete),
+                timeout_explainer(call.sequence));
   }
 
   [[noreturn]] static void rethrow_usage(const std::string& what);
+
+ private:
+  // All-reduce of a small CPU int64 tensor through shm or Gloo, bypassing
+  // numbering and checks. Collective; `what` names the outer call.
+  void internal_all_reduce(at::Tensor& tensor, ReduceOp op, const Call& call);
+  void check_desync(const detail::Fingerprint& mine, const Call& call);
 };
 
 }  // namespace tandem

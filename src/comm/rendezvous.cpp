@@ -5,8 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "comm/store_server.h"
+#include "comm/token_store.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {
@@ -37,27 +41,53 @@ std::string local_address_toward(const std::string& remote_host, int port) {
   return address;
 }
 
+namespace {
+
+// Rank 0 of a job without a launcher hosts the store on MASTER_ADDR's own
+// address, and connects to it like every other rank.
+c10::intrusive_ptr<TokenStore> host_store(const RankEnv& env, std::chrono::milliseconds timeout) {
+  if (env.store_token.empty() && !is_loopback_host(env.master_addr)) {
+    TANDEM_THROW(UsageError,
+                 "rank 0 would host the rendezvous store on MASTER_ADDR={}, which is not a "
+                 "loopback address, without a token: anyone on the network could join or "
+                 "disturb the job. Make one token and export the same value on every node: "
+                 "`export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' "
+                 "\\n')`",
+                 env.master_addr);
+  }
+  StoreServerOptions options;
+  options.host = env.master_addr;
+  options.port = env.master_port;
+  options.token = env.store_token;
+  auto server = std::make_shared<StoreServer>(options);
+  auto store = c10::make_intrusive<TokenStore>(server->address(), server->port(),
+                                               env.store_token, timeout);
+  store->keep_alive(std::move(server));
+  return store;
+}
+
+}  // namespace
+
 compat::StorePtr connect_store(const RankEnv& env, std::chrono::milliseconds timeout) {
-  const bool host_it = env.rank == 0 && !env.agent_store;
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    store = compat::make_tcp_store(env.master_addr, env.master_port, host_it, env.world_size,
-                                   timeout);
-  } catch (const std::exception& e) {
-    std::string reason = e.what();
-    auto newline = reason.find('\n');
-    if (newline != std::string::npos) reason.resize(newline);
-    if (host_it) {
-      TANDEM_THROW(CommError,
-                   "cannot host the rendezvous store on port {}: {}. Another job may be using "
-                   "the port: pick a free one with --master-port (MASTER_PORT), or let "
-                   "`tandem launch --standalone` choose one",
-                   env.master_port, reason);
+  compat::StorePtr store;
+  if (env.agent_store && env.store_token.empty()) {
+    // A foreign launcher's store (torchrun): a c10d TCPStore, no token.
+    try {
+      store = compat::make_tcp_store_client(env.master_addr, env.master_port, env.world_size,
+                                            timeout);
+    } catch (const std::exception& e) {
+      std::string reason = e.what();
+      reason.resize(std::min(reason.find('\n'), reason.size()));
+      TANDEM_THROW(TimeoutError,
+                   "could not reach the launcher's rendezvous store at {}:{} within {} ms: {}. "
+                   "Check that MASTER_ADDR/MASTER_PORT are the same on every rank",
+                   env.master_addr, env.master_port, timeout.count(), reason);
     }
-    TANDEM_THROW(TimeoutError,
-                 "could not reach the rendezvous store at {}:{} within {} ms: {}. Check that "
-                 "rank 0 is running and that MASTER_ADDR/MASTER_PORT are the same on every rank",
-                 env.master_addr, env.master_port, timeout.count(), reason);
+  } else if (env.rank == 0 && !env.agent_store) {
+    store = host_store(env, timeout);
+  } else {
+    store = c10::make_intrusive<TokenStore>(env.master_addr, env.master_port, env.store_token,
+                                            timeout);
   }
   // Each restart of the job gets fresh keys in the launcher's long-lived store.
   return c10::make_intrusive<c10d::PrefixStore>(

@@ -1,5 +1,5 @@
 #pragma once
-// Rendezvous: the TCPStore every rank meets at, and the address Gloo uses.
+// Rendezvous: the store every rank meets at, and the address Gloo uses.
 
 #include <chrono>
 #include <string>
@@ -9,9 +9,12 @@
 
 namespace tandem::detail {
 
-// Connects to (or, on rank 0 without a launcher-hosted store, hosts) the
-// TCPStore at env.master_addr:env.master_port. Throws CommError/TimeoutError
-// with the address and the fix.
+// Connects to the rendezvous store at env.master_addr:env.master_port:
+// tandem's own store (token_store.h) with env.store_token, hosting it first
+// on rank 0 when no launcher does; or, under a foreign launcher with an
+// agent store and no token (torchrun), that launcher's c10d TCPStore.
+// Throws CommError/TimeoutError with the address and the fix, UsageError
+// when rank 0 would host a store off loopback without a token.
 compat::StorePtr connect_store(const RankEnv& env, std::chrono::milliseconds timeout);
 
 // The local IPv4/IPv6 address the kernel would use to reach `remote_host`,

@@ -9,10 +9,22 @@ namespace tandem {
 
 namespace detail {
 
-void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds timeout) {
+std::string format_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() % 1000 == 0) return fmt::format("{} s", timeout.count() / 1000);
+  return fmt::format("{} ms", timeout.count());
+}
+
+void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds timeout,
+                           const std::function<std::string()>& explain_timeout) {
   std::string reason;
+  bool timed_out = false;
   try {
     throw;
+  } catch (const TimeoutError&) {
+    // tandem's own transport already named the operation; the explanation
+    // from every rank's progress says more than its local view.
+    if (!explain_timeout) throw;
+    timed_out = true;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -21,13 +33,21 @@ void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds ti
   // Keep only the first line: c10 appends a long C++ backtrace.
   auto newline = reason.find('\n');
   if (newline != std::string::npos) reason.resize(newline);
-  bool timed_out = reason.find("imed out") != std::string::npos ||
-                   reason.find("imeout") != std::string::npos;
+  timed_out = timed_out || reason.find("imed out") != std::string::npos ||
+              reason.find("imeout") != std::string::npos;
+  if (timed_out && explain_timeout) {
+    TANDEM_THROW(TimeoutError,
+                 "{} timed out after {}: {}. Look in those ranks' logs for an exception, a "
+                 "deadlock or fewer batches than the others; if they are only slow, raise the "
+                 "timeout (ProcessGroupOptions::timeout or TANDEM_TIMEOUT_S){}",
+                 what, format_timeout(timeout), explain_timeout(),
+                 reason.empty() ? "" : " [" + reason + "]");
+  }
   if (timed_out) {
     TANDEM_THROW(TimeoutError,
-                 "{} did not complete within {} ms: {}. A rank is missing, slow or stuck; check "
+                 "{} did not complete within {}: {}. A rank is missing, slow or stuck; check "
                  "the other ranks' logs, or raise the timeout",
-                 what, timeout.count(), reason);
+                 what, format_timeout(timeout), reason);
   }
   TANDEM_THROW(CommError,
                "{} failed: {}. Another rank probably exited or crashed; its log names the cause",
@@ -37,17 +57,24 @@ void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds ti
 }  // namespace detail
 
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
-           std::string description, std::function<void()> on_complete)
+           std::string description, std::function<void()> on_complete,
+           std::function<std::string()> explain_timeout)
     : work_(std::move(work)),
       timeout_(timeout),
       description_(std::move(description)),
       on_complete_(std::move(on_complete)),
+      explain_timeout_(std::move(explain_timeout)),
       waited_(false) {}
 
 Work::Work() = default;
 
-Work::Work(std::shared_future<void> future, std::string description)
-    : future_(std::move(future)), description_(std::move(description)), waited_(false) {}
+Work::Work(std::shared_future<void> future, std::string description,
+           std::chrono::milliseconds timeout, std::function<std::string()> explain_timeout)
+    : future_(std::move(future)),
+      timeout_(timeout),
+      description_(std::move(description)),
+      explain_timeout_(std::move(explain_timeout)),
+      waited_(false) {}
 
 Work::Work(Work&& other) noexcept { *this = std::move(other); }
 
@@ -58,6 +85,7 @@ Work& Work::operator=(Work&& other) noexcept {
     timeout_ = other.timeout_;
     description_ = std::move(other.description_);
     on_complete_ = std::move(other.on_complete_);
+    explain_timeout_ = std::move(other.explain_timeout_);
     waited_ = other.waited_;
     other.waited_ = true;
   }
@@ -86,13 +114,11 @@ bool Work::is_completed() const {
 void Work::wait() {
   if (waited_) return;
   waited_ = true;
-  if (future_.valid()) future_.get();  // the transport bounds its own waits
-  if (work_) {
-    try {
-      work_->wait(timeout_);
-    } catch (...) {
-      detail::rethrow_as_comm_error(description_, timeout_);
-    }
+  try {
+    if (future_.valid()) future_.get();  // the transport bounds its own waits
+    if (work_) work_->wait(timeout_);
+  } catch (...) {
+    detail::rethrow_as_comm_error(description_, timeout_, explain_timeout_);
   }
   if (on_complete_) on_complete_();
 }

@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "config/readers.h"
 #include "tandem/core/error.h"
 
@@ -30,6 +32,13 @@ std::string tandem_key_hint(const std::string& key) {
 }
 
 std::string read_text_file(const Value& at, const std::string& path) {
+  // Only plain files: a folder reads as nothing, and /dev/zero or a FIFO
+  // would never end.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    at.fail("\"" + path + "\" is not a regular file",
+            "give the path of the DeepSpeed JSON file itself");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     at.fail("cannot read \"" + path + "\" (" + std::strerror(errno) + ")",

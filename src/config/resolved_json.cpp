@@ -110,7 +110,9 @@ std::string resolved_config_json(const Config& c, int world_size) {
                    {"format", to_string(c.format)}};
   out["warnings"] = c.warnings;
   out["auto"] = c.auto_keys;
-  return out.dump(2);
+  // A YAML string may hold any bytes (gpu_ids: "\xe9"); print those as
+  // U+FFFD rather than throw nlohmann's type_error.
+  return out.dump(2, ' ', false, Json::error_handler_t::replace);
 }
 
 }  // namespace tandem

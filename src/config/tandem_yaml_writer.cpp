@@ -14,6 +14,13 @@ namespace {
 std::string quote(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      // Control characters (a NUL, a newline) as YAML escapes: raw, they
+      // would end or fold the line and not read back the same.
+      out += fmt::format("\\x{:02x}", byte);
+      continue;
+    }
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }

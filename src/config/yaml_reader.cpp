@@ -117,6 +117,13 @@ YAML::Node parse_document(const std::string& text, const std::string& name, bool
                                "value and close every '{' and '['"
                              : "fix the JSON at this point (keys in double quotes, no trailing "
                                "commas)");
+    } catch (const nlohmann::json::out_of_range& e) {
+      // A number beyond double's range (1e999): nlohmann reports no position.
+      std::string detail = e.what();
+      size_t at = detail.find("] ");
+      if (at != std::string::npos) detail = detail.substr(at + 2);
+      TANDEM_THROW(UsageError, "{}: malformed JSON: {}; write the number within +-1.7e308",
+                   name, detail);
     }
   }
   YAML::Node root;
@@ -296,7 +303,9 @@ void for_each_key(const Value& map, const KeyTable& table,
   };
   std::map<std::string, YAML::Mark> seen;
   for (auto it = map.node().begin(); it != map.node().end(); ++it) {
-    const YAML::Node& key_node = it->first;
+    // A copy (a handle): `it->` yields a temporary pair, and a reference
+    // into it dangles after this line (ASan: stack-use-after-scope).
+    const YAML::Node key_node = it->first;
     YAML::Mark key_mark = key_node.Mark();
     if (!key_node.IsScalar()) {
       TANDEM_THROW(UsageError, "{}: {}: a key must be a plain name, got a {}; write `name: value`",

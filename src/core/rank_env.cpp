@@ -1,9 +1,11 @@
 #include "tandem/core/rank_env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
 #include "tandem/core/error.h"
+#include "tandem/core/error_file.h"
 
 extern char** environ;
 
@@ -34,6 +36,22 @@ int parse_int(const VarMap& vars, const char* name, int fallback, int min_value)
 std::string get(const VarMap& vars, const char* name, const std::string& fallback) {
   const std::string* text = find(vars, name);
   return text ? *text : fallback;
+}
+
+// TANDEM_DEBUG=off|info|detail (any case), else TORCH_DISTRIBUTED_DEBUG.
+bool read_debug_detail(const VarMap& vars) {
+  std::string level = get(vars, "TANDEM_DEBUG", "");
+  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (level.empty()) {
+    std::string torch = get(vars, "TORCH_DISTRIBUTED_DEBUG", "");
+    return torch == "DETAIL" || torch == "detail";
+  }
+  if (level != "off" && level != "info" && level != "detail") {
+    TANDEM_THROW(UsageError,
+                 "environment variable TANDEM_DEBUG='{}' is not valid; use off, info or detail",
+                 get(vars, "TANDEM_DEBUG", ""));
+  }
+  return level == "detail";
 }
 
 void read_master(const VarMap& vars, RankEnv& env) {
@@ -93,6 +111,10 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
   env.socket_ifname = get(vars, "TANDEM_SOCKET_IFNAME", get(vars, "GLOO_SOCKET_IFNAME", ""));
   env.shared_memory = parse_int(vars, "TANDEM_SHM", 1, 0) != 0;
   env.cuda_backend = get(vars, "TANDEM_CUDA_BACKEND", "");
+  env.timeout_s = parse_int(vars, "TANDEM_TIMEOUT_S", 0, 1);
+  env.debug_detail = read_debug_detail(vars);
+  env.store_token = get(vars, "TANDEM_STORE_TOKEN", "");
+  env.error_file = get(vars, "TANDEM_ERROR_FILE", get(vars, "TORCHELASTIC_ERROR_FILE", ""));
   if (find(vars, "RANK") && find(vars, "WORLD_SIZE")) {
     env.source = RankEnvSource::kTorchrun;
     env.rank = parse_int(vars, "RANK", 0, 0);
@@ -136,7 +158,9 @@ RankEnv RankEnv::from_environment() {
     auto eq = kv.find('=');
     if (eq != std::string::npos) vars.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
-  return from_map(vars);
+  RankEnv env = from_map(vars);
+  detail::install_error_file_handler(env);
+  return env;
 }
 
 }  // namespace tandem

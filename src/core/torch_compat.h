@@ -34,14 +34,15 @@ using BackendBase = c10d::ProcessGroup;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
-// Server or client TCPStore. In 2.x the libuv server became the default;
-// tandem keeps the classic one, whose behaviour matches 1.13.
-inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, int port,
-                                                         bool is_server, int world_size,
-                                                         std::chrono::milliseconds timeout) {
+// A client of a c10d TCPStore hosted by another launcher (torchrun's agent
+// store). In 2.x the libuv server became the default; the client does not
+// care, but the option must stay off for the classic protocol.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_client(const std::string& host, int port,
+                                                                int world_size,
+                                                                std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(port);
-  opts.isServer = is_server;
+  opts.isServer = false;
   opts.numWorkers = world_size;
   opts.waitWorkers = false;
   opts.timeout = timeout;
@@ -50,6 +51,18 @@ inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host
 #endif
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
+
+// Base of tandem's own c10d stores. 2.5 made Store::clone() (a second,
+// independent connection to the same store) pure virtual; 1.13 has no
+// clone. Stores implement clone_store() and this forwards to it.
+class StoreBase : public c10d::Store {
+ public:
+  using c10d::Store::Store;
+  virtual c10::intrusive_ptr<c10d::Store> clone_store() = 0;
+#if TANDEM_TORCH_AT_LEAST(2, 5)
+  c10::intrusive_ptr<c10d::Store> clone() override { return clone_store(); }
+#endif
+};
 
 // Autocast state for one device type, kCPU or kCUDA (the caller checks; any
 // other type is treated as kCUDA before 2.4). The state is thread-local.

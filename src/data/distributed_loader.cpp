@@ -51,6 +51,10 @@ DistributedLoader::Fetch tensor_fetch(std::vector<at::Tensor> tensors) {
 struct DistributedLoader::Impl {
   Impl(Fetch fetch, DistributedSampler sampler, DistributedLoaderOptions options)
       : fetch_(std::move(fetch)), sampler_(std::move(sampler)), options_(std::move(options)) {
+    compute_sizes();
+  }
+
+  void compute_sizes() {
     num_samples_ = sampler_.num_samples();
     if (!options_.even_batches && !sampler_.drop_last()) {
       // Without padding rank r holds the real positions r, r + R, ... < n.
@@ -196,6 +200,12 @@ void DistributedLoader::skip_first_batches(int64_t num_batches) {
                    num_batches);
   impl_->end_pass();
   impl_->pending_skip_ = num_batches;
+}
+
+void DistributedLoader::set_even_batches(bool even_batches) {
+  impl_->end_pass();
+  impl_->options_.even_batches = even_batches;
+  impl_->compute_sizes();
 }
 
 std::optional<DistributedLoader::Batch> DistributedLoader::next() { return impl_->next(); }

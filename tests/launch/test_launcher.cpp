@@ -3,58 +3,29 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <set>
 
-#include "support/subprocess.h"
+#include "support/launch_testing.h"
+#include "support/proc_net.h"
 
 namespace tandem {
 namespace {
 
 using testing::BackgroundProcess;
 using testing::bin;
-using testing::process_alive;
-using testing::ProcessResult;
+using testing::launch;
+using testing::none_alive;
+using testing::wait_for_pids;
 using testing::read_file;
 using testing::run_process;
 using testing::TempDir;
-using testing::wait_for_exit;
-using testing::wait_for_files;
-
-std::vector<std::string> launch(std::vector<std::string> args) {
-  args.insert(args.begin(), {bin("tandem"), "launch"});
-  return args;
-}
 
 std::string worker() { return bin("launch_test_worker"); }
-
-std::vector<pid_t> read_pids(const std::string& dir, int n) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    std::string text = read_file(dir + "/rank" + std::to_string(r) + ".pid");
-    if (!text.empty()) pids.push_back(std::stoi(text));
-  }
-  return pids;
-}
-
-// Waits until all n workers have written their pid files.
-std::vector<pid_t> wait_for_pids(const std::string& dir, int n) {
-  wait_for_files(dir, [&] { return static_cast<int>(read_pids(dir, n).size()) == n; }, 20);
-  auto pids = read_pids(dir, n);
-  EXPECT_EQ(static_cast<int>(pids.size()), n) << "workers did not start";
-  return pids;
-}
-
-bool none_alive(const std::vector<pid_t>& pids, double within_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(within_s);
-  for (pid_t p : pids) {
-    double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-    if (!wait_for_exit(p, std::max(0.0, left))) return false;
-  }
-  return true;
-}
 
 TEST(Launch, PrintsEveryRankWithTheWorldSize) {
   auto r = run_process(launch({"--nproc-per-node", "4", "/bin/sh", "-c", "echo $RANK $WORLD_SIZE"}),
@@ -84,105 +55,6 @@ TEST(Launch, FourRanksAllReduce) {
     std::string line = "rank " + std::to_string(rank) + "/4 allreduce ok sum=10";
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
   }
-}
-
-TEST(Launch, FailingWorkerStopsTheJobAndIsNamed) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "3", "--standalone", worker(), "exit", "3", "1"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto r = p.wait(30);
-  ASSERT_FALSE(r.timed_out);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("Root cause: rank 1"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
-  auto pids = read_pids(pid_dir.path(), 3);
-  EXPECT_EQ(pids.size(), 3u);
-  EXPECT_TRUE(none_alive(pids, 1.0));
-}
-
-TEST(Launch, FailureStopsTheOthersWithinFiveSeconds) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "3", worker(), "hang-nojoin"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto pids = wait_for_pids(pid_dir.path(), 3);
-  ASSERT_EQ(pids.size(), 3u);
-  ::kill(pids[1], SIGKILL);
-  auto r = p.wait(10);
-  ASSERT_FALSE(r.timed_out);
-  EXPECT_LT(r.seconds, 5.0 + 20.0);  // startup + the 5 s budget; tighter below
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("Root cause: rank 1"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("signal 9 (SIGKILL)"), std::string::npos) << r.err;
-  EXPECT_TRUE(none_alive(pids, 0.5));
-}
-
-TEST(Launch, StopsWithinFiveSecondsOfTheFailure) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "2", worker(), "hang-nojoin"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto pids = wait_for_pids(pid_dir.path(), 2);
-  ASSERT_EQ(pids.size(), 2u);
-  auto killed_at = std::chrono::steady_clock::now();
-  ::kill(pids[0], SIGKILL);
-  auto r = p.wait(10);
-  double after_kill =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  EXPECT_LT(after_kill, 5.0);
-  EXPECT_NE(r.exit_code, 0);
-}
-
-TEST(Launch, SigintIsForwardedAndNoWorkerSurvives) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "2", "--standalone", worker(), "hang"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto pids = wait_for_pids(pid_dir.path(), 2);
-  p.send(SIGINT);
-  auto r = p.wait(10);
-  ASSERT_FALSE(r.timed_out);
-  EXPECT_EQ(r.exit_code, 130);
-  EXPECT_NE(r.err.find("received SIGINT"), std::string::npos) << r.err;
-  EXPECT_TRUE(none_alive(pids, 1.0));
-}
-
-TEST(Launch, SigtermIsForwardedAndNoWorkerSurvives) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "2", worker(), "hang-nojoin"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto pids = wait_for_pids(pid_dir.path(), 2);
-  p.send(SIGTERM);
-  auto r = p.wait(10);
-  EXPECT_EQ(r.exit_code, 143);
-  EXPECT_TRUE(none_alive(pids, 1.0));
-}
-
-TEST(Launch, SigkillOfTheLauncherLeavesNoOrphans) {
-  TempDir pid_dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "3", "--standalone", worker(), "hang"}),
-                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
-  auto pids = wait_for_pids(pid_dir.path(), 3);
-  p.send(SIGKILL);
-  p.wait(5);
-  EXPECT_TRUE(none_alive(pids, 5.0)) << "a worker outlived its SIGKILLed launcher";
-}
-
-TEST(Launch, PortInUseIsAClearErrorWithinTwoSeconds) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  std::string port = std::to_string(ntohs(addr.sin_port));
-
-  auto r = run_process(launch({"--nproc-per-node", "2", "--master-port", port, worker(), "allreduce"}),
-                       10);
-  ::close(fd);
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_LT(r.seconds, 2.0);
-  EXPECT_NE(r.err.find("port " + port), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("in use"), std::string::npos) << r.err;
 }
 
 TEST(Launch, BadInputExitsWithCodeTwoAndSaysWhy) {
@@ -233,6 +105,71 @@ TEST(Launch, LogDirKeepsEachRanksStreams) {
                        30);
   EXPECT_EQ(q.out.find("hidden"), std::string::npos);
   EXPECT_EQ(read_file(quiet.path() + "/attempt_0/rank_0/stdout.log"), "hidden\n");
+}
+
+// Socket inodes held open by `pid`.
+std::set<std::string> socket_inodes(pid_t pid) {
+  std::set<std::string> inodes;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return inodes;
+  while (dirent* e = ::readdir(d)) {
+    char target[256] = {0};
+    ssize_t n = ::readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+    std::string link(target, n > 0 ? static_cast<size_t>(n) : 0);
+    if (link.rfind("socket:[", 0) == 0) inodes.insert(link.substr(8, link.size() - 9));
+  }
+  ::closedir(d);
+  return inodes;
+}
+
+// An IPv4 address of this machine that is not loopback; "" if there is none.
+std::string external_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof(text));
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// Issue 8's acceptance: a single-node job (launcher and workers, after the
+// rendezvous and a collective) listens on loopback only, even when
+// --master-addr names an external address.
+TEST(Launch, SingleNodeJobListensOnLoopbackOnly) {
+  std::vector<std::vector<std::string>> extra = {{}};
+  const std::string external = external_ipv4();
+  if (!external.empty()) extra.push_back({"--master-addr", external});
+  for (const auto& flags : extra) {
+    TempDir pid_dir;
+    std::vector<std::string> args = {"--nproc-per-node", "2", "--master-port", "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {bin("launch_test_worker"), "allreduce-then-hang"});
+    BackgroundProcess job(launch(args), {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
+    auto pids = wait_for_pids(pid_dir.path(), 2, 60);
+    ASSERT_EQ(pids.size(), 2u) << "the workers did not get through their all-reduce";
+    std::set<std::string> inodes = socket_inodes(job.pid());
+    for (pid_t p : pids) {
+      auto more = socket_inodes(p);
+      inodes.insert(more.begin(), more.end());
+    }
+    int listening = 0;
+    for (const auto& listener : testing::tcp_listeners()) {
+      if (!inodes.count(listener.inode)) continue;
+      ++listening;
+      EXPECT_TRUE(testing::is_loopback_listener(listener))
+          << "a socket of the job listens on " << listener.local << " (/proc/net/tcp notation)";
+    }
+    EXPECT_GT(listening, 0) << "found no listening socket at all: the check is broken";
+    job.send(SIGTERM);
+    job.wait(20);
+    EXPECT_TRUE(none_alive(pids, 5.0));
+  }
 }
 
 }  // namespace

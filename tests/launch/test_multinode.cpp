@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 
 #include "support/subprocess.h"
@@ -69,8 +70,9 @@ TEST(MultiNode, TwoNamespacesFormOneWorldOfFour) {
                                     "2",           "--master-addr", "10.231.7.1", "--master-port",
                                     "29631",       bin("launch_test_worker"), "allreduce"};
   };
-  BackgroundProcess node0(net.in(net.a(), node(0)));
-  BackgroundProcess node1(net.in(net.b(), node(1)));
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '7');
+  BackgroundProcess node0(net.in(net.a(), node(0)), {token});
+  BackgroundProcess node1(net.in(net.b(), node(1)), {token});
   auto r0 = node0.wait(60);
   auto r1 = node1.wait(60);
   ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
@@ -78,6 +80,37 @@ TEST(MultiNode, TwoNamespacesFormOneWorldOfFour) {
   EXPECT_NE(r0.out.find("[rank1]: rank 1/4 allreduce ok sum=10"), std::string::npos) << r0.out;
   EXPECT_NE(r1.out.find("[rank2]: rank 2/4 allreduce ok sum=10"), std::string::npos) << r1.out;
   EXPECT_NE(r1.out.find("[rank3]: rank 3/4 allreduce ok sum=10"), std::string::npos) << r1.out;
+}
+
+TEST(MultiNode, LaunchWithoutAStoreTokenStopsBeforeAnyWorkerAndSaysHowToMakeOne) {
+  ::unsetenv("TANDEM_STORE_TOKEN");  // the launcher inherits this process's environment
+  auto r = run_process({bin("tandem"), "launch", "--nnodes", "2", "--node-rank", "1",
+                        "--nproc-per-node", "1", "--master-addr", "10.231.7.1", "--master-port",
+                        "29633", bin("launch_test_worker"), "allreduce"},
+                       20);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("needs TANDEM_STORE_TOKEN"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("head -c 32 /dev/urandom"), std::string::npos) << r.err;
+}
+
+TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {
+  TwoHostNetwork net;
+  if (!net.ok()) GTEST_SKIP() << "skipped: " << net.why();
+  auto node = [&](int node_rank) {
+    return std::vector<std::string>{bin("tandem"), "launch",       "--nnodes",     "2",
+                                    "--node-rank", std::to_string(node_rank), "--nproc-per-node",
+                                    "1",           "--master-addr", "10.231.7.1", "--master-port",
+                                    "29635",       bin("launch_test_worker"), "allreduce"};
+  };
+  BackgroundProcess node0(net.in(net.a(), node(0)), {"TANDEM_STORE_TOKEN=" + std::string(64, 'a')});
+  BackgroundProcess node1(net.in(net.b(), node(1)), {"TANDEM_STORE_TOKEN=" + std::string(64, 'b')});
+  auto r1 = node1.wait(60);
+  EXPECT_EQ(r1.exit_code, 1) << r1.out << r1.err;
+  const std::string all = r1.out + r1.err;
+  EXPECT_NE(all.find("token did not match"), std::string::npos) << all;
+  EXPECT_NE(all.find("TANDEM_STORE_TOKEN must be the same on every node"), std::string::npos) << all;
+  node0.send(SIGTERM);  // its rank 0 waits for the refused rank
+  node0.wait(20);
 }
 
 TEST(ForeignLauncher, MpirunStartsAWorkingJob) {

@@ -2,11 +2,14 @@
 //   allreduce           join the group, all-reduce rank+1, check the sum
 //   exit CODE RANK      rank RANK exits with CODE after joining; others hang
 //   hang                join the group, then hang until killed
+//   allreduce-then-hang join, all-reduce and barrier, then write the pid file
+//                       (so it marks a rank past its first collective) and hang
 //   hang-nojoin         hang without joining (no rendezvous needed)
 //   config              resolve the config as a program would (TANDEM_CONFIG_FILE,
 //                       TANDEM_MIXED_PRECISION, ...) and print it; no rendezvous
 // With TANDEM_TEST_PID_DIR set, each rank writes its pid to DIR/rank<R>.pid
-// first, so tests can check that no worker survives.
+// first (allreduce-then-hang: after its collective), so tests can check that
+// no worker survives.
 
 #include <unistd.h>
 
@@ -41,7 +44,7 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   try {
     auto env = tandem::RankEnv::from_environment();
-    write_pid(env);
+    if (mode != "allreduce-then-hang") write_pid(env);
     if (mode == "hang-nojoin") hang();
     if (mode == "config") {
       auto config_env = tandem::ConfigEnv::from_environment();
@@ -68,6 +71,13 @@ int main(int argc, char** argv) {
       hang();
     }
     if (mode == "hang") hang();
+    if (mode == "allreduce-then-hang") {
+      auto t = at::ones({16});
+      pg->all_reduce(t);
+      pg->barrier();
+      write_pid(env);
+      hang();
+    }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const std::exception& e) {

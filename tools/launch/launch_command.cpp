@@ -3,20 +3,24 @@
 
 #include "launch/launch_command.h"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
-#include "core/torch_compat.h"
+#include "comm/store_server.h"
+#include "launch/failure_report.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "launch/worker_group.h"
@@ -72,14 +76,6 @@ void make_dirs(const std::string& path) {
   }
 }
 
-std::string describe_exit(const WorkerExit& exit) {
-  if (exit.signal != 0) {
-    const char* name = sigabbrev_np(exit.signal);
-    return fmt::format("was killed by signal {} (SIG{})", exit.signal, name ? name : "?");
-  }
-  return fmt::format("exited with code {}", exit.exit_code);
-}
-
 struct Plan {
   std::vector<int> slots;          // local slots (GPU ids when filtered)
   bool set_visible_devices = false;
@@ -104,8 +100,11 @@ Plan plan_slots(const LaunchOptions& opts) {
   return plan;
 }
 
+// Workers of restart number `attempt`; their logs and error files go under
+// `attempt_dir` (<log dir or a temporary directory>/attempt_<attempt>).
 std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan, int master_port,
-                                     bool agent_store) {
+                                     bool agent_store, int attempt,
+                                     const std::string& attempt_dir) {
   std::map<std::string, std::string> base;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string kv(*e);
@@ -115,7 +114,7 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
   const int local_world = static_cast<int>(plan.slots.size());
   if (local_world > 1 && !base.count("OMP_NUM_THREADS")) {
     // torchrun's rule: N processes each with all cores' threads oversubscribe.
-    std::fprintf(stderr,
+    if (attempt == 0) std::fprintf(stderr,
                  "tandem launch: setting OMP_NUM_THREADS=1 for each of the %d workers; set it "
                  "yourself to tune\n",
                  local_world);
@@ -140,9 +139,13 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     env["MASTER_ADDR"] = opts.master_addr;
     env["MASTER_PORT"] = std::to_string(master_port);
     env["TORCHELASTIC_USE_AGENT_STORE"] = agent_store ? "True" : "False";
-    env["TORCHELASTIC_RESTART_COUNT"] = "0";
+    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(opts.max_restarts);
-    env["TANDEM_RESTART_COUNT"] = "0";
+    env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);
+    const std::string rank_dir = fmt::format("{}/rank_{}", attempt_dir, rank);
+    make_dirs(rank_dir);
+    env["TANDEM_ERROR_FILE"] = error_file_path(attempt_dir, rank);
+    env["TORCHELASTIC_ERROR_FILE"] = env["TANDEM_ERROR_FILE"];
     if (plan.set_visible_devices) {
       env["CUDA_VISIBLE_DEVICES"] = visible;
     } else if (!opts.visible_devices.empty()) {
@@ -157,12 +160,10 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     spec.local_rank = local;
     for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
     if (!opts.log_dir.empty()) {
-      std::string dir = fmt::format("{}/attempt_0/rank_{}", opts.log_dir, rank);
-      make_dirs(dir);
       const bool out_file = (opts.tee | opts.redirects) & 1;
       const bool err_file = (opts.tee | opts.redirects) & 2;
-      if (out_file) spec.stdout_sink.file_path = dir + "/stdout.log";
-      if (err_file) spec.stderr_sink.file_path = dir + "/stderr.log";
+      if (out_file) spec.stdout_sink.file_path = rank_dir + "/stdout.log";
+      if (err_file) spec.stderr_sink.file_path = rank_dir + "/stderr.log";
       spec.stdout_sink.to_console = !(opts.redirects & 1);
       spec.stderr_sink.to_console = !(opts.redirects & 2);
     }
@@ -171,26 +172,70 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
   return workers;
 }
 
-void print_summary(const GroupResult& result, const LaunchOptions& opts) {
+// Where logs and error files go: the log directory, or a temporary one
+// that is removed when the launcher exits.
+class RunDirectory {
+ public:
+  explicit RunDirectory(const std::string& log_dir) : path_(log_dir) {
+    if (!path_.empty()) return;
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                          "/tandem-launch-XXXXXX";
+    TANDEM_CHECK(::mkdtemp(pattern.data()) != nullptr,
+                 "cannot create a directory for the workers' error files ({}): {}; set TMPDIR "
+                 "to a writable directory or pass --log-dir",
+                 pattern, std::strerror(errno));
+    path_ = pattern;
+    temporary_ = true;
+  }
+  ~RunDirectory() {
+    if (!temporary_) return;
+    ::nftw(path_.c_str(),
+           [](const char* path, const struct stat*, int, FTW*) { return ::remove(path); }, 16,
+           FTW_DEPTH | FTW_PHYS);
+  }
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  std::string attempt_dir(int attempt) const { return fmt::format("{}/attempt_{}", path_, attempt); }
+  bool kept() const { return !temporary_; }
+
+ private:
+  std::string path_;
+  bool temporary_ = false;
+};
+
+// Prints why attempt `attempt` failed; returns the launcher's exit code
+// when it must stop, 0 when the group is to be restarted.
+int report_failure(const GroupResult& result, const LaunchOptions& opts,
+                   const RunDirectory& run_dir, int attempt) {
   if (result.launcher_signal != 0) {
     std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
                  sigabbrev_np(result.launcher_signal), result.exits.size());
-    return;
+    return 128 + result.launcher_signal;
   }
-  const WorkerExit& first = result.first_failure;
-  std::string others;
-  for (const auto& e : result.exits) {
-    if (e.pid == first.pid) continue;
-    others += fmt::format("\n  rank {} (pid {}) {}", e.global_rank, e.pid, describe_exit(e));
+  const std::string attempt_dir = run_dir.attempt_dir(attempt);
+  FailureReport report = make_failure_report(result, attempt_dir);
+  const std::string logs =
+      run_dir.kept() ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
+                     : "";
+  const std::string what = render_failure_report(report, logs);
+  if (attempt < opts.max_restarts) {
+    std::fprintf(stderr,
+                 "tandem launch: attempt %d failed. %s\ntandem launch: restarting all %zu "
+                 "workers (restart %d of %d)\n",
+                 attempt, what.c_str(), result.exits.size(), attempt + 1, opts.max_restarts);
+    return 0;
   }
-  std::fprintf(stderr,
-               "tandem launch: job failed. Root cause: rank %d (pid %d) %s after %.2f s.%s%s\n",
-               first.global_rank, first.pid, describe_exit(first).c_str(), first.seconds,
-               others.empty() ? "" : "\nOther workers:", others.c_str());
-  if (!opts.log_dir.empty()) {
-    std::fprintf(stderr, "  logs: %s/attempt_0/rank_%d/\n", opts.log_dir.c_str(),
-                 first.global_rank);
+  if (opts.max_restarts > 0) {
+    std::fprintf(stderr,
+                 "tandem launch: job failed; the restart budget is exhausted (--max-restarts "
+                 "%d, attempts 0 to %d all failed). %s\n",
+                 opts.max_restarts, attempt, what.c_str());
+  } else {
+    std::fprintf(stderr, "tandem launch: job failed. %s\n", what.c_str());
   }
+  return 1;
 }
 
 }  // namespace
@@ -226,33 +271,50 @@ int run_launch_command(int argc, char** argv) {
 
   // Node 0's launcher hosts the rendezvous store itself. Binding it before
   // any worker starts makes a busy port a clear, immediate error, and lets
-  // port 0 pick a free port without the bind-probe-release race.
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  // port 0 pick a free port without the bind-probe-release race. It is
+  // tandem's own store (docs/security.md): on one node it listens on
+  // loopback only, with a fresh random token; across nodes it listens on
+  // --master-addr and every node's launcher must have the same
+  // TANDEM_STORE_TOKEN. Workers inherit the token through the environment.
+  const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
+  std::string store_token = env_token != nullptr ? env_token : "";
+  if (opts.nnodes == 1) {
+    opts.master_addr = "127.0.0.1";
+    if (store_token.empty()) {
+      store_token = detail::random_store_token();
+      ::setenv("TANDEM_STORE_TOKEN", store_token.c_str(), 1);
+    }
+  } else {
+    TANDEM_CHECK_ARG(!store_token.empty(),
+                     "a multi-node launch needs TANDEM_STORE_TOKEN, the rendezvous store's "
+                     "shared secret, set to the same value for every node's `tandem launch`. "
+                     "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
+                     "-An -tx1 | tr -d ' \\n')` and export that value on every node");
+  }
+  std::unique_ptr<detail::StoreServer> store;
   int master_port = opts.master_port;
   if (opts.node_rank == 0) {
-    try {
-      store = compat::make_tcp_store(opts.master_addr, opts.master_port, /*is_server=*/true,
-                                     plan.world_size, std::chrono::seconds(60));
-    } catch (const std::exception& e) {
-      std::string reason = e.what();
-      reason.resize(std::min(reason.find('\n'), reason.size()));
-      TANDEM_THROW(CommError,
-                   "cannot host the rendezvous store on port {}: {}. The port is probably "
-                   "already in use by another job: pick another with --master-port, or use "
-                   "--standalone to get a free one",
-                   opts.master_port, reason);
-    }
-    master_port = store->getPort();
+    detail::StoreServerOptions store_options;
+    store_options.host = opts.master_addr;
+    store_options.port = opts.master_port;
+    store_options.token = store_token;
+    store = std::make_unique<detail::StoreServer>(store_options);
+    master_port = store->port();
   }
 
-  std::vector<std::string> program = opts.program;
-  WorkerGroup group(program, make_workers(opts, plan, master_port, /*agent_store=*/true),
-                    opts.grace_period_s, opts.prefix_output);
-  GroupResult result = group.run();
-  if (result.success) return 0;
-  print_summary(result, opts);
-  if (result.launcher_signal != 0) return 128 + result.launcher_signal;
-  return 1;
+  // On a failure the whole group stops and, within --max-restarts, starts
+  // again with the next TANDEM_RESTART_COUNT: the store stays up, and each
+  // attempt rendezvouses under its own key prefix (rendezvous.cpp).
+  const RunDirectory run_dir(opts.log_dir);
+  for (int attempt = 0;; ++attempt) {
+    WorkerGroup group(opts.program,
+                      make_workers(opts, plan, master_port, /*agent_store=*/true, attempt,
+                                   run_dir.attempt_dir(attempt)),
+                      opts.grace_period_s, opts.prefix_output);
+    GroupResult result = group.run();
+    if (result.success) return 0;
+    if (int code = report_failure(result, opts, run_dir, attempt); code != 0) return code;
+  }
 }
 
 }  // namespace tandem::cli

@@ -18,7 +18,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0: the launcher picks a free port
   bool standalone = false;
-  int max_restarts = 0;  // accepted; restarts arrive in a later release
+  int max_restarts = 0;  // restarts of the whole group after a failure
   std::string log_dir;
   int tee = 0;        // 1 stdout, 2 stderr, 3 both: to files and console
   int redirects = 0;  // 1 stdout, 2 stderr, 3 both: to files only

@@ -118,8 +118,12 @@ void WorkerGroup::reap(GroupResult& result) {
     exit.global_rank = workers_[i].global_rank;
     exit.pid = pids_[i];
     exit.seconds = now_s() - start_;
+    exit.wall_time = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
     if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
     if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
+    exit.stopped = stopping_;
     pids_[i] = 0;
     result.exits.push_back(exit);
     if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0) {
@@ -140,6 +144,7 @@ GroupResult WorkerGroup::run() {
   double drain_deadline = -1;
   auto begin_shutdown = [&](int sig) {
     if (kill_deadline >= 0) return;
+    stopping_ = true;
     signal_all(sig);
     kill_deadline = now_s() + grace_period_s_;
   };

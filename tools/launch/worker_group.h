@@ -28,6 +28,8 @@ struct WorkerExit {
   int exit_code = 0;  // valid when signal == 0
   int signal = 0;     // signal that killed it, 0 if it exited
   double seconds = 0; // since start
+  double wall_time = 0;  // when the launcher saw it end, seconds since the Unix epoch
+  bool stopped = false;   // ended after the launcher began stopping the group
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
@@ -57,6 +59,7 @@ class WorkerGroup {
   double grace_period_s_;
   OutputPump pump_;
   std::vector<int> pids_;  // by position in workers_; 0 once reaped
+  bool stopping_ = false;  // SIGTERM/SIGKILL sent to the group
   double start_ = 0;
 };
 

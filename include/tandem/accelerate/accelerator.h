@@ -54,6 +54,10 @@
 #include "tandem/parallel/ddp.h"
 #include "tandem/zero/zero_optimizer.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace tandem {
 
 class LRScheduler;
@@ -200,6 +204,12 @@ class Accelerator {
     return prepare_data(std::move(dataset), options);
   }
 
+  // Wraps a loader built in code, as it is (no resharding): e.g. over this
+  // rank's own files, DistributedLoader(tensors, 1, 0, options), whose batch
+  // counts may differ across ranks (train it under join_uneven_inputs()).
+  // Like prepare_data(), the first loader prepared is the training data.
+  PreparedLoader prepare_data_loader(DistributedLoader loader);
+
   // Everything at once: the model, its optimizer and the training data
   // (tensors, or a torch::data dataset, with a batch size per process or
   // loader options). Returns {optimizer, loader} to use in place of the
@@ -311,6 +321,41 @@ class Accelerator {
   int64_t skipped_steps() const { return scaler_->skipped_steps(); }
   LossScaler& loss_scaler() const { return *scaler_; }
 
+  // ---- Uneven inputs (Join) ------------------------------------------------
+  // While the returned guard lives, passes of prepared loaders that start in
+  // it are joined: no padding (each rank sees exactly its share), and ranks
+  // that run out of data first take shadow steps on a stand-in batch (their
+  // last one) until every rank is out, so the loop body, and every
+  // collective in it, runs the same number of times everywhere. A shadow
+  // step's gradient counts as zero and each step's gradient is the mean over
+  // the K ranks that had a real batch (not over the world), so parameters
+  // and optimizer state stay identical on every rank. See
+  // docs/architecture.md ("Uneven inputs").
+  //   auto join = accelerator.join_uneven_inputs();
+  //   for (auto& batch : loader) { ...same loop body... }
+  // Call on every rank, after prepare_model() and outside a pass of the
+  // training loader; one guard at a time (UsageError otherwise).
+  class JoinGuard {
+   public:
+    explicit JoinGuard(GradientState& state);
+    ~JoinGuard();
+    JoinGuard(const JoinGuard&) = delete;
+    JoinGuard& operator=(const JoinGuard&) = delete;
+
+   private:
+    GradientState& state_;
+  };
+  [[nodiscard]] JoinGuard join_uneven_inputs();
+  // True when this rank's current batch is a shadow one (joined pass, this
+  // rank out of data): its outputs are not real samples, so skip logging.
+  bool is_shadow_batch() const { return state_->shadow_batch; }
+  // The current step's ranks with a real batch: num_processes() outside a
+  // joined pass.
+  int64_t ranks_with_data() const {
+    return state_->joining ? state_->ranks_with_data : num_processes();
+  }
+  const GradientState& gradient_state() const { return *state_; }
+
   // ---- Helpers -------------------------------------------------------------
   // Prints on the main process only.
   template <typename... Args>
@@ -334,7 +379,9 @@ class Accelerator {
   at::Tensor gather(const at::Tensor& tensor);
   // gather() with the duplicate samples that even batches add on the last
   // batch of a pass removed: feed it the per-sample outputs of the current
-  // batch and the result has exactly one row per real sample.
+  // batch and the result has exactly one row per real sample. In a joined
+  // pass (join_uneven_inputs) the rows of ranks on a shadow batch are
+  // dropped whole.
   at::Tensor gather_for_metrics(const at::Tensor& tensor);
   // Element-wise reduction across ranks of a copy of `tensor`.
   at::Tensor reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
@@ -399,6 +446,8 @@ class Accelerator {
   void init_state(const AcceleratorOptions& options);
   DistributedLoaderOptions data_options(DistributedLoaderOptions options);
   PreparedLoader wrap_loader(DistributedLoader loader);
+  void install_shadow_hooks();
+  double join_gradient_weight();
   void resolve(int64_t micro_batch);
   // Checkpoints (accelerator_checkpoint.cpp).
   nlohmann::json state_meta(const SaveStateOptions& options);
@@ -426,6 +475,8 @@ class Accelerator {
   std::shared_ptr<detail::OptimizerCore> optimizer_core_;
   std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
   std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;
+  // Gradient accumulators carrying the shadow-step hooks (accelerator_join.cpp).
+  std::vector<std::shared_ptr<torch::autograd::Node>> join_accumulators_;
   MetricsLogger metrics_;
 };
 

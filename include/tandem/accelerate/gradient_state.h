@@ -50,6 +50,23 @@ struct GradientState {
   std::vector<int64_t> real_rows_per_rank;
   int64_t batch_rows = 0;
 
+  // Join mode (Accelerator::join_uneven_inputs()). A JoinGuard is alive:
+  // passes of prepared loaders that start now run joined (no padding; ranks
+  // out of data take shadow steps until every rank is).
+  bool join_requested = false;
+  // The current batch comes from a joined pass. The three fields below are
+  // meaningful only then; every rank holds the same values but shadow_batch.
+  bool joining = false;
+  // This rank has no real batch left: the current batch is a stand-in (its
+  // last real one). Its gradient counts as zero and gather_for_metrics()
+  // drops its rows; skip logging it. Always false outside join mode.
+  bool shadow_batch = false;
+  // Ranks with a real batch at this step (K >= 1): the step's gradient is the
+  // mean over these ranks only.
+  int64_t ranks_with_data = 0;
+  // Per rank: 1 when its current batch is a shadow one.
+  std::vector<uint8_t> shadow_ranks;
+
   // The DDP wrapper whose gradient sync follows sync_gradients (may be null).
   DistributedDataParallel* ddp = nullptr;
   // The ZeRO optimizer, likewise (stage 1 honours the switch).

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <map>
 #include <string>
@@ -181,11 +182,21 @@ struct LoaderCursor {
 // DistributedLoader, the epoch advances by itself after each complete pass
 // (as Accelerate's loaders do), so shuffling differs per epoch even when the
 // loop never calls set_epoch(); an explicit set_epoch() wins.
+//
+// Join mode: a pass that starts while an Accelerator::join_uneven_inputs()
+// guard lives is a joined pass. It never pads (even_batches is off for it),
+// so each rank sees exactly its share; at its start the ranks exchange their
+// batch counts (one all-gather), and every rank then yields as many batches
+// as the longest one. A rank past its own data yields shadow batches (its
+// last real batch again, GradientState::shadow_batch set) that contribute
+// zero gradient. Every rank ends the pass at the same batch, so collectives
+// stay matched.
 class PreparedLoader {
  public:
   PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state);
+  // `group`: the ranks a joined pass agrees with (needed for join mode only).
   PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
-                 std::shared_ptr<detail::LoaderCursor> cursor);
+                 std::shared_ptr<detail::LoaderCursor> cursor, ProcessGroup* group = nullptr);
 
   int64_t size() const { return loader_.size(); }
   // Selects the epoch of the next pass (ends a pass in progress).
@@ -232,13 +243,29 @@ class PreparedLoader {
   Iterator end() { return Iterator(); }
 
  private:
+  // A joined pass (prepared_loader_join.cpp).
+  struct JoinedPass {
+    bool active = false;
+    std::vector<int64_t> sizes;  // every rank's batch count this pass
+    int64_t length = 0;          // batches every rank yields: the largest size
+    std::optional<DistributedLoader::Batch> last_real;  // the shadow stand-in
+  };
+
   void note_batch(const DistributedLoader::Batch& batch);
   void apply_restore();
   void set_loader_epoch(int64_t epoch);
+  void end_of_pass();
+  void begin_joined_pass();
+  std::optional<DistributedLoader::Batch> next_joined();
+  DistributedLoader::Batch stand_in_batch();
+  void note_joined_batch(const DistributedLoader::Batch& batch, int64_t index);
 
   DistributedLoader loader_;
   std::shared_ptr<GradientState> state_;
   std::shared_ptr<detail::LoaderCursor> cursor_;
+  ProcessGroup* group_ = nullptr;
+  bool even_batches_ = true;  // the loader's own setting, outside joined passes
+  JoinedPass joined_;
   uint64_t pass_id_ = 0;  // changes whenever a pass is ended from outside
 };
 

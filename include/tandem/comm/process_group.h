@@ -7,7 +7,8 @@
 // a local copy.
 //
 // Thread-safety: a ProcessGroup may be used from one thread at a time, and
-// every rank must issue the same collectives in the same order (as in c10d).
+// every rank must issue the same collectives in the same order (as in c10d);
+// the desync check (ProcessGroupOptions) catches a rank that does not.
 // Different ProcessGroup objects are independent.
 
 #include <chrono>
@@ -41,8 +42,25 @@ CudaBackend parse_cuda_backend(const std::string& text);
 
 struct ProcessGroupOptions {
   CudaBackend cuda_backend = CudaBackend::kAuto;
-  // Limit for every collective and for the rendezvous.
+  // Limit for every collective and for the rendezvous (init() takes
+  // TANDEM_TIMEOUT_S over it). A collective that times out throws
+  // TimeoutError naming the ranks that did not arrive and where they last
+  // were, read from the progress every rank publishes to the store.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // The first this many collectives of the group (counted by sequence
+  // number) compare a fingerprint (operation, sequence number, dtype, shape,
+  // reduce op, root) across ranks before they run; a mismatch throws
+  // UsageError naming the ranks and what each called. Covers the first
+  // iterations of training, where a desync usually shows. Costs one small
+  // all-reduce per checked collective. 0 turns the check off.
+  std::uint64_t desync_check_collectives = 256;
+  // Check every collective, not only the first ones (init() sets it from
+  // TANDEM_DEBUG=DETAIL or TORCH_DISTRIBUTED_DEBUG=DETAIL). Every rank must
+  // agree on it.
+  bool debug_detail = false;
+  // Longest delay before a rank's progress reaches the store (it is written
+  // only when it changed, so collectives never wait on the store).
+  std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
   // Address Gloo listens on. Empty: derived from RankEnv (interface, or the
   // local address that routes to MASTER_ADDR).
   std::string gloo_host;
@@ -116,6 +134,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<std::string> all_gather_strings(const std::string& text);
 
   // Number of collectives issued so far (the next one's sequence number).
+  // Each call above counts once, also when it moves no data (empty tensors)
+  // and the byte/string gathers, which run two inner gathers.
   std::uint64_t sequence_number() const;
 
   struct Impl;

@@ -27,6 +27,9 @@ struct RankEnv {
   // TORCHELASTIC_USE_AGENT_STORE): rank 0 connects as a client.
   bool agent_store = false;
   int restart_count = 0;
+  // Where to write this rank's error file (TANDEM_ERROR_FILE, else
+  // TORCHELASTIC_ERROR_FILE); empty without a launcher. See error_file.h.
+  std::string error_file;
   // Network interface for Gloo (TANDEM_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME).
   // Empty: use the local address that routes to master_addr.
   std::string socket_ifname;
@@ -34,12 +37,26 @@ struct RankEnv {
   bool shared_memory = true;
   // TANDEM_CUDA_BACKEND=auto|nccl|gloo: backend for CUDA tensors ("" = auto).
   std::string cuda_backend;
+  // TANDEM_TIMEOUT_S: limit in seconds for every collective and the
+  // rendezvous; 0 (unset) keeps ProcessGroupOptions::timeout (10 minutes).
+  int timeout_s = 0;
+  // TANDEM_DEBUG=DETAIL (or TORCH_DISTRIBUTED_DEBUG=DETAIL): check every
+  // collective for a desync across ranks, not only the first ones.
+  bool debug_detail = false;
+  // TANDEM_STORE_TOKEN: the shared secret of tandem's rendezvous store.
+  // `tandem launch` sets it for its workers; jobs without a launcher need
+  // the same value on every node when the store is not on loopback. Empty
+  // with TORCHELASTIC_USE_AGENT_STORE: the store is a foreign launcher's
+  // (torchrun's) c10d TCPStore.
+  std::string store_token;
 
   // True when some launcher set the environment, even for world 1.
   bool launched() const { return source != RankEnvSource::kNone; }
 
   // Reads the process environment. Throws UsageError naming the variable
   // when a value is malformed or inconsistent (e.g. RANK >= WORLD_SIZE).
+  // When the launcher asked for an error file, also installs the handler
+  // that writes uncaught exceptions to it (error_file.h).
   static RankEnv from_environment();
 
   // Same, from an explicit map (used by tests and by from_environment()).

@@ -95,6 +95,12 @@ class DistributedLoader {
   // negative.
   void skip_first_batches(int64_t num_batches);
 
+  // Switches even-batch padding (DistributedLoaderOptions::even_batches) for
+  // the passes that start from now on, e.g. off for a Join-style pass in
+  // which ranks keep exactly their share. Ends a pass in progress; a pending
+  // skip_first_batches() still applies. size() follows the new setting.
+  void set_even_batches(bool even_batches);
+
   // The next batch of the pass in progress, starting a pass when none is; an
   // empty optional ends the pass, and the call after it starts the next one.
   // Rethrows what the fetch threw (the pass then ends).

@@ -1,0 +1,146 @@
+#include "comm/collective_fingerprint.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tandem/comm/process_group.h"
+
+namespace tandem::detail {
+namespace {
+
+// Field positions in Fingerprint::fields.
+enum Field : int {
+  kSequence = 0,
+  kOp,
+  kDtype,       // ScalarType + 1; 0 without a tensor
+  kDevice,      // DeviceType + 1; 0 without a tensor
+  kReduceOp,    // tandem::ReduceOp, or -1
+  kRoot,        // or -1
+  kDims,        // tensor.dim(), or -1
+  kShapeHash,   // covers dimensions past kMaxDims
+  kNumel,
+  kFirstDim,    // kMaxDims sizes follow
+};
+static_assert(kFirstDim + Fingerprint::kMaxDims == Fingerprint::kFields, "fields must fill the row");
+
+std::int64_t hash_shape(at::IntArrayRef sizes) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the sizes
+  for (std::int64_t s : sizes) {
+    h ^= static_cast<std::uint64_t>(s);
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 16) {
+      text += fmt::format(", ... ({} in all)", ranks.size());
+      break;
+    }
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+}  // namespace
+
+const char* to_string(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllReduce: return "all_reduce";
+    case CollectiveOp::kBroadcast: return "broadcast";
+    case CollectiveOp::kAllGather: return "all_gather";
+    case CollectiveOp::kAllGatherInto: return "all_gather_into";
+    case CollectiveOp::kReduceScatter: return "reduce_scatter";
+    case CollectiveOp::kBarrier: return "barrier";
+    case CollectiveOp::kAllGatherBytes: return "all_gather_bytes";
+  }
+  return "unknown collective";
+}
+
+Fingerprint Fingerprint::of(CollectiveOp op, std::uint64_t sequence, const at::Tensor* tensor,
+                            std::int64_t reduce_op, std::int64_t root) {
+  Fingerprint fp;
+  auto& f = fp.fields;
+  f[kSequence] = static_cast<std::int64_t>(sequence);
+  f[kOp] = static_cast<std::int64_t>(op);
+  f[kReduceOp] = reduce_op;
+  f[kRoot] = root;
+  f[kDims] = -1;
+  if (tensor != nullptr) {
+    f[kDtype] = static_cast<std::int64_t>(tensor->scalar_type()) + 1;
+    f[kDevice] = static_cast<std::int64_t>(tensor->device().type()) + 1;
+    f[kDims] = tensor->dim();
+    f[kShapeHash] = hash_shape(tensor->sizes());
+    f[kNumel] = tensor->numel();
+    for (int d = 0; d < kMaxDims && d < tensor->dim(); ++d) f[kFirstDim + d] = tensor->size(d);
+  }
+  return fp;
+}
+
+std::uint64_t Fingerprint::sequence() const {
+  return static_cast<std::uint64_t>(fields[kSequence]);
+}
+
+std::string Fingerprint::describe(bool with_sequence) const {
+  const auto& f = fields;
+  const auto op = static_cast<CollectiveOp>(f[kOp]);
+  std::string text = to_string(op);
+  if (op != CollectiveOp::kAllReduce && op != CollectiveOp::kBroadcast &&
+      op != CollectiveOp::kAllGather && op != CollectiveOp::kAllGatherInto &&
+      op != CollectiveOp::kReduceScatter && op != CollectiveOp::kBarrier &&
+      op != CollectiveOp::kAllGatherBytes) {
+    text = fmt::format("collective {}", f[kOp]);  // a different tandem build?
+  }
+  if (with_sequence) text += fmt::format(" #{}", f[kSequence]);
+  if (f[kDims] >= 0) {
+    text += fmt::format(" {}[", c10::toString(static_cast<at::ScalarType>(f[kDtype] - 1)));
+    for (std::int64_t d = 0; d < f[kDims] && d < kMaxDims; ++d) {
+      text += fmt::format("{}{}", d == 0 ? "" : ", ", f[kFirstDim + d]);
+    }
+    if (f[kDims] > kMaxDims) text += fmt::format(", ... ({}-d, {} elements)", f[kDims], f[kNumel]);
+    text += "]";
+    const auto device = static_cast<c10::DeviceType>(f[kDevice] - 1);
+    if (device != c10::DeviceType::CPU) text += " on " + c10::DeviceTypeName(device, true);
+  }
+  if (f[kReduceOp] >= 0 && f[kReduceOp] <= static_cast<std::int64_t>(ReduceOp::kMin)) {
+    text += fmt::format(" ({})", to_string(static_cast<ReduceOp>(f[kReduceOp])));
+  }
+  if (f[kRoot] >= 0) text += fmt::format(" (root {})", f[kRoot]);
+  return text;
+}
+
+std::string find_desync(const std::vector<Fingerprint>& by_rank) {
+  // Groups of ranks with equal fingerprints, in order of their lowest rank.
+  std::vector<Fingerprint> kinds;
+  std::vector<std::vector<int>> ranks;
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) {
+    auto it = std::find(kinds.begin(), kinds.end(), by_rank[static_cast<std::size_t>(r)]);
+    if (it == kinds.end()) {
+      kinds.push_back(by_rank[static_cast<std::size_t>(r)]);
+      ranks.emplace_back();
+      it = kinds.end() - 1;
+    }
+    ranks[static_cast<std::size_t>(it - kinds.begin())].push_back(r);
+  }
+  if (kinds.size() <= 1) return {};
+  const bool same_sequence = std::all_of(kinds.begin(), kinds.end(), [&](const Fingerprint& k) {
+    return k.sequence() == kinds[0].sequence();
+  });
+  std::string text = same_sequence ? fmt::format("collective desync at #{}: ", kinds[0].sequence())
+                                   : std::string("collective desync: ");
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    const char* joint = i == 0 ? "" : (i == 1 ? " but " : " and ");
+    text += fmt::format("{}{} called {}", joint, rank_list(ranks[i]),
+                        kinds[i].describe(!same_sequence));
+  }
+  text +=
+      ". Every rank must issue the same collectives in the same order, with the same dtypes and "
+      "shapes: look for a branch on the rank, or on data that differs between ranks (an uneven "
+      "last batch, a parameter used on some ranks only), before this call";
+  return text;
+}
+
+}  // namespace tandem::detail

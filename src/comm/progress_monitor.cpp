@@ -1,0 +1,165 @@
+#include "comm/progress_monitor.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "tandem/core/logging.h"
+
+namespace tandem::detail {
+namespace {
+
+constexpr const char* kJoined = "joined";
+// Longer lists of ranks are cut: a message must stay readable at 1000 ranks.
+constexpr std::size_t kMaxNamed = 16;
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size() && i < kMaxNamed; ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kMaxNamed) text += fmt::format(", ... ({} in all)", ranks.size());
+  return text;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* separator) {
+  std::string text;
+  for (std::size_t i = 0; i < parts.size() && i < kMaxNamed; ++i) {
+    text += (i == 0 ? "" : separator) + parts[i];
+  }
+  if (parts.size() > kMaxNamed) text += fmt::format("{}...", separator);
+  return text;
+}
+
+// "<sequence> <description>" -> sequence; false for "joined" or garbage.
+bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::string& what) {
+  char* end = nullptr;
+  sequence = std::strtoull(value.c_str(), &end, 10);
+  if (end == value.c_str() || *end != ' ') return false;
+  what = std::string(end + 1);
+  return true;
+}
+
+}  // namespace
+
+std::string progress_key(int rank) { return "tandem/progress/" + std::to_string(rank); }
+
+ProgressMonitor::ProgressMonitor(compat::StorePtr store, int rank, int world_size,
+                                 std::chrono::milliseconds interval)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), interval_(interval) {
+  latest_ = kJoined;
+  dirty_ = true;
+  publish_latest();
+  publisher_ = std::thread([this] { publish_loop(); });
+}
+
+ProgressMonitor::~ProgressMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  publisher_.join();
+}
+
+void ProgressMonitor::entered(std::uint64_t sequence, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.assign(std::to_string(sequence)).append(" ").append(what);
+  dirty_ = true;
+}
+
+void ProgressMonitor::publish_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, interval_, [&] { return stopping_; });
+    if (stopping_) break;
+    if (!dirty_) continue;
+    lock.unlock();
+    publish_latest();
+    lock.lock();
+  }
+}
+
+void ProgressMonitor::publish_latest() {
+  std::lock_guard<std::mutex> order(publish_mutex_);
+  std::string value;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!dirty_) return;
+    value = latest_;
+    dirty_ = false;
+  }
+  try {
+    store_->set(progress_key(rank_), std::vector<std::uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    // Progress is diagnostic only: a store that went away must not fail
+    // training here; the collective that needs it will report the failure.
+    log_debug("could not publish progress to the store: {}", e.what());
+  }
+}
+
+std::string ProgressMonitor::explain_timeout(std::uint64_t sequence) {
+  publish_latest();  // others timing out now should see where this rank is
+  std::vector<std::optional<std::string>> values(static_cast<std::size_t>(world_size_));
+  try {
+    for (int r = 0; r < world_size_; ++r) {
+      const std::string key = progress_key(r);
+      if (!store_->check({key})) continue;
+      auto bytes = store_->get(key);
+      values[static_cast<std::size_t>(r)] = std::string(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason.resize(std::min(reason.find('\n'), reason.size()));
+    return fmt::format("the ranks' progress could not be read from the store ({})", reason);
+  }
+  return explain_progress(sequence, rank_, values);
+}
+
+std::string explain_progress(std::uint64_t sequence, int self,
+                             const std::vector<std::optional<std::string>>& values) {
+  std::vector<int> missing;
+  std::vector<int> ahead;
+  std::vector<std::string> missing_notes;
+  std::vector<std::string> ahead_notes;
+  for (int r = 0; r < static_cast<int>(values.size()); ++r) {
+    if (r == self) continue;
+    const auto& value = values[static_cast<std::size_t>(r)];
+    std::uint64_t seq = 0;
+    std::string what;
+    if (!value) {
+      missing.push_back(r);
+      missing_notes.push_back(fmt::format("rank {} never reported", r));
+    } else if (!parse_sequence(*value, seq, what)) {
+      missing.push_back(r);
+      missing_notes.push_back(fmt::format("rank {} entered no collective yet", r));
+    } else if (seq < sequence) {
+      missing.push_back(r);
+      missing_notes.push_back(fmt::format("rank {} last entered {}", r, what));
+    } else if (seq > sequence) {
+      ahead.push_back(r);
+      ahead_notes.push_back(fmt::format("rank {} last entered {}", r, what));
+    }
+  }
+  std::string text;
+  if (!missing.empty()) {
+    text = fmt::format("{} {} did not arrive ({})", missing.size() == 1 ? "rank" : "ranks",
+                       rank_list(missing), join(missing_notes, "; "));
+  }
+  if (!ahead.empty()) {
+    text += fmt::format(
+        "{}{} {} {} already past it ({}): the ranks issued different collectives; "
+        "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
+        text.empty() ? "" : "; ", ahead.size() == 1 ? "rank" : "ranks", rank_list(ahead),
+        ahead.size() == 1 ? "is" : "are",
+        join(ahead_notes, "; "));
+  }
+  if (text.empty()) {
+    text = "every rank entered it, so the transport itself stalled (or a rank arrived only "
+           "at the last moment)";
+  }
+  return text;
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,73 @@
+#pragma once
+// ProgressMonitor: where each rank last was, so that a timeout can name the
+// ranks that did not arrive instead of only the one that waited.
+//
+// Each rank records the collective it enters (a mutex and a string copy, no
+// I/O). A background thread publishes the latest entry to the store under
+// "tandem/progress/<rank>" at most once per interval and only when it
+// changed, so the store sees at most a few writes per second per rank. On a
+// timeout the waiting rank reads every rank's key with generic c10d::Store
+// calls (check, get), which works over HashStore, TCPStore and tandem's store.
+//
+// Thread-safety: every method may be called from any thread.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/torch_compat.h"
+
+namespace tandem::detail {
+
+class ProgressMonitor {
+ public:
+  // Publishes "joined" for this rank at once, then starts the publisher.
+  // Call before the group's rendezvous, so every key is fresh (a store kept
+  // across restarts may hold the previous run's keys).
+  ProgressMonitor(compat::StorePtr store, int rank, int world_size,
+                  std::chrono::milliseconds interval);
+  // Stops the publisher; returns within one store call.
+  ~ProgressMonitor();
+  ProgressMonitor(const ProgressMonitor&) = delete;
+  ProgressMonitor& operator=(const ProgressMonitor&) = delete;
+
+  // This rank entered collective `sequence`, described by `what`.
+  void entered(std::uint64_t sequence, const std::string& what);
+
+  // After collective `sequence` timed out on this rank: reads every rank's
+  // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
+  // last entered barrier #9; rank 3 never reported)". Never throws.
+  std::string explain_timeout(std::uint64_t sequence);
+
+ private:
+  void publish_loop();
+  void publish_latest();
+
+  compat::StorePtr store_;
+  int rank_;
+  int world_size_;
+  std::chrono::milliseconds interval_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool dirty_ = false;
+  std::string latest_;  // the value to publish
+  std::mutex publish_mutex_;  // one store write at a time, in order
+  std::thread publisher_;
+};
+
+// The key under which `rank` publishes its progress.
+std::string progress_key(int rank);
+
+// Pure part of explain_timeout: `values[r]` is rank r's published value
+// ("joined", or "<sequence> <description>"), nullopt when it has none.
+std::string explain_progress(std::uint64_t sequence, int self,
+                             const std::vector<std::optional<std::string>>& values);
+
+}  // namespace tandem::detail

@@ -1,0 +1,58 @@
+#pragma once
+// The server side of tandem's rendezvous store: one thread, one epoll loop,
+// non-blocking sockets, so a slow or hostile client never holds up others.
+//
+// It binds exactly the address it is given (never the wildcard) and accepts
+// a client only after a hello carrying the shared token (store_protocol.h).
+// Hosted by `tandem launch` on node 0, or by rank 0 when no launcher does.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace tandem::detail {
+
+struct StoreServerOptions {
+  // A numeric address or a host name of this machine; every address it
+  // resolves to is tried in turn and the first that binds is used.
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: a free port chosen by the kernel (see StoreServer::port())
+  std::string token;  // empty: only clients with an empty token are let in
+  std::chrono::milliseconds handshake_timeout{10000};
+};
+
+class StoreServer {
+ public:
+  // Binds, listens and starts serving. Throws CommError naming the address
+  // and port when the port is in use or the address is not this machine's.
+  explicit StoreServer(const StoreServerOptions& options);
+  // Stops the loop and closes every connection. Clients then see EOF.
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // The port actually bound, and the numeric address.
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  void run();
+
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd written by the destructor
+  int port_ = 0;
+  std::string address_;
+  std::string token_;
+  std::chrono::milliseconds handshake_timeout_;
+  std::thread thread_;
+};
+
+// True when every address `host` resolves to is a loopback address
+// (127.0.0.0/8 or ::1), false when one is not or it does not resolve.
+bool is_loopback_host(const std::string& host);
+
+// 32 bytes from the kernel's random source, as 64 hex digits.
+std::string random_store_token();
+
+}  // namespace tandem::detail

@@ -1,0 +1,210 @@
+// Collective timeouts: the error names the operation, its sequence number and
+// the ranks that did not arrive, and nothing hangs afterwards.
+//
+// A rank that "hangs" blocks on a future the test releases once the others
+// have their error; no sleep is used to order the ranks.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "comm/progress_monitor.h"
+#include "support/thread_ranks.h"
+#include "tandem/core/error.h"
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+
+ProcessGroupOptions short_timeout(bool shared_memory) {
+  ProcessGroupOptions options;
+  options.shared_memory = shared_memory;
+  options.timeout = std::chrono::milliseconds(1500);
+  options.progress_interval = std::chrono::milliseconds(100);
+  return options;
+}
+
+// Collects the TimeoutError message of each rank that got one.
+struct Messages {
+  std::mutex mutex;
+  std::map<int, std::string> by_rank;
+  void add(int rank, const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex);
+    by_rank[rank] = text;
+  }
+};
+
+// (shared memory, desync check on). With the check on, the timeout happens
+// in the fingerprint exchange, which must report the outer collective.
+class SkippedCollective : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(SkippedCollective, OthersNameTheRankTheOperationAndTheSequenceNumber) {
+  const auto [shared_memory, checked] = GetParam();
+  auto options = short_timeout(shared_memory);
+  options.desync_check_collectives = checked ? 256 : 0;
+  Messages messages;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> waiting{2};
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(
+      3,
+      [&](ProcessGroup& pg) {
+        auto t = at::ones({4});
+        pg.all_reduce(t);  // #0 on every rank
+        if (pg.rank() == 1) {
+          released.wait();  // skips #1 and stays connected
+          return;
+        }
+        try {
+          pg.all_reduce(t);
+          ADD_FAILURE() << "all_reduce #1 completed without rank 1";
+        } catch (const TimeoutError& e) {
+          messages.add(pg.rank(), e.what());
+        }
+        // Keep this rank's connections open until the other one has its
+        // error too, or that one could see a closed connection instead.
+        if (--waiting == 0) release.set_value();
+        released.wait();
+      },
+      options);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  const std::string transport = shared_memory ? "shm" : "gloo";
+  ASSERT_EQ(messages.by_rank.size(), 2u);
+  for (const auto& [rank, message] : messages.by_rank) {
+    EXPECT_NE(message.find(fmt::format("[rank {}/3]", rank)), std::string::npos) << message;
+    EXPECT_NE(message.find("all_reduce #1 Float[4] on " + transport + " timed out after 1500 ms"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("rank 1 did not arrive (rank 1 last entered all_reduce #0 Float[4] on " +
+                           transport + ")"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("TANDEM_TIMEOUT_S"), std::string::npos) << message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TransportsAndChecks, SkippedCollective,
+    ::testing::Combine(::testing::Bool(), ::testing::Bool()), [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "shm" : "gloo") +
+             (std::get<1>(info.param) ? "_checked" : "_unchecked");
+    });
+
+TEST(Timeouts, ARankThatEnteredNoCollectiveIsNamedAtABarrier) {
+  Messages messages;
+  std::promise<void> release;
+  auto released = release.get_future();
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          released.wait();
+          return;
+        }
+        try {
+          pg.barrier();
+        } catch (const TimeoutError& e) {
+          messages.add(0, e.what());
+        }
+        release.set_value();
+      },
+      short_timeout(false));
+  ASSERT_EQ(messages.by_rank.size(), 1u);
+  const std::string& message = messages.by_rank[0];
+  EXPECT_NE(message.find("barrier #0 timed out after 1500 ms: rank 1 did not arrive (rank 1 "
+                         "entered no collective yet)"),
+            std::string::npos)
+      << message;
+}
+
+// Unwaited async work and the group itself must not block past the timeout
+// once a collective has timed out.
+class TeardownAfterTimeout : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TeardownAfterTimeout, UnwaitedWorkAndTheGroupAreDestroyedPromptly) {
+  auto options = short_timeout(GetParam());
+  options.desync_check_collectives = 0;  // let the async calls start at once
+  std::string message;
+  std::promise<void> release;
+  auto released = release.get_future();
+  std::chrono::steady_clock::duration teardown{};
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::thread other([&] {
+    auto pg = ProcessGroup::create(store, 1, 2, options);
+    released.wait();
+  });
+  {
+    auto pg = ProcessGroup::create(store, 0, 2, options);
+    auto a = at::ones({8});
+    auto b = at::ones({1 << 16});
+    Work first = pg->all_reduce_async(a);
+    Work second = pg->all_reduce_async(b);
+    try {
+      first.wait();
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    { Work dropped = std::move(second); }  // destroyed unwaited
+    pg.reset();
+    teardown = std::chrono::steady_clock::now() - start;
+  }
+  release.set_value();
+  other.join();
+  EXPECT_NE(message.find("all_reduce #0 Float[8]"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1 did not arrive"), std::string::npos) << message;
+  // At most one more timeout for the second collective, never a hang.
+  EXPECT_LT(teardown, std::chrono::milliseconds(1500 + 2000));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TeardownAfterTimeout, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "shm" : "gloo"; });
+
+TEST(Timeouts, TandemTimeoutSSetsTheGroupTimeout) {
+  auto env = RankEnv::from_map({{"TANDEM_TIMEOUT_S", "3"}});
+  EXPECT_EQ(env.timeout_s, 3);
+  EXPECT_EQ(ProcessGroup::init(env)->timeout(), std::chrono::seconds(3));
+  EXPECT_EQ(RankEnv::from_map({}).timeout_s, 0);
+  EXPECT_EQ(ProcessGroup::init(RankEnv::from_map({}))->timeout(), std::chrono::minutes(10));
+  EXPECT_THROW(RankEnv::from_map({{"TANDEM_TIMEOUT_S", "0"}}), UsageError);
+  EXPECT_THROW(RankEnv::from_map({{"TANDEM_TIMEOUT_S", "2.5"}}), UsageError);
+}
+
+// explain_progress, the pure part: what each published value says.
+TEST(ProgressExplanation, NamesMissingRanksWithWhereTheyLastWere) {
+  std::vector<std::optional<std::string>> values = {
+      std::string("12 all_reduce #12 Float[4, 8] on gloo"), std::string("9 barrier #9"),
+      std::string("12 all_reduce #12 Float[4, 8] on gloo"), std::nullopt};
+  EXPECT_EQ(detail::explain_progress(12, 0, values),
+            "ranks 1, 3 did not arrive (rank 1 last entered barrier #9; rank 3 never reported)");
+}
+
+TEST(ProgressExplanation, RanksAlreadyPastTheCollectiveMeanADesync) {
+  std::vector<std::optional<std::string>> values = {std::string("3 barrier #3"),
+                                                    std::string("5 all_reduce #5 Float[2] on shm")};
+  const std::string text = detail::explain_progress(3, 0, values);
+  EXPECT_NE(text.find("rank 1 is already past it (rank 1 last entered all_reduce #5 Float[2] on "
+                      "shm): the ranks issued different collectives"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("TANDEM_DEBUG=DETAIL"), std::string::npos) << text;
+}
+
+TEST(ProgressExplanation, EveryRankPresentBlamesTheTransport) {
+  std::vector<std::optional<std::string>> values = {std::string("2 barrier #2"),
+                                                    std::string("2 barrier #2")};
+  EXPECT_NE(detail::explain_progress(2, 1, values).find("every rank entered it"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem
