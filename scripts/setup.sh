@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs tandem's build and test dependencies from Debian 12 packages.
 # Idempotent: installs only what is missing, and runs apt-get update only then.
-#   scripts/setup.sh          build + tests
-#   scripts/setup.sh --peer   also Python torch, the peer for bench/ comparisons
+#   scripts/setup.sh          build, tests, and Python torch (the tests' and
+#                             benchmarks' peer)
 set -euo pipefail
 
 packages=(
@@ -13,11 +13,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev   # tests that tandem workers also run under mpirun
   iproute2                     # the two-namespace multi-node test
-  clang                        # libFuzzer targets (scripts/fuzz.sh)
+  clang libclang-rt-dev       # libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer/ASan runtimes
+  python3-torch                # tests read tandem's safetensors files back in Python
 )
-if [[ "${1:-}" == "--peer" ]]; then
-  packages+=(python3-torch)
-fi
 
 missing=()
 for p in "${packages[@]}"; do

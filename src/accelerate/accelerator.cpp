@@ -14,11 +14,44 @@
 #include "accelerate/consistency_check.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 #include "tandem/optim/optimizer_factory.h"
 #include "tandem/core/logging.h"
 #include "tandem/optim/lr_scheduler.h"
 
 namespace tandem {
+
+namespace {
+
+// LibTorch's parameters() lists a tied tensor once per registration, and an
+// optimizer built over it steps that tensor once per entry. tandem keeps the
+// optimizer as built (so a run matches the same loop without tandem), but
+// says so: it is rarely what the author meant.
+void warn_if_listed_twice(torch::optim::Optimizer& optimizer, const torch::nn::Module* model,
+                          bool zero) {
+  std::size_t entries = 0;
+  for (auto& group : optimizer.param_groups()) entries += group.params().size();
+  const auto unique = unique_optimizer_parameters(optimizer);
+  if (unique.size() == entries) return;
+  std::string tied = "a tensor";
+  if (model != nullptr) {
+    for (const auto& p : unique_named_parameters(*model)) {
+      if (p.aliases.empty()) continue;
+      tied = fmt::format("'{}' (also registered as '{}')", p.name, fmt::join(p.aliases, "', '"));
+      break;
+    }
+  }
+  log_warn("prepare_optimizer: {} of the optimizer's entries repeat a tensor it already lists, "
+           "e.g. {}; LibTorch's parameters() repeats tied weights. {} Build the optimizer over "
+           "tandem::unique_parameters(*model) to step each tensor once, as Python's "
+           "model.parameters() would",
+           entries - unique.size(), tied,
+           zero ? "ZeRO updates each tensor once per step regardless."
+                : "LibTorch's optimizers update such a tensor once per entry, each step.");
+}
+
+}  // namespace
+
 
 Accelerator::Accelerator(AcceleratorOptions options) {
   const RankEnv rank_env = RankEnv::from_environment();
@@ -134,6 +167,7 @@ AcceleratedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& opt
                    "Accelerator::prepare_optimizer: an optimizer was already prepared; this "
                    "version of tandem steps one optimizer per Accelerator (put all parameter "
                    "groups in one optimizer)");
+  warn_if_listed_twice(optimizer, model_.get(), config_.zero.stage > 0);
   if (config_.zero.stage > 0) {
     TANDEM_CHECK_ARG(model_ != nullptr,
                      "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
@@ -161,7 +195,9 @@ AcceleratedOptimizer Accelerator::prepare_optimizer_from_config(double default_l
   TANDEM_CHECK_ARG(owned_optimizer_ == nullptr && optimizer_core_ == nullptr,
                    "Accelerator::prepare_optimizer_from_config: an optimizer was already "
                    "prepared (one optimizer per Accelerator)");
-  owned_optimizer_ = make_optimizer(config_.optimizer, model_->parameters(), default_lr);
+  // Over each tensor once, as Python's parameters() gives them: a tied
+  // weight listed twice would be stepped twice.
+  owned_optimizer_ = make_optimizer(config_.optimizer, unique_parameters(*model_), default_lr);
   return prepare_optimizer(*owned_optimizer_);
 }
 

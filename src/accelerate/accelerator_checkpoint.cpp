@@ -19,6 +19,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
+#include "tandem/core/parameters.h"
 #include "tandem/core/version.h"
 
 namespace tandem {
@@ -33,21 +34,14 @@ std::string optim_section(const std::string& state) { return "optim/" + state; }
 // first name).
 std::vector<std::pair<std::string, at::Tensor>> unique_parameters(torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_map<const void*, bool> seen;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (seen.emplace(item.value().unsafeGetTensorImpl(), true).second) {
-      out.emplace_back(item.key(), item.value());
-    }
+  for (auto& item : unique_named_parameters(model)) {
+    out.emplace_back(std::move(item.name), std::move(item.tensor));
   }
   return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> defined_buffers(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) out.emplace_back(item.key(), item.value());
-  }
-  return out;
+  return unique_named_buffers(model);
 }
 
 nlohmann::json describe(const std::string& name, const at::Tensor& t) {
@@ -139,21 +133,19 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
         }
       }
       std::vector<std::string> state_names;
-      for (auto& group : optimizer.param_groups()) {
-        for (const auto& p : group.params()) {
-          const auto it = names.find(p.unsafeGetTensorImpl());
-          TANDEM_CHECK_ARG(it != names.end(),
-                           "save_state: the optimizer holds a tensor of shape {} that is not a "
-                           "parameter of the prepared model; build the optimizer over "
-                           "model->parameters()",
-                           fmt::join(p.sizes(), "x"));
-          const detail::ParamState ps = detail::get_param_state(optimizer, p);
-          if (ps.step >= 0) steps[it->second] = ps.step;
-          step = std::max(step, ps.step);
-          for (const auto& [sname, t] : ps.tensors) {
-            if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
-              state_names.push_back(sname);
-            }
+      for (const auto& p : unique_optimizer_parameters(optimizer)) {
+        const auto it = names.find(p.unsafeGetTensorImpl());
+        TANDEM_CHECK_ARG(it != names.end(),
+                         "save_state: the optimizer holds a tensor of shape {} that is not a "
+                         "parameter of the prepared model; build the optimizer over "
+                         "model->parameters()",
+                         fmt::join(p.sizes(), "x"));
+        const detail::ParamState ps = detail::get_param_state(optimizer, p);
+        if (ps.step >= 0) steps[it->second] = ps.step;
+        step = std::max(step, ps.step);
+        for (const auto& [sname, t] : ps.tensors) {
+          if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
+            state_names.push_back(sname);
           }
         }
       }
@@ -223,12 +215,10 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
         names[m.unsafeGetTensorImpl()] = name;
       }
     }
-    for (auto& group : optimizer.param_groups()) {
-      for (const auto& p : group.params()) {
-        const std::string& name = names.at(p.unsafeGetTensorImpl());
-        for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
-          out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
-        }
+    for (const auto& p : unique_optimizer_parameters(optimizer)) {
+      const std::string& name = names.at(p.unsafeGetTensorImpl());
+      for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
+        out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
       }
     }
   }
@@ -346,20 +336,18 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
   }
   const auto state_names = saved.value("state_names", std::vector<std::string>{});
   const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
-  for (auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) {
-      const std::string& name = by_impl.at(p.unsafeGetTensorImpl()).first;
-      detail::ParamState ps;
-      ps.step = steps.contains(name) ? steps[name].get<int64_t>()
-                                     : saved.value("step", int64_t{-1});
-      for (const auto& sname : state_names) {
-        if (checkpoint.has(optim_section(sname), name)) {
-          ps.tensors.emplace_back(
-              sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
-        }
+  for (const auto& p : unique_optimizer_parameters(optimizer)) {
+    const std::string& name = by_impl.at(p.unsafeGetTensorImpl()).first;
+    detail::ParamState ps;
+    ps.step = steps.contains(name) ? steps[name].get<int64_t>()
+                                   : saved.value("step", int64_t{-1});
+    for (const auto& sname : state_names) {
+      if (checkpoint.has(optim_section(sname), name)) {
+        ps.tensors.emplace_back(
+            sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
       }
-      detail::set_param_state(optimizer, p, ps);
     }
+    detail::set_param_state(optimizer, p, ps);
   }
 }
 

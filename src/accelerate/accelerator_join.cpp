@@ -19,6 +19,7 @@
 
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 
 namespace tandem {
 namespace {
@@ -60,7 +61,7 @@ Accelerator::JoinGuard Accelerator::join_uneven_inputs() {
 void Accelerator::install_shadow_hooks() {
   // Installed once, after DDP/ZeRO took hold of the same accumulators (the
   // parameter itself holds its accumulator only weakly: keep ours alive too).
-  for (const auto& param : model_->parameters(/*recurse=*/true)) {
+  for (const auto& param : unique_parameters(*model_)) {
     if (!param.requires_grad()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(param);
     TANDEM_CHECK(accumulator != nullptr, "join: parameter without a gradient accumulator");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 
 namespace tandem::detail {
 namespace {
@@ -110,10 +111,15 @@ FingerprintEntries config_fingerprint(const Config& config, int world_size) {
 
 FingerprintEntries model_fingerprint(const torch::nn::Module& model) {
   FingerprintEntries entries;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    std::string value = tensor_signature(item.value());
-    if (item.value().defined() && !item.value().requires_grad()) value += " frozen";
-    entries.emplace_back("parameter " + item.key(), std::move(value));
+  // Ties are part of the structure: a rank that ties the head to the
+  // embedding and one that does not train different models.
+  for (const auto& item : unique_named_parameters(model)) {
+    std::string value = tensor_signature(item.tensor);
+    if (!item.tensor.requires_grad()) value += " frozen";
+    entries.emplace_back("parameter " + item.name, std::move(value));
+    for (const auto& alias : item.aliases) {
+      entries.emplace_back("parameter " + alias, "tied to " + item.name);
+    }
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
     entries.emplace_back("buffer " + item.key(), tensor_signature(item.value()));

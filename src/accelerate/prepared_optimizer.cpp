@@ -10,6 +10,7 @@
 #include "tandem/amp/unscale.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 #include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
@@ -21,11 +22,10 @@ double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, doubl
   TANDEM_CHECK_ARG(norm_type > 0, "clip_grad_norm: norm_type must be positive (2 for the "
                    "Euclidean norm, inf for the max norm), got {}", norm_type);
   torch::NoGradGuard no_grad;
+  // A tied tensor listed twice is one term of the norm, and is scaled once.
   std::vector<at::Tensor> grads;
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& p : group.params()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
+  for (const auto& p : unique_optimizer_parameters(optimizer)) {
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
   const bool max_norm_type = std::isinf(norm_type);
   at::Tensor local;
@@ -107,9 +107,7 @@ void OptimizerCore::unscale_gradients() {
     }
   } else if (scaling) {
     std::vector<at::Tensor> grads;
-    for (auto& group : optimizer_->param_groups()) {
-      for (auto& p : group.params()) grads.push_back(p.grad());
-    }
+    for (const auto& p : unique_optimizer_parameters(*optimizer_)) grads.push_back(p.grad());
     found_inf = unscale_and_find_inf(grads, inv_scale);
   }
   // DDP's all-reduce spreads an inf/NaN to every rank, but a parameter

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <map>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -94,9 +95,12 @@ bool unscale_and_find_inf(at::TensorList tensors, double inv_scale,
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].defined()) check_tensor(tensors[i], i);
   }
+  // A tensor listed twice (a tied weight's gradient) is unscaled once.
+  std::unordered_set<const c10::TensorImpl*> seen;
   bool found = false;
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
     if (t.is_cuda()) {
       cuda.push_back(t);
     } else {

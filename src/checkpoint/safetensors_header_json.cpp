@@ -13,7 +13,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-[[noreturn]] void fail(const std::string& message) { throw SafetensorsFormatError(message); }
+[[noreturn]] void reject(const std::string& message) { throw SafetensorsFormatError(message); }
 
 // Printable and bounded: the text comes from the file.
 std::string clean(const std::string& s, std::size_t limit = 200) {
@@ -27,7 +27,7 @@ std::string clean(const std::string& s, std::size_t limit = 200) {
 }
 
 [[noreturn]] void json_error(const nlohmann::detail::exception& ex, const char* what) {
-  fail(std::string(what) + " is not valid JSON (" + clean(ex.what(), 300) +
+  reject(std::string(what) + " is not valid JSON (" + clean(ex.what(), 300) +
        "): the file is corrupt or not a safetensors file");
 }
 
@@ -42,7 +42,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   bool binary(binary_t&) override { return unexpected("binary data"); }
   bool number_integer(number_integer_t v) override {
     if (v < 0 && (where_ == Where::kShape || where_ == Where::kOffsets)) {
-      fail("tensor '" + clean(entry_.name) + "' has a negative " + field_name() + " value " +
+      reject("tensor '" + clean(entry_.name) + "' has a negative " + field_name() + " value " +
            std::to_string(v) + ": the file is corrupt");
     }
     return integer(v);
@@ -81,11 +81,11 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   bool key(string_t& k) override {
     if (where_ == Where::kRoot) {
       if (!root_keys_.insert(k).second) {
-        fail("the header names '" + clean(k) + "' twice: the file is corrupt");
+        reject("the header names '" + clean(k) + "' twice: the file is corrupt");
       }
     } else if (where_ == Where::kMetadata) {
       if (result.metadata.count(k)) {
-        fail("__metadata__ has the key '" + clean(k) + "' twice: the file is corrupt");
+        reject("__metadata__ has the key '" + clean(k) + "' twice: the file is corrupt");
       }
     } else {  // kEntry
       field_ = k == "dtype" ? Field::kDtype
@@ -93,12 +93,12 @@ class HeaderSax : public nlohmann::json_sax<Json> {
                : k == "data_offsets" ? Field::kOffsets
                                      : Field::kNone;
       if (field_ == Field::kNone) {
-        fail("tensor '" + clean(entry_.name) + "' has an unknown field '" + clean(k) +
+        reject("tensor '" + clean(entry_.name) + "' has an unknown field '" + clean(k) +
              "' (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
       }
       const unsigned bit = 1u << static_cast<int>(field_);
       if (fields_seen_ & bit) {
-        fail("tensor '" + clean(entry_.name) + "' has the field '" + k + "' twice: the file is corrupt");
+        reject("tensor '" + clean(entry_.name) + "' has the field '" + k + "' twice: the file is corrupt");
       }
       fields_seen_ |= bit;
     }
@@ -110,7 +110,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
       for (Field f : {Field::kDtype, Field::kShape, Field::kOffsets}) {
         if (!(fields_seen_ & (1u << static_cast<int>(f)))) {
           field_ = f;
-          fail("tensor '" + clean(entry_.name) + "' has no " + field_name() +
+          reject("tensor '" + clean(entry_.name) + "' has no " + field_name() +
                " (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
         }
       }
@@ -128,7 +128,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   }
   bool end_array() override {
     if (where_ == Where::kOffsets && offsets_count_ != 2) {
-      fail("tensor '" + clean(entry_.name) + "' has " + std::to_string(offsets_count_) +
+      reject("tensor '" + clean(entry_.name) + "' has " + std::to_string(offsets_count_) +
            " data_offsets; it needs two, [begin, end]: the file is corrupt");
     }
     where_ = Where::kEntry;
@@ -145,13 +145,13 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   bool integer(int64_t v) {
     if (where_ == Where::kShape) {
       if (entry_.shape.size() == kSafetensorsMaxDims) {
-        fail("tensor '" + clean(entry_.name) + "' has more than " +
+        reject("tensor '" + clean(entry_.name) + "' has more than " +
              std::to_string(kSafetensorsMaxDims) + " dimensions: the file is corrupt");
       }
       entry_.shape.push_back(v);
     } else if (where_ == Where::kOffsets) {
       if (offsets_count_ == 2) {
-        fail("tensor '" + clean(entry_.name) +
+        reject("tensor '" + clean(entry_.name) +
              "' has more than two data_offsets; it needs [begin, end]: the file is corrupt");
       }
       (offsets_count_++ == 0 ? entry_.data_begin : entry_.data_end) = v;
@@ -194,7 +194,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
         break;
       case Where::kDone: want = "nothing may follow the header object"; break;
     }
-    fail(want + ", found " + found + ": the file is corrupt");
+    reject(want + ", found " + found + ": the file is corrupt");
   }
 
   Where where_ = Where::kTop;
@@ -234,7 +234,7 @@ class StringMapSax : public nlohmann::json_sax<Json> {
     return true;
   }
   bool key(string_t& k) override {
-    if (result.count(k)) fail(std::string(what_) + " has the key '" + clean(k) + "' twice: the header is corrupt");
+    if (result.count(k)) reject(std::string(what_) + " has the key '" + clean(k) + "' twice: the header is corrupt");
     key_ = std::move(k);
     return true;
   }
@@ -244,7 +244,7 @@ class StringMapSax : public nlohmann::json_sax<Json> {
 
  private:
   [[noreturn]] bool unexpected() {
-    fail(std::string(what_) + " must be a JSON object of strings: the header is corrupt");
+    reject(std::string(what_) + " must be a JSON object of strings: the header is corrupt");
   }
 
   const char* what_;
@@ -263,7 +263,7 @@ RawHeader parse_header_json(std::string_view json) {
 
 std::map<std::string, std::string> parse_string_map(std::string_view json, const char* what) {
   if (json.find('\0') != std::string_view::npos) {  // the lexer would stop there
-    fail(std::string(what) + " holds a NUL byte: the header is corrupt");
+    reject(std::string(what) + " holds a NUL byte: the header is corrupt");
   }
   StringMapSax sax(what);
   Json::sax_parse(json.begin(), json.end(), &sax, Json::input_format_t::json, /*strict=*/true,

@@ -14,7 +14,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string lower(std::string text) {
+std::string lowercase(std::string text) {
   for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return text;
 }
@@ -29,10 +29,10 @@ std::string read_type(const Value& v, const std::vector<std::string>& supported,
   }
   std::string text = v.as_string();
   for (const auto& name : supported) {
-    if (lower(name) == lower(text)) return name;
+    if (lowercase(name) == lowercase(text)) return name;
   }
   for (const auto& name : known_unsupported) {
-    if (lower(name) == lower(text)) {
+    if (lowercase(name) == lowercase(text)) {
       v.fail("DeepSpeed's " + what + " \"" + text + "\" is not available in tandem",
              "use " + join_alternatives(supported) + instead);
     }

@@ -35,7 +35,7 @@ std::string or_auto(const std::optional<T>& value) {
 }
 
 template <typename T>
-std::string or_null(const std::optional<T>& value) {
+std::string yaml_or_null(const std::optional<T>& value) {
   return value ? fmt::format("{}", *value) : "null";
 }
 
@@ -71,7 +71,7 @@ void write_launch(Writer& w, const Config& c) {
   w.line(0, "num_machines", fmt::format("{}", c.num_machines));
   w.line(0, "machine_rank", fmt::format("{}", c.machine_rank));
   w.line(0, "main_process_ip", c.main_process_ip.empty() ? "null" : quote(c.main_process_ip));
-  w.line(0, "main_process_port", or_null(c.main_process_port));
+  w.line(0, "main_process_port", yaml_or_null(c.main_process_port));
   w.line(0, "gpu_ids", quote(c.gpu_ids));
   w.line(0, "use_cpu", flag(c.use_cpu));
   w.line(0, "rdzv_backend", quote(c.rdzv_backend));
@@ -87,7 +87,7 @@ void write_training(Writer& w, const Config& c) {
   w.line(0, "gradient_clipping", c.auto_keys.count("gradient_clipping")
                                      ? "auto"
                                      : fmt::format("{}", c.gradient_clipping));
-  w.line(0, "seed", or_null(c.seed));
+  w.line(0, "seed", yaml_or_null(c.seed));
   w.line(0, "steps_per_print", fmt::format("{}", c.steps_per_print));
   w.line(0, "wall_clock_breakdown", flag(c.wall_clock_breakdown));
 

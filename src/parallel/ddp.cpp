@@ -3,12 +3,15 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/ranges.h>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "parallel/reducer.h"
 #include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 
 namespace tandem {
 namespace {
@@ -82,16 +85,20 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   std::vector<std::string> names;
   std::vector<std::string> signatures;
   std::vector<at::Tensor> state;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    signatures.push_back(signature(item.key(), item.value()) +
-                         (item.value().requires_grad() ? "" : " frozen"));
-    state.push_back(item.value());
-    if (!item.value().requires_grad()) continue;
-    params.push_back(item.value());
-    names.push_back(item.key());
+  // A tied tensor gets one gradient slot and one hook: two would adopt and
+  // reduce the same .grad twice, racing with the bucket already in flight.
+  for (const auto& item : unique_named_parameters(*module_)) {
+    std::string sig = signature(item.name, item.tensor);
+    if (!item.tensor.requires_grad()) sig += " frozen";
+    if (!item.aliases.empty()) sig += fmt::format(" tied to {}", fmt::join(item.aliases, ", "));
+    signatures.push_back(std::move(sig));
+    state.push_back(item.tensor);
+    if (!item.tensor.requires_grad()) continue;
+    params.push_back(item.tensor);
+    names.push_back(item.name);
   }
   check_same_model(*process_group_, signatures);
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) state.push_back(item.value());
+  for (const auto& item : unique_named_buffers(*module_)) state.push_back(item.second);
   broadcast_coalesced(*process_group_, state);
   std::function<void()> after_sync;
   if (options_.broadcast_buffers) after_sync = [this] { sync_buffers(); };
@@ -116,7 +123,7 @@ bool DistributedDataParallel::gradient_sync() const { return reducer_->sync_enab
 
 void DistributedDataParallel::sync_buffers() {
   std::vector<at::Tensor> buffers;
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers.push_back(item.value());
+  for (const auto& item : unique_named_buffers(*module_)) buffers.push_back(item.second);
   broadcast_coalesced(*process_group_, buffers);
 }
 

@@ -15,6 +15,7 @@
 #include "parallel/grad_ready_hook.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
+#include "tandem/core/parameters.h"
 
 namespace tandem::detail {
 namespace {
@@ -69,17 +70,18 @@ ZeroEngine::~ZeroEngine() {
 }
 
 void ZeroEngine::collect_parameters(torch::nn::Module& model) {
+  // Tied weights once: one slot in the flat buffers, one gradient, one update.
   std::unordered_map<const void*, std::size_t> seen;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
+  for (const auto& item : unique_named_parameters(model)) {
+    const at::Tensor& p = item.tensor;
     if (!p.requires_grad()) continue;
-    if (!seen.emplace(p.unsafeGetTensorImpl(), params_.size()).second) continue;
+    seen.emplace(p.unsafeGetTensorImpl(), params_.size());
     TANDEM_CHECK_ARG(p.is_contiguous() && !p.is_sparse(),
                      "ZeroOptimizer: parameter '{}' is not a dense contiguous tensor; ZeRO "
                      "flattens parameters into shared buffers",
-                     item.key());
+                     item.name);
     params_.push_back(p);
-    names_.push_back(item.key());
+    names_.push_back(item.name);
   }
   TANDEM_CHECK_ARG(!params_.empty(), "ZeroOptimizer: the model has no trainable parameters");
   for (std::size_t i = 1; i < params_.size(); ++i) {
@@ -132,9 +134,21 @@ void ZeroEngine::build_bucket_groups() {
 
 void ZeroEngine::build_unit_groups(torch::nn::Module& model) {
   // Each parameter belongs to the innermost unit around it: modules() is in
-  // pre-order, so a nested unit overwrites its ancestor's claim.
+  // pre-order, so a nested unit overwrites its ancestor's claim. A unit may
+  // claim a tensor only if every registration of it lies inside the unit: a
+  // weight tied across two units, or between a unit and the rest of the model,
+  // is used while the unit's shards are not gathered, so it stays whole.
   std::unordered_map<const void*, std::size_t> index_of;
   for (std::size_t i = 0; i < params_.size(); ++i) index_of[params_[i].unsafeGetTensorImpl()] = i;
+  auto registrations = [&](const torch::nn::Module& m) {
+    std::vector<int> count(params_.size(), 0);
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+      auto it = index_of.find(item.value().unsafeGetTensorImpl());
+      if (it != index_of.end()) ++count[it->second];
+    }
+    return count;
+  };
+  const std::vector<int> everywhere = registrations(model);
   std::vector<ShardedUnit*> units;
   std::vector<std::size_t> unit_of(params_.size(), kNoGroup);
   for (const auto& module : model.modules(/*include_self=*/true)) {
@@ -143,9 +157,9 @@ void ZeroEngine::build_unit_groups(torch::nn::Module& model) {
     TANDEM_CHECK_ARG(!unit->sharding_attached(),
                      "ZeroOptimizer: a Sharded unit of this model is already owned by another "
                      "ZeroOptimizer; one ZeRO optimizer per model");
-    for (const auto& p : module->parameters(/*recurse=*/true)) {
-      auto it = index_of.find(p.unsafeGetTensorImpl());
-      if (it != index_of.end()) unit_of[it->second] = units.size();
+    const std::vector<int> inside = registrations(*module);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (inside[i] > 0 && inside[i] == everywhere[i]) unit_of[i] = units.size();
     }
     units.push_back(unit);
   }

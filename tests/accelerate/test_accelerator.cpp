@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "accelerate/accelerator_testing.h"
 #include "parallel/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
@@ -19,7 +20,10 @@ using testing::max_relative_diff;
 using testing::Mlp;
 using testing::run_ranks;
 
-constexpr int kIn = 6, kHidden = 16, kOut = 3;
+using testing::kHidden;
+using testing::kIn;
+using testing::kOut;
+using testing::reference_init;
 
 struct Dataset {
   torch::Tensor x, y;
@@ -30,10 +34,6 @@ Dataset make_dataset(int64_t n) {
   return {torch::randn({n, kIn}), torch::randn({n, kOut})};
 }
 
-Mlp reference_init() {
-  torch::manual_seed(5);
-  return Mlp(kIn, kHidden, kOut);
-}
 
 Config config_with_accumulation(int64_t steps) {
   Config config;
@@ -155,11 +155,11 @@ TEST(Accelerator, ZeroGradAtTheTopOfAGuardedStepKeepsTheAccumulatedGradients) {
 TEST(Accelerator, LastBatchOfAPassAlwaysSynchronises) {
   // 5 batches per rank with 2 accumulation steps: steps after batches 2, 4
   // and 5, so no partial sum leaks into the next epoch.
+  const auto data = make_dataset(2 * 5);  // it seeds torch's generator: not in a rank thread
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-    const auto data = make_dataset(2 * 5);
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, 1);
     for (int epoch = 0; epoch < 2; ++epoch) {
       loader.set_epoch(epoch);
@@ -177,12 +177,12 @@ TEST(Accelerator, LastBatchOfAPassAlwaysSynchronises) {
 }
 
 TEST(Accelerator, SchedulerStepsOncePerOptimizerStepNotPerRankOrMicroBatch) {
+  const auto data = make_dataset(2 * 8);  // it seeds torch's generator: not in a rank thread
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
     torch::optim::StepLR step_lr(sgd, /*step_size=*/1, /*gamma=*/0.5);
-    const auto data = make_dataset(2 * 8);
     auto [optimizer, loader, scheduler] =
         accelerator.prepare(model, sgd, {data.x, data.y}, 1, step_lr);
     for (auto& batch : loader) {
@@ -301,11 +301,11 @@ TEST(Accelerator, CodeOverridesBeatEnvironmentWhichBeatsTheFile) {
 }
 
 TEST(Accelerator, PerProcessBatchCompletesTheDeepSpeedBatchTriple) {
+  const auto data = make_dataset(64);  // it seeds torch's generator: not in a rank thread
   run_ranks(2, [&](ProcessGroup& pg) {
     Config config;
     config.train_batch_size = 32;
     Accelerator accelerator(pg.shared_from_this(), config);
-    const auto data = make_dataset(64);
     accelerator.prepare_data(std::vector<torch::Tensor>{data.x, data.y}, 4);
     EXPECT_EQ(accelerator.gradient_accumulation_steps(), 4);  // 32 = 4 * 4 * 2
     EXPECT_EQ(accelerator.config().train_micro_batch_size_per_gpu, 4);

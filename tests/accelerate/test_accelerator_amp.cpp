@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "accelerate/accelerator_testing.h"
 #include "parallel/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
@@ -19,12 +21,11 @@ using testing::max_relative_diff;
 using testing::Mlp;
 using testing::run_ranks;
 
-constexpr int kIn = 6, kHidden = 16, kOut = 3;
+using testing::kHidden;
+using testing::kIn;
+using testing::kOut;
+using testing::reference_init;
 
-Mlp reference_init() {
-  torch::manual_seed(5);
-  return Mlp(kIn, kHidden, kOut);
-}
 
 AcceleratorOptions scaled(double min_loss_scale = 1.0) {
   AcceleratorOptions options;
@@ -50,9 +51,10 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
-    torch::manual_seed(100 + pg.rank());
+    // A generator of its own: rank threads share torch's global one.
+    auto gen = at::detail::createCPUGenerator(100 + pg.rank());
     auto step = [&](bool poison) {
-      auto x = torch::randn({4, kIn});
+      auto x = torch::randn({4, kIn}, gen);
       if (poison) x[0][0] = pg.rank() == 1 ? INFINITY : 1.0f;  // rank 1 only
       optimizer.zero_grad();
       accelerator.backward(torch::mse_loss(model->forward(x), torch::zeros({4, kOut})));

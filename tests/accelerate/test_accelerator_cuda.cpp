@@ -7,6 +7,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "accelerate/accelerator_testing.h"
 #include "parallel/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
@@ -19,7 +20,9 @@ using testing::max_relative_diff;
 using testing::Mlp;
 using testing::run_ranks;
 
-constexpr int kIn = 6, kHidden = 16, kOut = 3;
+using testing::kHidden;
+using testing::kIn;
+using testing::kOut;
 
 TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";

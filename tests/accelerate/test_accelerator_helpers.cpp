@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 
@@ -236,9 +237,9 @@ TEST(AcceleratorHelpers, SetSeedIsReproducibleAndDeviceSpecificSeedsDiffer) {
 }
 
 TEST(AcceleratorHelpers, MetricsAreJsonLinesWrittenByTheMainProcessOnly) {
-  char dir_template[] = "/tmp/tandem_metrics_XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  const testing::ScratchDir scratch;  // unique, and removed afterwards
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string dir = scratch.path();
   std::atomic<int> opened{0};
   run_ranks(2, [&](ProcessGroup& pg) {
     auto accelerator = make_accelerator(pg);

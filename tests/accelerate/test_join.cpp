@@ -225,7 +225,10 @@ TEST(Join, AccumulationCountsShadowMicroStepsAndClipsTheAgreedGradient) {
     JoinRun run = join_run({5, 2, 4}, stage);
     run.accumulation = 2;
     run.clip = 0.05;
-    expect_matches_reference(run, 1e-5);
+    // W/K = 3/2 and a mean over three ranks are inexact in fp32, and clipping
+    // rescales every gradient by the rounded global norm: a few ulps of
+    // drift, seen at 1.1e-5 with other intra-op thread counts.
+    expect_matches_reference(run, 3e-5);
   }
 }
 

@@ -113,6 +113,11 @@ TEST(UnscaleTest, FindsInfMinusInfAndNanAnywhereInAnyTensor) {
 // A small grain splits one tensor across at::parallel_for tasks; the poison
 // sits in the last task only.
 TEST(UnscaleTest, MultithreadedSplitFindsInfInTheLastChunk) {
+  // The thread count is process-wide: give the tests that follow theirs back.
+  struct RestoreThreads {
+    int saved = at::get_num_threads();
+    ~RestoreThreads() { at::set_num_threads(saved); }
+  } restore;
   at::set_num_threads(4);
   UnscaleOptions options;
   options.grain_size = 64;

@@ -13,22 +13,9 @@
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 
+#include "support/scratch_dir.h"
+
 namespace tandem::testing {
-
-// A fresh directory under the test temp dir, removed with the object.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string pattern = ::testing::TempDir() + "tandem_ckpt_XXXXXX";
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~ScratchDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Every tensor of every rank file of DIR/<tag>, keyed "<rank>:<key>".
 inline std::map<std::string, torch::Tensor> rank_files(const std::string& dir,

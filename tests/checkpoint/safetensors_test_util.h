@@ -15,26 +15,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "support/scratch_dir.h"
+
 namespace tandem::testing {
-
-// A fresh directory under gtest's temp dir, removed with its contents.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string templ = ::testing::TempDir() + "tandem_st_XXXXXX";
-    path_ = ::mkdtemp(templ.data()) ? templ : "";
-    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

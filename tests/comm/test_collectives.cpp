@@ -67,9 +67,12 @@ TEST_P(AllReduceByWorldAndTransport, EveryOpDtypeAndSizeMatchesClosedForm) {
       options);
 }
 
+// Worlds 6 and 7 are left out: they add no case that 5 (odd, a chunk split
+// that does not divide) and 8 (the largest, a power of two) do not cover, and
+// cost a fifth of the suite's longest entry.
 INSTANTIATE_TEST_SUITE_P(
-    World1To8, AllReduceByWorldAndTransport,
-    ::testing::Combine(::testing::Range(1, 9), ::testing::Bool()), [](const auto& info) {
+    Worlds, AllReduceByWorldAndTransport,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8), ::testing::Bool()), [](const auto& info) {
       return "world" + std::to_string(std::get<0>(info.param)) +
              (std::get<1>(info.param) ? "_shm" : "_gloo");
     });

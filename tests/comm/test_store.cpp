@@ -22,6 +22,7 @@
 #include "comm/store_server.h"
 #include "comm/token_store.h"
 #include "support/proc_net.h"
+#include "support/reserved_port.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
@@ -155,7 +156,10 @@ TEST(Store, WaitAndGetReturnOnlyOnceAnotherClientHasSetTheKeys) {
 
 TEST(Store, GetAndWaitTimeOutWithTheKeyNamesAndTheConnectionSurvives) {
   StoreServer server(options());
-  auto store = client(server, milliseconds(200));
+  // Connected with the usual timeout (a loaded machine may answer the
+  // handshake late), then the store's own timeout, the one get() uses, made short.
+  auto store = client(server);
+  store->setTimeout(milliseconds(200));
   auto start = std::chrono::steady_clock::now();
   try {
     store->get("never");
@@ -192,10 +196,13 @@ TEST(Store, ManyClientsAtOnceAllCountAndMeet) {
 }
 
 TEST(Store, ClientRetriesUntilTheServerStarts) {
-  // Find a free port, release it, connect in the background, then start
-  // the server on it: the client must keep retrying rather than fail.
-  int port = 0;
-  { StoreServer probe(options()); port = probe.port(); }
+  // Hold a free port, connect in the background, then start the server on
+  // it: the client must keep retrying rather than fail. The port stays
+  // reserved throughout, so nothing else on the machine can take it between
+  // the client's first attempt and the server's start.
+  testing::ReservedPort reserved(/*shareable=*/true);
+  const int port = reserved.port();
+  ASSERT_NE(port, 0);
   std::atomic<bool> ok{false};
   std::string error;
   std::thread t([&] {
@@ -215,8 +222,10 @@ TEST(Store, ClientRetriesUntilTheServerStarts) {
 }
 
 TEST(Store, UnreachableStoreTimesOutSayingWhere) {
-  int port = 0;
-  { StoreServer probe(options()); port = probe.port(); }
+  // A port that refuses connections and that nothing else can listen on.
+  testing::ReservedPort reserved(/*shareable=*/false);
+  const int port = reserved.port();
+  ASSERT_NE(port, 0);
   try {
     TokenStore store("127.0.0.1", port, kToken, milliseconds(300));
     FAIL() << "connected to a closed port";

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <vector>
 
+#include "support/launch_testing.h"  // file_exists
 #include "support/subprocess.h"
 
 namespace tandem::testing {
@@ -39,11 +40,6 @@ inline std::vector<std::string> with_stdin(const std::string& input, std::vector
 inline void write_text(const std::string& path, const std::string& text) {
   (void)!std::system(("mkdir -p \"$(dirname '" + path + "')\"").c_str());
   std::ofstream(path) << text;
-}
-
-inline bool file_exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 }  // namespace tandem::testing

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 
+#include "support/reserved_port.h"
 #include "support/subprocess.h"
 
 namespace tandem {
@@ -115,8 +116,13 @@ TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {
 
 TEST(ForeignLauncher, MpirunStartsAWorkingJob) {
   if (!sh("command -v mpirun")) GTEST_SKIP() << "skipped: mpirun (openmpi-bin) is not installed";
+  // Rank 0 hosts the store on MASTER_PORT: a port held free for this test,
+  // not a fixed number another job on the machine might be using.
+  testing::ReservedPort reserved(/*shareable=*/true);
+  ASSERT_NE(reserved.port(), 0);
   auto r = run_process({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x",
-                        "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=29641",
+                        "MASTER_ADDR=127.0.0.1", "-x",
+                        "MASTER_PORT=" + std::to_string(reserved.port()),
                         bin("launch_test_worker"), "allreduce"},
                        60);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

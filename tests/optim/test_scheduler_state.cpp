@@ -59,7 +59,7 @@ std::vector<ResumeCase> resume_cases() {
   return cases;
 }
 
-double beta1(const torch::optim::Optimizer& optimizer, size_t group) {
+double group_beta1(const torch::optim::Optimizer& optimizer, size_t group) {
   return std::get<0>(group_options<torch::optim::AdamWOptions>(optimizer, group).betas());
 }
 
@@ -99,7 +99,7 @@ TEST(SchedulerState, RoundTripResumesTheSameLrAndMomentumSequence) {
     EXPECT_EQ(resumed->get_last_lr(), original->get_last_lr());
     for (size_t g = 0; g < 2; ++g) {
       EXPECT_EQ(group_lr(*resumed_optimizer, g), group_lr(*original_optimizer, g));
-      EXPECT_EQ(beta1(*resumed_optimizer, g), beta1(*original_optimizer, g));
+      EXPECT_EQ(group_beta1(*resumed_optimizer, g), group_beta1(*original_optimizer, g));
     }
     for (int i = 0; i < 20; ++i) {
       original->step();
@@ -108,7 +108,7 @@ TEST(SchedulerState, RoundTripResumesTheSameLrAndMomentumSequence) {
       for (size_t g = 0; g < 2; ++g) {
         EXPECT_EQ(group_lr(*resumed_optimizer, g), group_lr(*original_optimizer, g))
             << "step " << original->last_batch_iteration() << " group " << g;
-        EXPECT_EQ(beta1(*resumed_optimizer, g), beta1(*original_optimizer, g))
+        EXPECT_EQ(group_beta1(*resumed_optimizer, g), group_beta1(*original_optimizer, g))
             << "step " << original->last_batch_iteration() << " group " << g;
       }
     }

@@ -36,15 +36,30 @@ Data make_data(int steps, int global_batch) {
   return d;
 }
 
+// The same initial weights on every call. It seeds and draws from torch's
+// global generator, which rank threads share: call it before they start,
+// never inside one.
 Mlp reference_init() {
   torch::manual_seed(7);
   return Mlp(kIn, kHidden, kOut);
 }
 
+// One model per rank, each with the reference's initial weights. Built
+// before the rank threads start: constructing a module draws from the
+// global generator too.
+std::vector<Mlp> reference_replicas(int world) {
+  const Mlp init = reference_init();
+  std::vector<Mlp> replicas;
+  for (int r = 0; r < world; ++r) {
+    replicas.push_back(Mlp(kIn, kHidden, kOut));
+    copy_state(*replicas.back(), *init);
+  }
+  return replicas;
+}
+
 // Trains a fresh copy of the reference model on the full batches.
 Mlp train_single(const Data& data, int steps) {
-  Mlp model(kIn, kHidden, kOut);
-  copy_state(*model, *reference_init());
+  Mlp model = reference_replicas(1)[0];
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
@@ -55,11 +70,9 @@ Mlp train_single(const Data& data, int steps) {
 }
 
 // Every rank starts from a different init (DDP must broadcast rank 0's) and
-// trains on its slice of each global batch.
+// trains `model`, a copy of the reference, on its slice of each global batch.
 void train_ddp(ProcessGroup& pg, const Data& data, int steps, const DDPOptions& options,
-               Mlp& out) {
-  Mlp model(kIn, kHidden, kOut);
-  copy_state(*model, *out);
+               Mlp& model) {
   {
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters()) p.add_(static_cast<float>(pg.rank()));
@@ -74,7 +87,6 @@ void train_ddp(ProcessGroup& pg, const Data& data, int steps, const DDPOptions& 
     torch::nn::functional::cross_entropy(model(x), y).backward();
     opt.step();
   }
-  out = model;
 }
 
 class DdpParity : public ::testing::TestWithParam<std::tuple<int, double>> {};
@@ -87,12 +99,8 @@ TEST_P(DdpParity, MlpMatchesSingleProcessOnTheConcatenatedBatch) {
   DDPOptions options;
   options.bucket_cap_mb = bucket_mb;
   options.first_bucket_cap_mb = bucket_mb;
-  std::vector<Mlp> trained(world, nullptr);
-  run_ranks(world, [&](ProcessGroup& pg) {
-    Mlp model = reference_init();
-    train_ddp(pg, data, steps, options, model);
-    trained[pg.rank()] = model;
-  });
+  std::vector<Mlp> trained = reference_replicas(world);
+  run_ranks(world, [&](ProcessGroup& pg) { train_ddp(pg, data, steps, options, trained[pg.rank()]); });
   for (int r = 0; r < world; ++r) {
     EXPECT_LT(max_relative_diff(*trained[r], *expected), 1e-5) << "rank " << r;
   }
@@ -177,15 +185,15 @@ TEST(Ddp, NoSyncAccumulationEqualsOneBigBatch) {
   const int world = 2, per_rank = 3;
   Data data = make_data(2, world * per_rank);
   // Reference: one process accumulating both micro-batches over all ranks' data.
-  Mlp reference(kIn, kHidden, kOut);
-  copy_state(*reference, *reference_init());
+  Mlp reference = reference_replicas(1)[0];
   for (int s = 0; s < 2; ++s) {
     torch::nn::functional::cross_entropy(reference(data.inputs[s]), data.labels[s]).backward();
   }
+  // Per rank: the DDP model and a plain copy; built before the threads.
+  std::vector<Mlp> models = reference_replicas(world), locals = reference_replicas(world);
   run_ranks(world, [&](ProcessGroup& pg) {
-    Mlp model = reference_init();
-    Mlp local(kIn, kHidden, kOut);
-    copy_state(*local, *model);
+    Mlp model = models[pg.rank()];
+    Mlp local = locals[pg.rank()];
     DistributedDataParallel ddp(model, pg.shared_from_this());
     auto slice = [&](int s, const std::vector<torch::Tensor>& v) {
       return v[s].narrow(0, pg.rank() * per_rank, per_rank);
@@ -280,15 +288,15 @@ TEST(Ddp, DifferentModelsAcrossRanksNameTheRankAndParameter) {
 }
 
 TEST(Ddp, Bf16CompressionHookAveragesWithinBf16Precision) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    Mlp model = reference_init();
-    Mlp plain(kIn, kHidden, kOut);
-    copy_state(*plain, *model);
+  // Per rank: the compressed model and a plain copy; built before the threads.
+  std::vector<Mlp> models = reference_replicas(2), plains = reference_replicas(2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Mlp model = models[pg.rank()];
+    Mlp plain = plains[pg.rank()];
     DDPOptions compressed;
     compressed.comm_hook = CommHook::kBf16Compress;
     DistributedDataParallel ddp(model, pg.shared_from_this(), compressed);
     DistributedDataParallel ddp_plain(plain, pg.shared_from_this());
-    torch::manual_seed(0);
     auto x = torch::arange(3 * kIn).reshape({3, kIn}).to(torch::kFloat).div(10).add(pg.rank());
     model(x).pow(2).mean().backward();
     plain(x).pow(2).mean().backward();

@@ -17,7 +17,19 @@ inline bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// `tandem launch ARGS`. Unless ARGS pick the rendezvous port themselves,
+// the launcher's store gets a free one (--master-port 0): every launch hosts
+// a store, and on the default 29500 two tests run in parallel (ctest -j), or
+// any other job on the machine, would collide.
 inline std::vector<std::string> launch(std::vector<std::string> args) {
+  bool port_chosen = false;
+  for (const auto& arg : args) {
+    for (const char* flag : {"--master-port", "--master_port", "--standalone", "--nnodes",
+                             "--rdzv-endpoint", "--rdzv_endpoint"}) {
+      if (arg.rfind(flag, 0) == 0) port_chosen = true;
+    }
+  }
+  if (!port_chosen) args.insert(args.begin(), {std::string("--master-port"), "0"});
   args.insert(args.begin(), {bin("tandem"), "launch"});
   return args;
 }

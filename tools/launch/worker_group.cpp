@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,7 +74,16 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   sigset_t empty_mask;
   sigemptyset(&empty_mask);
 
+  // Every signal is blocked across fork() until the child has put the default
+  // handlers back: a signal that reached the child before that (the SIGTERM
+  // that stops a failed group, say) would run the launcher's handler, which
+  // writes to the pipe both share, and read as a signal to the launcher.
+  sigset_t all_signals;
+  sigset_t launcher_mask;
+  sigfillset(&all_signals);
+  ::pthread_sigmask(SIG_SETMASK, &all_signals, &launcher_mask);
   pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &launcher_mask, nullptr);
   TANDEM_CHECK(pid >= 0, "fork failed for rank {}: {}", spec.global_rank, std::strerror(errno));
   if (pid == 0) {
     ::setpgid(0, 0);
