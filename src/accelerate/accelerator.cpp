@@ -52,7 +52,6 @@ void warn_if_listed_twice(torch::optim::Optimizer& optimizer, const torch::nn::M
 
 }  // namespace
 
-
 Accelerator::Accelerator(AcceleratorOptions options) {
   const RankEnv rank_env = RankEnv::from_environment();
   env_ = ConfigEnv::from_environment();

@@ -30,18 +30,14 @@ constexpr const char* kMaster = "master";
 
 std::string optim_section(const std::string& state) { return "optim/" + state; }
 
-// Parameters by module path, each tensor once (tied weights keep their
-// first name).
-std::vector<std::pair<std::string, at::Tensor>> unique_parameters(torch::nn::Module& model) {
+// unique_named_parameters() as (name, tensor) pairs: tied weights once,
+// under their first name.
+std::vector<std::pair<std::string, at::Tensor>> parameters_by_name(torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& item : unique_named_parameters(model)) {
     out.emplace_back(std::move(item.name), std::move(item.tensor));
   }
   return out;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> defined_buffers(torch::nn::Module& model) {
-  return unique_named_buffers(model);
 }
 
 nlohmann::json describe(const std::string& name, const at::Tensor& t) {
@@ -102,12 +98,12 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json params = nlohmann::json::array();
   nlohmann::json buffers = nlohmann::json::array();
   if (model_) {
-    for (const auto& [name, p] : unique_parameters(*model_)) {
+    for (const auto& [name, p] : parameters_by_name(*model_)) {
       nlohmann::json d = describe(name, p);
       d["trainable"] = p.requires_grad();
       params.push_back(d);
     }
-    for (const auto& [name, b] : defined_buffers(*model_)) buffers.push_back(describe(name, b));
+    for (const auto& [name, b] : unique_named_buffers(*model_)) buffers.push_back(describe(name, b));
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
@@ -123,7 +119,7 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
       opt["state_names"] = zero_->state_names();
     } else {
       std::unordered_map<const void*, std::string> names;
-      for (const auto& [name, p] : unique_parameters(*model_)) {
+      for (const auto& [name, p] : parameters_by_name(*model_)) {
         names[p.unsafeGetTensorImpl()] = name;
       }
       if (const MasterWeights* master = optimizer_core_->master_weights()) {
@@ -195,16 +191,16 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
       }
     }
     if (rank0) {
-      for (const auto& [name, p] : unique_parameters(*model_)) {
+      for (const auto& [name, p] : parameters_by_name(*model_)) {
         if (!sharded.count(name)) out.emplace_back(fragment_key(kModel, name, 0), flat(p));
       }
-      for (const auto& [name, b] : defined_buffers(*model_)) out.emplace_back("buffer/" + name, b);
+      for (const auto& [name, b] : unique_named_buffers(*model_)) out.emplace_back("buffer/" + name, b);
     }
   }
   if (rank0 && optimizer_core_ && !zero_) {
     auto& optimizer = optimizer_core_->optimizer();
     std::unordered_map<const void*, std::string> names;
-    for (const auto& [name, p] : unique_parameters(*model_)) names[p.unsafeGetTensorImpl()] = name;
+    for (const auto& [name, p] : parameters_by_name(*model_)) names[p.unsafeGetTensorImpl()] = name;
     if (const MasterWeights* master = optimizer_core_->master_weights()) {
       for (std::size_t i = 0; i < master->model_params().size(); ++i) {
         const std::string& name = names[master->model_params()[i].unsafeGetTensorImpl()];
@@ -252,7 +248,7 @@ void Accelerator::restore_model(const CheckpointReader& checkpoint) {
   for (const auto& p : meta.at("parameters")) {
     saved_shapes[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<int64_t>>();
   }
-  const auto params = unique_parameters(*model_);
+  const auto params = parameters_by_name(*model_);
   for (const auto& [name, p] : params) {
     const auto it = saved_shapes.find(name);
     TANDEM_CHECK_ARG(it != saved_shapes.end(),
@@ -291,7 +287,7 @@ void Accelerator::restore_model(const CheckpointReader& checkpoint) {
     if (sharded.count(name)) continue;
     checkpoint.read_range_into(kModel, name, 0, p.detach());
   }
-  for (const auto& [name, b] : defined_buffers(*model_)) {
+  for (const auto& [name, b] : unique_named_buffers(*model_)) {
     std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
     TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
                      checkpoint.path(), name);
@@ -317,7 +313,7 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
   if (zero_) return;  // restore_model() loaded the shards with the weights
   torch::NoGradGuard no_grad;
   std::unordered_map<const void*, std::pair<std::string, at::Tensor>> by_impl;
-  for (const auto& [name, p] : unique_parameters(*model_)) {
+  for (const auto& [name, p] : parameters_by_name(*model_)) {
     by_impl[p.unsafeGetTensorImpl()] = {name, p};
   }
   if (const MasterWeights* master = optimizer_core_->master_weights()) {
@@ -453,7 +449,7 @@ void Accelerator::save_model(const std::string& dir) {
   std::vector<SafetensorsSpec> specs;
   std::unordered_map<std::string, bool> sharded;
   std::vector<std::pair<std::string, at::Tensor>> rest;
-  const auto params = unique_parameters(*model_);
+  const auto params = parameters_by_name(*model_);
   std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
   if (zero_) {
     for (const auto& group : zero_->group_parameter_names()) {
@@ -467,7 +463,7 @@ void Accelerator::save_model(const std::string& dir) {
   for (const auto& [name, p] : params) {
     if (!sharded.count(name)) rest.emplace_back(name, p);
   }
-  for (auto& item : defined_buffers(*model_)) rest.push_back(item);
+  for (auto& item : unique_named_buffers(*model_)) rest.push_back(item);
   for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
 
   const std::string final_path = dir + "/model.safetensors";

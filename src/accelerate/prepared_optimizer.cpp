@@ -107,7 +107,10 @@ void OptimizerCore::unscale_gradients() {
     }
   } else if (scaling) {
     std::vector<at::Tensor> grads;
-    for (const auto& p : unique_optimizer_parameters(*optimizer_)) grads.push_back(p.grad());
+    // A tied tensor listed twice: unscale_and_find_inf() scales it once.
+    for (auto& group : optimizer_->param_groups()) {
+      for (auto& p : group.params()) grads.push_back(p.grad());
+    }
     found_inf = unscale_and_find_inf(grads, inv_scale);
   }
   // DDP's all-reduce spreads an inf/NaN to every rank, but a parameter

@@ -28,7 +28,7 @@ std::string clean(const std::string& s, std::size_t limit = 200) {
 
 [[noreturn]] void json_error(const nlohmann::detail::exception& ex, const char* what) {
   reject(std::string(what) + " is not valid JSON (" + clean(ex.what(), 300) +
-       "): the file is corrupt or not a safetensors file");
+         "): the file is corrupt or not a safetensors file");
 }
 
 // Every callback either accepts the event or throws; none returns false.
@@ -43,7 +43,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   bool number_integer(number_integer_t v) override {
     if (v < 0 && (where_ == Where::kShape || where_ == Where::kOffsets)) {
       reject("tensor '" + clean(entry_.name) + "' has a negative " + field_name() + " value " +
-           std::to_string(v) + ": the file is corrupt");
+             std::to_string(v) + ": the file is corrupt");
     }
     return integer(v);
   }
@@ -94,7 +94,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
                                      : Field::kNone;
       if (field_ == Field::kNone) {
         reject("tensor '" + clean(entry_.name) + "' has an unknown field '" + clean(k) +
-             "' (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
+               "' (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
       }
       const unsigned bit = 1u << static_cast<int>(field_);
       if (fields_seen_ & bit) {
@@ -111,7 +111,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
         if (!(fields_seen_ & (1u << static_cast<int>(f)))) {
           field_ = f;
           reject("tensor '" + clean(entry_.name) + "' has no " + field_name() +
-               " (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
+                 " (an entry holds exactly dtype, shape and data_offsets): the file is corrupt");
         }
       }
       result.entries.push_back(std::move(entry_));
@@ -129,7 +129,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
   bool end_array() override {
     if (where_ == Where::kOffsets && offsets_count_ != 2) {
       reject("tensor '" + clean(entry_.name) + "' has " + std::to_string(offsets_count_) +
-           " data_offsets; it needs two, [begin, end]: the file is corrupt");
+             " data_offsets; it needs two, [begin, end]: the file is corrupt");
     }
     where_ = Where::kEntry;
     return true;
@@ -146,13 +146,13 @@ class HeaderSax : public nlohmann::json_sax<Json> {
     if (where_ == Where::kShape) {
       if (entry_.shape.size() == kSafetensorsMaxDims) {
         reject("tensor '" + clean(entry_.name) + "' has more than " +
-             std::to_string(kSafetensorsMaxDims) + " dimensions: the file is corrupt");
+               std::to_string(kSafetensorsMaxDims) + " dimensions: the file is corrupt");
       }
       entry_.shape.push_back(v);
     } else if (where_ == Where::kOffsets) {
       if (offsets_count_ == 2) {
         reject("tensor '" + clean(entry_.name) +
-             "' has more than two data_offsets; it needs [begin, end]: the file is corrupt");
+               "' has more than two data_offsets; it needs [begin, end]: the file is corrupt");
       }
       (offsets_count_++ == 0 ? entry_.data_begin : entry_.data_end) = v;
     } else {

@@ -44,8 +44,9 @@ struct UnscaleOptions {
 // values before the multiply; the two differ only when inv_scale > 1.
 //
 // Undefined tensors (parameters without a gradient) and empty ones are
-// skipped, and a tensor listed more than once is unscaled once. Throws UsageError on other dtypes, sparse tensors, or devices
-// other than CPU and CUDA, before changing any tensor.
+// skipped, and a tensor listed more than once is unscaled once. Throws
+// UsageError on other dtypes, sparse tensors, or devices other than CPU and
+// CUDA, before changing any tensor.
 bool unscale_and_find_inf(at::TensorList tensors, double inv_scale,
                           const UnscaleOptions& options = {});
 
