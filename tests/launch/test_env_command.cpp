@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include "env/system_probe.h"
 #include "support/subprocess.h"
 
 namespace tandem {
@@ -31,6 +32,51 @@ TEST(EnvCommand, JsonReportsEverySection) {
             std::to_string(TORCH_VERSION_MAJOR));
   EXPECT_TRUE(report["cpu"]["flags"].contains("avx2"));
   EXPECT_FALSE(report["blas"]["vendor"].is_null());
+}
+
+std::string compiled_torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+TEST(EnvCommand, JsonNamesTheLoadedLibTorchItsBuildAndAbi) {
+  auto versions = env_json()["versions"];
+  // The LibTorch loaded is the one the tests were compiled against.
+  EXPECT_EQ(versions["libtorch"], compiled_torch_version());
+  EXPECT_EQ(versions["libtorch_built_against"], compiled_torch_version());
+  ASSERT_TRUE(versions["libtorch_library"].is_string());
+  EXPECT_NE(versions["libtorch_library"].get<std::string>().find("libtorch_cpu"),
+            std::string::npos);
+  EXPECT_EQ(versions["libtorch_cxx_abi"], _GLIBCXX_USE_CXX11_ABI ? "cxx11" : "pre-cxx11");
+  EXPECT_EQ(versions["cxx_abi"], versions["libtorch_cxx_abi"]);
+  for (const char* key : {"cuda", "cudnn", "nccl"}) {
+    EXPECT_TRUE(versions.contains(key)) << key;
+  }
+#if !defined(TANDEM_WITH_NCCL)
+  EXPECT_TRUE(versions["nccl"].is_null());
+#endif
+}
+
+TEST(EnvCommand, WarnsWhenTheLoadedLibTorchIsNotTheOneTandemWasBuiltAgainst) {
+  cli::SystemReport report;
+  report.torch_built_against = "2.13.0";
+  report.torch_version = "2.14.1";
+  report.torch_library = "/opt/libtorch/lib/libtorch_cpu.so";
+  report.cxx_abi = "cxx11";
+  report.torch_cxx_abi = "pre-cxx11";
+  const auto warnings = cli::report_warnings(report);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("built against LibTorch 2.13.0 but is running with LibTorch 2.14.1 "
+                             "(/opt/libtorch/lib/libtorch_cpu.so)"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[1].find("cxx11 std::string ABI but LibTorch uses pre-cxx11"),
+            std::string::npos)
+      << warnings[1];
+
+  report.torch_version = "2.13.0";
+  report.torch_cxx_abi = "cxx11";
+  EXPECT_TRUE(cli::report_warnings(report).empty());
 }
 
 TEST(EnvCommand, ReportsTheRankEnvironmentAndSurvivesABadOne) {

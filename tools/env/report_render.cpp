@@ -29,7 +29,15 @@ nlohmann::json to_json(const SystemReport& report) {
   return {
       {"versions",
        {{"tandem", report.tandem_version},
-        {"libtorch", report.torch_version},
+        {"libtorch", report.torch_version.empty() ? report.torch_built_against
+                                                  : report.torch_version},
+        {"libtorch_built_against", report.torch_built_against},
+        {"libtorch_library", or_null(report.torch_library)},
+        {"cuda", or_null(report.torch_cuda)},
+        {"cudnn", or_null(report.torch_cudnn)},
+        {"nccl", or_null(report.torch_nccl)},
+        {"cxx_abi", report.cxx_abi},
+        {"libtorch_cxx_abi", report.torch_cxx_abi},
         {"compiler", report.compiler},
         {"cxx_standard", report.cxx_standard},
         {"build_type", report.build_type}}},
@@ -101,7 +109,13 @@ std::string to_text(const SystemReport& report) {
   out += "tandem environment report\n=========================\n";
   heading("versions");
   line("tandem", report.tandem_version);
-  line("libtorch", report.torch_version);
+  line("libtorch", or_text(report.torch_version, "unknown"));
+  line("libtorch built against", report.torch_built_against);
+  line("libtorch library", or_text(report.torch_library, "unknown"));
+  line("cuda (libtorch's)", or_text(report.torch_cuda, "none (CPU build)"));
+  line("cudnn", or_text(report.torch_cudnn, "none"));
+  line("nccl", or_text(report.torch_nccl, "none"));
+  line("c++ abi (tandem/libtorch)", report.cxx_abi + " / " + report.torch_cxx_abi);
   line("compiler", report.compiler);
   line("c++ standard", report.cxx_standard);
   line("build type", report.build_type);

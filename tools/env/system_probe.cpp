@@ -26,6 +26,10 @@
 #define TANDEM_ENV_CUDA_NAMES 1
 #endif
 
+#if defined(TANDEM_WITH_NCCL)
+#include <torch/csrc/cuda/nccl.h>
+#endif
+
 #include "tandem/core/version.h"
 
 namespace tandem::cli {
@@ -114,6 +118,44 @@ void probe_torch_config(SystemReport& report) {
           key, config.substr(start, config.find_first_of(",\n", start) - start));
       break;
     }
+  }
+}
+
+// The text after `tag` up to the end of its line or the next comma.
+std::string config_value(const std::string& config, const std::string& tag) {
+  auto start = config.find(tag);
+  if (start == std::string::npos) return "";
+  start += tag.size();
+  return config.substr(start, config.find_first_of(",\n", start) - start);
+}
+
+// Which LibTorch is loaded: its version and build come from at::show_config()
+// (compiled into libtorch_cpu, so it describes the library, not tandem's
+// headers), its ABI from the spelling of an exported c10 function that takes
+// a std::string.
+void probe_torch_runtime(SystemReport& report) {
+  const std::string config = at::show_config();
+  report.torch_version = config_value(config, "TORCH_VERSION=");
+  report.torch_cuda = config_value(config, "CUDA Runtime ");
+  const std::string cudnn = config_value(config, "CuDNN ");
+  report.torch_cudnn = cudnn.substr(0, cudnn.find(' '));
+#if defined(TANDEM_WITH_NCCL)
+  // NCCL_VERSION_CODE: major*10000 + minor*100 + patch since NCCL 2.9.
+  const auto code = torch::cuda::nccl::version();
+  report.torch_nccl = fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+#endif
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::show_config), &info) != 0 && info.dli_fname != nullptr) {
+    report.torch_library = real_path(info.dli_fname);
+  }
+  // c10::detail::torchCheckFail(const char*, const char*, uint32_t, const std::string&)
+  if (dlsym(RTLD_DEFAULT, "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic_stringIcSt11"
+                          "char_traitsIcESaIcEEE") != nullptr) {
+    report.torch_cxx_abi = "cxx11";
+  } else if (dlsym(RTLD_DEFAULT, "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs") != nullptr) {
+    report.torch_cxx_abi = "pre-cxx11";
+  } else {
+    report.torch_cxx_abi = "unknown";
   }
 }
 
@@ -263,6 +305,21 @@ void probe_config(SystemReport& report) {
 
 std::vector<std::string> report_warnings(const SystemReport& report) {
   std::vector<std::string> warnings;
+  if (!report.torch_version.empty() && report.torch_version != report.torch_built_against) {
+    warnings.push_back(fmt::format(
+        "tandem was built against LibTorch {} but is running with LibTorch {} ({}); LibTorch has "
+        "no stable C++ ABI across releases: rebuild tandem against {}, or make LibTorch {} the "
+        "one loaded (LD_LIBRARY_PATH)",
+        report.torch_built_against, report.torch_version,
+        report.torch_library.empty() ? "path unknown" : report.torch_library,
+        report.torch_version, report.torch_built_against));
+  }
+  if (report.torch_cxx_abi != "unknown" && !report.torch_cxx_abi.empty() &&
+      report.torch_cxx_abi != report.cxx_abi) {
+    warnings.push_back(fmt::format("tandem uses the {} std::string ABI but LibTorch uses {}; "
+                                   "rebuild tandem with LibTorch's _GLIBCXX_USE_CXX11_ABI",
+                                   report.cxx_abi, report.torch_cxx_abi));
+  }
   if (!report.blas.warning.empty()) warnings.push_back(report.blas.warning);
   if (!report.rank_env_error.empty()) {
     warnings.push_back("the rank environment is malformed: " + report.rank_env_error);
@@ -273,7 +330,9 @@ std::vector<std::string> report_warnings(const SystemReport& report) {
 SystemReport probe_system(const tandem::RankEnv& env) {
   SystemReport report;
   report.tandem_version = tandem::version();
-  report.torch_version = tandem::torch_version();
+  report.torch_built_against = tandem::torch_version();
+  report.cxx_abi = _GLIBCXX_USE_CXX11_ABI ? "cxx11" : "pre-cxx11";
+  probe_torch_runtime(report);
   report.compiler = compiler_string();
   report.cxx_standard =
       "C++" + std::to_string(__cplusplus / 100 % 100) + " (" + std::to_string(__cplusplus) + ")";

@@ -45,7 +45,16 @@ struct BlasInfo {
 struct SystemReport {
   // Versions and the build of this binary.
   std::string tandem_version;
+  // The LibTorch loaded in this process (at::show_config()'s TORCH_VERSION)
+  // and the one tandem's headers came from; they must be the same release.
   std::string torch_version;
+  std::string torch_built_against;
+  std::string torch_library;        // real path of the loaded libtorch_cpu
+  std::string torch_cuda;           // CUDA runtime LibTorch was built with; empty: CPU build
+  std::string torch_cudnn;          // cuDNN it was built with; empty when none
+  std::string torch_nccl;           // NCCL it loaded (builds with the NCCL backend); else empty
+  std::string cxx_abi;              // tandem's std::string ABI: "cxx11" or "pre-cxx11"
+  std::string torch_cxx_abi;        // LibTorch's, from its exported symbols; "unknown" if unseen
   std::string compiler;
   std::string cxx_standard;
   std::string build_type;  // "release (NDEBUG)" or "debug"
