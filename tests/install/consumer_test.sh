@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds tests/install/consumer against tandem and runs it under `tandem
+# launch` on 2 ranks and on 1, then checks that both trained to the same
+# parameters (2 ranks x 16 samples = 1 rank x 32 per step).
+#   consumer_test.sh install      <tandem build dir> <scratch dir>  # find_package(tandem) on `cmake --install`
+#   consumer_test.sh subdirectory <tandem build dir> <scratch dir>  # add_subdirectory(<tandem source>)
+set -euo pipefail
+mode=$1 build=$(cd "$2" && pwd) work=$3
+src=$(cd "$(dirname "$0")/../.." && pwd)
+cmake=${CMAKE_COMMAND:-cmake}
+rm -rf "$work" && mkdir -p "$work"
+export CCACHE_BASEDIR=$src   # the subdirectory build hits the main build's cache entries
+
+case $mode in
+  install)
+    "$cmake" --install "$build" --prefix "$work/prefix" > "$work/install.log"
+    for f in bin/tandem lib/libtandem.so include/tandem/tandem.h \
+             lib/cmake/tandem/tandemConfig.cmake lib/cmake/tandem/tandemConfigVersion.cmake \
+             lib/cmake/tandem/tandemTargets.cmake; do
+      [[ -e $work/prefix/$f ]] || { echo "FAIL: the install has no $f" >&2; exit 1; }
+    done
+    # Nothing of the build tree leaks into the package (it must work once the build is gone).
+    if grep -l "$build" "$work"/prefix/lib/cmake/tandem/*.cmake; then
+      echo "FAIL: the CMake package names the build directory $build" >&2; exit 1
+    fi
+    "$cmake" -S "$src/tests/install/consumer" -B "$work/app" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release > "$work/configure.log"
+    launcher=$work/prefix/bin/tandem
+    ;;
+  subdirectory)
+    "$cmake" -S "$src/tests/install/consumer" -B "$work/app" -G Ninja \
+      -DTANDEM_SOURCE_DIR="$src" -DCMAKE_BUILD_TYPE=Release > "$work/configure.log"
+    launcher=$work/app/bin/tandem
+    ;;
+  *) echo "usage: $0 install|subdirectory BUILD_DIR SCRATCH_DIR" >&2; exit 2 ;;
+esac
+"$cmake" --build "$work/app" > "$work/build.log" || { tail -40 "$work/build.log"; exit 1; }
+app=$(find "$work/app" -maxdepth 2 -name app -type f -perm -u+x | head -1)
+
+"$launcher" env --json > "$work/env.json"   # the installed CLI finds its libraries
+two=$("$launcher" launch --nproc-per-node 2 --master-port 0 "$app" 16 | tail -1 | sed 's/^[^{]*//')
+one=$("$launcher" launch --nproc-per-node 1 --master-port 0 "$app" 32 | tail -1 | sed 's/^[^{]*//')
+echo "2 ranks: $two"  # the launcher's [rankN]: prefix stripped
+echo "1 rank:  $one"
+python3 - "$two" "$one" <<'PY'
+import json, math, sys
+two, one = (json.loads(a) for a in sys.argv[1:])
+assert two["world_size"] == 2 and one["world_size"] == 1, (two, one)
+for key in ("param_sum", "param_sumsq"):
+    a, b = two[key], one[key]
+    assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), f"{key}: 2 ranks {a} vs 1 rank {b}"
+print("consumer: 2-rank and 1-rank training agree")
+PY
