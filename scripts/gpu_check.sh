@@ -10,16 +10,17 @@ build="${1:-build-gpu}"
 out="${OUT:-$build/gpu-check}"
 mkdir -p "$out"
 
-python=$(command -v python3)
+# The Python whose torch (with CUDA) to build against: $TANDEM_PYTHON, else python3.
+python=${TANDEM_PYTHON:-$(command -v python3)}
 prefix=$("$python" -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
-  echo "gpu_check: python3 cannot import torch; no PyTorch LibTorch to build against" >&2
+  echo "gpu_check: $python cannot import torch; no PyTorch LibTorch to build against (set TANDEM_PYTHON)" >&2
   exit 1
 }
 "$python" -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' | tee "$out/torch.txt"
 nvidia-smi -L 2>/dev/null | tee "$out/gpus.txt" || true
 
 missing=()
-for header in yaml-cpp/yaml.h nlohmann/json.hpp CLI/CLI.hpp fmt/format.h gtest/gtest.h; do
+for header in yaml-cpp/yaml.h nlohmann/json.hpp CLI/CLI.hpp gloo/rendezvous/store.h gtest/gtest.h; do
   [[ -e /usr/include/$header || -e /usr/local/include/$header ]] || missing+=("$header")
 done
 if ((${#missing[@]})); then

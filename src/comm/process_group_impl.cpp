@@ -40,9 +40,13 @@ compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
     if (!nccl) {
       // Every rank reaches its first CUDA collective at the same point, so
       // the lazy creation is itself collective.
+      // The collective timeout (TANDEM_TIMEOUT_S) reaches NCCL's watchdog,
+      // which aborts a communicator stuck longer than that.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options.timeout;
       nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size,
-                                                         c10d::ProcessGroupNCCL::Options::create());
+                                                         nccl_options);
     }
     return *nccl;
   }

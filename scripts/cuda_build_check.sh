@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Compiles and links every tandem target (library, CLI, tests, benchmarks,
+# examples) against PyTorch's CUDA LibTorch, torch==2.14.1 (CUDA 13.0), with
+# the NCCL backend on. Needs no GPU and runs nothing but `tandem env`: the
+# CUDA paths are only compiled here (scripts/gpu_check.sh runs them on a GPU
+# machine). torch goes into its own virtual environment, .venv-cuda/ (or
+# $TANDEM_CUDA_VENV); about 5.5 GB.
+#   scripts/cuda_build_check.sh [BUILD_DIR]      (default build-cuda)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-cuda}
+venv=${TANDEM_CUDA_VENV:-.venv-cuda}
+torch_version=2.14.1
+
+t0=$(date +%s)
+if ! "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$torch_version') \
+    and torch.version.cuda" 2>/dev/null; then
+  echo "cuda_build_check: installing torch==$torch_version (CUDA) into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "torch==$torch_version"
+fi
+"$venv/bin/python" -c "import torch; print('cuda_build_check: torch', torch.__version__, \
+'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(), \
+'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))"
+t1=$(date +%s)
+
+# Torch is found through the venv's Python (no CMAKE_PREFIX_PATH): the same
+# path the default build takes with .venv/.
+mkdir -p "$build"
+cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" > "$build/configure.log" 2>&1 \
+  || { cat "$build/configure.log"; exit 1; }
+grep -E "^-- tandem:" "$build/configure.log"
+grep -q "NCCL backend: ON" "$build/configure.log" || {
+  echo "cuda_build_check: FAIL: configure did not turn the NCCL backend on" >&2; exit 1; }
+cmake --build "$build"
+t2=$(date +%s)
+
+# The CLI links and loads: it reports the CUDA LibTorch (no GPU needed).
+"$build/bin/tandem" env --json > "$build/env.json"
+"$venv/bin/python" - "$build/env.json" "$torch_version" <<'PY'
+import json, sys
+report, version = json.load(open(sys.argv[1])), sys.argv[2]
+v = report["versions"]
+assert v["libtorch"] == version, v
+assert v["cuda"] and v["nccl"], v
+assert report["backends"]["nccl"] is True, report["backends"]
+print("cuda_build_check: tandem env:", {k: v[k] for k in ("libtorch", "cuda", "cudnn", "nccl", "libtorch_cxx_abi")})
+PY
+targets=$(find "$build/bin" -maxdepth 1 -type f -perm -u+x | wc -l)
+echo "cuda_build_check: ok, $targets programs linked against CUDA LibTorch $torch_version;" \
+     "install $((t1 - t0)) s, build $((t2 - t1)) s"
