@@ -3,7 +3,7 @@
 A rank program, measuring exactly as the C++ one does. Start it with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (compare_allreduce.py does):
 
-    /usr/bin/python3 bench/bench_allreduce.py --sizes-mb 1,4,16 --iters 20 --warmup 5
+    .venv/bin/python bench/bench_allreduce.py --sizes-mb 1,4,16 --iters 20 --warmup 5
 """
 import argparse
 import json

@@ -97,12 +97,20 @@ def run_launcher(cmd, timeout=600):
 
 def add_common_args(parser):
     """Options both drivers share: where the binaries are and how to start them."""
-    parser.add_argument("--build", default="/work/main/build",
+    parser.add_argument("--build", default="build",
                         help="tandem build directory (binaries in <build>/bin)")
     parser.add_argument("--launcher", help="tandem CLI (default <build>/bin/tandem)")
     parser.add_argument("--no-launcher", action="store_true",
                         help="start tandem ranks directly, not through `tandem launch`")
-    parser.add_argument("--python", default="/usr/bin/python3", help="Python with torch")
+    parser.add_argument("--python", default=peer_python(),
+                        help="Python with torch (default: the project's .venv, from scripts/setup.sh)")
+
+
+def peer_python():
+    """The Python that runs PyTorch's side: .venv/bin/python (pip's torch 2.13)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv = os.path.join(repo, ".venv", "bin", "python")
+    return venv if os.path.exists(venv) else sys.executable
 
 
 def tandem_paths(args, program):

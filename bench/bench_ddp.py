@@ -3,7 +3,7 @@
 A rank program, measuring exactly as the C++ one does. Start it with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (compare_ddp.py does):
 
-    /usr/bin/python3 bench/bench_ddp.py --width 256 --depth 4 --batch 32 --steps 30
+    .venv/bin/python bench/bench_ddp.py --width 256 --depth 4 --batch 32 --steps 30
 
 Model: depth x (Linear(W, W) + ReLU), then Linear(W, 10); cross-entropy on a
 fixed random batch; Adam (lr 1e-3). Three phases, each `warmup` untimed then

@@ -3,7 +3,7 @@
 A rank program, measuring exactly as the C++ one does. Start it with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (compare_zero.py does):
 
-    /usr/bin/python3 bench/bench_zero.py --stage 1 --width 2048 --depth 8 --batch 32 --steps 15
+    .venv/bin/python bench/bench_zero.py --stage 1 --width 2048 --depth 8 --batch 32 --steps 15
 
 --stage 0: nn.parallel.DistributedDataParallel + torch.optim.Adam;
 --stage 1: torch.distributed.optim.ZeroRedundancyOptimizer(Adam) over the same

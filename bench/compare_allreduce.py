@@ -3,7 +3,7 @@
 Alternates the two for --reps repetitions (who goes first alternates too) and
 reports, per size, the median over repetitions. Run with Debian's Python:
 
-    /usr/bin/python3 bench/compare_allreduce.py --build build --sizes-mb 1,4,16,64,256
+    .venv/bin/python bench/compare_allreduce.py --build build --sizes-mb 1,4,16,64,256
 
 The last line is JSON; ratio = tandem busbw / torch busbw (>= 1.0: tandem is
 at least as fast).

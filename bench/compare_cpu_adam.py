@@ -9,7 +9,7 @@ Every side steps one float32 tensor of --params elements with lr 1e-3, after
 --warmup untimed steps; a figure is params / median step time.
 Run with Debian's Python:
 
-    /usr/bin/python3 bench/compare_cpu_adam.py --build build --params 100000000 --threads 1,2
+    .venv/bin/python bench/compare_cpu_adam.py --build build --params 100000000 --threads 1,2
 
 ratio = tandem Gparam/s / the faster Python Gparam/s (> 1: tandem is faster).
 The last line is JSON.
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from bench_common import last_json
+from bench_common import last_json, peer_python
 
 # torch's Adam allocates param-sized temporaries every step (sqrt, division,
 # the weight-decay add). glibc serves blocks that large with mmap and gives
@@ -65,9 +65,9 @@ def run(cmd, env, timeout):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default="/work/main/build",
+    parser.add_argument("--build", default="build",
                         help="tandem build directory (binaries in <build>/bin)")
-    parser.add_argument("--python", default="/usr/bin/python3", help="Python with torch")
+    parser.add_argument("--python", default=peer_python(), help="Python with torch")
     parser.add_argument("--params", type=int, default=100_000_000)
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--steps", type=int, default=20)

@@ -4,7 +4,7 @@ For each width, alternates the two for --reps repetitions (who goes first
 alternates too) and reports the median over repetitions of each figure.
 Run with Debian's Python:
 
-    /usr/bin/python3 bench/compare_ddp.py --build build --widths 256,1024,2048 --reps 3
+    .venv/bin/python bench/compare_ddp.py --build build --widths 256,1024,2048 --reps 3
 
 exposed = step_ms - compute_ms (communication not hidden behind compute);
 ratio = tandem step_ms / torch step_ms (<= 1.0: tandem is at least as fast).

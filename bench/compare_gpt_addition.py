@@ -2,7 +2,7 @@
 on 2 CPU ranks against the same model and recipe as a plain single-process
 PyTorch script (bench/gpt_addition.py), alternating, one run per seed each.
 
-    /usr/bin/python3 bench/compare_gpt_addition.py --build build --seeds 0,1,2
+    .venv/bin/python bench/compare_gpt_addition.py --build build --seeds 0,1,2
 
 Both evaluate every --eval-every steps; evaluation time is not training time.
 The PyTorch side stops once it reaches the target (its final accuracy is then

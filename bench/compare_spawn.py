@@ -7,7 +7,7 @@ as plain processes calling init_process_group("gloo") (env://), because
 torch.distributed.run is broken on Debian's torch 1.13: the torch side thus
 pays for no launcher. Run with Debian's Python:
 
-    /usr/bin/python3 bench/compare_spawn.py --build build
+    .venv/bin/python bench/compare_spawn.py --build build
 
 The last line is JSON; ratio = tandem_ms / torch_ms (< 1.0: tandem is ready
 sooner).

@@ -6,7 +6,7 @@ of --torch-stages (0 = PyTorch DDP + Adam; 1 = ZeroRedundancyOptimizer(Adam)
 over DDP), all on the same model, for --reps repetitions; the order of the
 configurations reverses every other repetition. Run with Debian's Python:
 
-    /usr/bin/python3 bench/compare_zero.py --build build --reps 2
+    .venv/bin/python bench/compare_zero.py --build build --reps 2
 
 Reported per configuration (median over repetitions): step_ms (each run's
 figure is the median over steps of the slowest rank); the ratio to tandem's

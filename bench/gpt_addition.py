@@ -1,7 +1,7 @@
 """The demo's peer: the same GPT and training recipe as examples/gpt_addition,
 as a plain single-process PyTorch script (no tandem, no distributed).
 
-    /usr/bin/python3 bench/gpt_addition.py --max-steps 2000 --batch-size 128 --eval-every 100
+    .venv/bin/python bench/gpt_addition.py --max-steps 2000 --batch-size 128 --eval-every 100
 
 Same model (pre-norm blocks, causal attention, GELU MLP, N(0, 0.02) init),
 same data scheme (reversed answer digits, held-out pairs never trained on),

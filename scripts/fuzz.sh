@@ -21,7 +21,10 @@ fi
 config=(-S "$root/fuzz" -B "$build" -DCMAKE_CXX_COMPILER=clang++)
 if command -v ninja >/dev/null; then config+=(-G Ninja); fi
 if command -v ccache >/dev/null; then config+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
+# Configure when there is no build file yet, which also repairs a directory
+# whose first configure failed (say, before libfmt-dev was there). Not every
+# time: the brief runs start together, and concurrent configures collide.
+if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
   cmake "${config[@]}" >/dev/null
 fi
 cmake --build "$build"

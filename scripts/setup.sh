@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Installs tandem's build and test dependencies from Debian 12 packages.
+# Installs tandem's build and test dependencies:
+#   - Debian 12 packages (compiler, CMake, yaml-cpp, nlohmann-json, CLI11,
+#     GoogleTest, Google Benchmark, Gloo's headers, Open MPI, clang);
+#   - PyTorch's LibTorch 2.13 (CPU) from pip, into the project-local virtual
+#     environment .venv/ (or $TANDEM_VENV). CMake finds Torch through its
+#     Python, and the tests and benchmarks use that Python as the peer.
 # Idempotent: installs only what is missing, and runs apt-get update only then.
-#   scripts/setup.sh          build, tests, and Python torch (the tests' and
-#                             benchmarks' peer)
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+torch_version=2.13.0
+venv=${TANDEM_VENV:-.venv}
 
 packages=(
-  build-essential cmake ninja-build ccache git pkg-config
-  libtorch-dev libgloo-dev
-  libopenblas0-openmp   # without it LibTorch silently uses reference BLAS (~6x slower)
-  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  build-essential cmake ninja-build ccache git pkg-config python3-venv
+  libgloo-dev                  # the <gloo/...> headers c10d's ProcessGroupGloo.hpp includes (docs/architecture.md)
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  libfmt-dev                   # the torch-free fuzz targets (fuzz/); the library uses LibTorch's fmt
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev   # tests that tandem workers also run under mpirun
   iproute2                     # the two-namespace multi-node test
-  clang libclang-rt-dev       # libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer/ASan runtimes
-  python3-torch                # tests read tandem's safetensors files back in Python
+  clang libclang-rt-dev        # libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer/ASan runtimes
 )
 
 missing=()
@@ -31,5 +37,16 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "setup: all dependencies present"
+  echo "setup: all Debian packages present"
+fi
+
+# python3 is whatever the PATH gives (pyenv's or Debian's); pip's wheels must
+# match it (torch 2.13.0 for CPython 3.11 lies on this machine's disk).
+if ! "$venv/bin/python" -c "import torch, numpy; assert torch.__version__.startswith('$torch_version')" \
+    2>/dev/null; then
+  echo "setup: installing torch==$torch_version into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "torch==$torch_version" numpy
+else
+  echo "setup: $venv has torch $torch_version"
 fi

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 

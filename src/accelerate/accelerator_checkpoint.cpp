@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 
 #include "accelerate/optimizer_state.h"
@@ -62,7 +63,7 @@ const char* precision_name(MixedPrecision mp) {
 std::vector<std::string> generator_keys() {
   std::vector<std::string> keys = {"rng/cpu"};
   if (torch::cuda::is_available()) {
-    for (std::size_t i = 0; i < torch::cuda::device_count(); ++i) {
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) {
       keys.push_back("rng/cuda" + std::to_string(i));
     }
   }

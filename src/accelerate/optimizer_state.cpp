@@ -1,7 +1,5 @@
 #include "accelerate/optimizer_state.h"
 
-#include <type_traits>
-
 #include <ATen/ATen.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -10,26 +8,10 @@
 #include <torch/optim/sgd.h>
 
 #include "tandem/core/error.h"
+#include "tandem/core/torch_types.h"
 
 namespace tandem::detail {
 namespace {
-
-// LibTorch keys optimizer state by the parameter's TensorImpl: as its
-// address printed to a string in 1.13, as the pointer itself in later
-// releases. Deduce which from the map type instead of the version.
-template <typename Key>
-Key state_key_of(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-auto state_key(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
-  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
-  return state_key_of<Key>(p);
-}
 
 template <typename Options>
 Options& options_of(torch::optim::OptimizerParamGroup& group) {
@@ -158,7 +140,7 @@ void load_param_group_options(torch::optim::Optimizer& optimizer, const nlohmann
 ParamState get_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   ParamState out;
   auto& states = optimizer.state();
-  const auto it = states.find(state_key(optimizer, param));
+  const auto it = states.find(compat::optimizer_state_key(param));
   if (it == states.end()) return out;
   auto* base = it->second.get();
   auto add = [&](const char* name, const at::Tensor& t) {
@@ -192,7 +174,7 @@ void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param
                      const ParamState& state) {
   const std::string type = optimizer_type(optimizer);
   auto& states = optimizer.state();
-  const auto key = state_key(optimizer, param);
+  const auto key = compat::optimizer_state_key(param);
   const at::Tensor like = param.detach();
   if (state.tensors.empty() && type != "Adagrad") {
     states.erase(key);  // no step taken yet: no state, as in a fresh optimizer

@@ -30,7 +30,7 @@ constexpr DtypeInfo kDtypes[] = {
     {"U8", SafetensorsDtype::kU8, 1},     {"BOOL", SafetensorsDtype::kBool, 1},
 };
 
-// Valid in the safetensors format, but LibTorch 1.13 has no such dtype.
+// Valid in the safetensors format, but not read by tandem yet.
 constexpr const char* kUnsupportedDtypes[] = {"U16",     "U32",     "U64",     "F8_E4M3",
                                               "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
                                               "F4",      "C64",     "E8M0"};
@@ -57,7 +57,7 @@ SafetensorsDtype parse_dtype(const std::string& tensor, const std::string& name)
   for (const char* u : kUnsupportedDtypes) {
     if (name == u) {
       fail("tensor " + shown(tensor) + " has dtype " + name +
-           ", a valid safetensors dtype that LibTorch 1.13 has no type for; convert it to one "
+           ", a valid safetensors dtype that tandem does not read yet; convert it to one "
            "of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL before saving");
     }
   }

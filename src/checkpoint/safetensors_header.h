@@ -36,7 +36,7 @@ inline constexpr std::size_t kSafetensorsMaxDims = 1024;
 inline constexpr const char* kCrcMetadataKey = "tandem.crc32c";
 inline constexpr const char* kHeaderCrcName = "__header__";
 
-// The dtypes LibTorch 1.13 can hold.
+// The dtypes tandem reads and writes (all LibTorch 1.13 could hold).
 enum class SafetensorsDtype : uint8_t { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 
 // "F32", ...

@@ -23,7 +23,7 @@ int pread_all(int fd, void* data, std::size_t size, int64_t offset, std::size_t&
 // Throws CheckpointError: "<action> '<path>' failed: <OS reason>: <what to do>".
 [[noreturn]] void throw_file_error(const std::string& action, const std::string& path, int err);
 
-// UsageError for dtypes a safetensors file cannot hold in LibTorch 1.13.
+// UsageError for dtypes tandem does not write to safetensors.
 SafetensorsDtype to_safetensors_dtype(at::ScalarType dtype);
 at::ScalarType to_scalar_type(SafetensorsDtype dtype);
 

@@ -22,7 +22,7 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(std::uint64_t max_cached) : max_cached_(max_cached) {}
 
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) override {
     if (n < kLargeBlock) {
       void* p = c10::alloc_cpu(n);
       return {p, p, &free_block, c10::Device(c10::kCPU)};
@@ -34,6 +34,10 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &free_block; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   CpuAllocatorStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);

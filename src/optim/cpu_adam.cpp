@@ -99,7 +99,7 @@ void check_hyperparams(const AdamHyperparams& h) {
                    "cpu_adam_step: invalid weight_decay {} (must be >= 0)", h.weight_decay);
 }
 
-// The scalars as LibTorch 1.13's Adam::step / AdamW::step compute them in
+// The scalars as LibTorch's Adam::step / AdamW::step compute them in
 // double, then rounded to float as ATen rounds a Scalar for a float tensor.
 detail::AdamConstants make_constants(const AdamHyperparams& h, int64_t step) {
   const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));

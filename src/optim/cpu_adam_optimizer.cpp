@@ -10,6 +10,7 @@
 #include <torch/utils.h>
 
 #include "tandem/core/error.h"
+#include "tandem/core/torch_types.h"
 #include "tandem/optim/cpu_adam.h"
 
 namespace tandem {
@@ -80,7 +81,8 @@ void check_cpu_float_contiguous(const torch::Tensor& t, const char* what, size_t
 template <typename State>
 void step_param(torch::Tensor& p, const AdamHyperparams& h, int threads, size_t group,
                 size_t index,
-                ska::flat_hash_map<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>&
+                ska::flat_hash_map<compat::OptimizerStateKey,
+                                  std::unique_ptr<torch::optim::OptimizerParamState>>&
                     states) {
   check_cpu_float_contiguous(p, "value", group, index);
   torch::Tensor grad = p.grad();
@@ -95,7 +97,7 @@ void step_param(torch::Tensor& p, const AdamHyperparams& h, int threads, size_t 
                    "CpuAdam: parameter {} in param group {} has {} elements but its gradient {}",
                    index, group, p.numel(), grad.numel());
 
-  const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  const auto key = compat::optimizer_state_key(p);
   auto it = states.find(key);
   if (it == states.end()) {
     auto fresh = std::make_unique<State>();

@@ -31,8 +31,8 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 
 // A contiguous tensor over `flat`'s storage at `offset` with `sizes`, that
 // autograd does not treat as a view of `flat` (its own version counter):
-// LibTorch 1.13's Optimizer::zero_grad() calls detach_() on every .grad,
-// which throws for views.
+// Optimizer::zero_grad(false) calls detach_() on every .grad, which throws
+// for views (in 1.13 that was the only zero_grad).
 inline at::Tensor flat_alias(const at::Tensor& flat, std::int64_t offset, at::IntArrayRef sizes) {
   at::Tensor t = at::empty({0}, flat.options());
   std::vector<std::int64_t> strides(sizes.size(), 1);

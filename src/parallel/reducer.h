@@ -13,6 +13,7 @@
 
 #include <torch/csrc/autograd/function.h>
 
+#include "tandem/core/torch_types.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/parallel/ddp.h"
 
@@ -64,7 +65,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<std::int64_t> offset_of_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::GradAccumulatorPtr> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
 
   mutable std::mutex mutex_;

@@ -53,8 +53,7 @@ SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& init_options,
 
 SyncBatchNormImpl::SyncBatchNormImpl(SkipReset, const SyncBatchNormOptions& init_options,
                                      std::shared_ptr<ProcessGroup> process_group)
-    // Module is a virtual base of Cloneable, so the most derived class names it.
-    : Module("tandem::SyncBatchNorm"),
+    : Cloneable("tandem::SyncBatchNorm"),
       options(init_options),
       process_group_(std::move(process_group)) {}
 

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "parallel/grad_ready_hook.h"

@@ -133,8 +133,8 @@ TEST(SafetensorsCorrupt, InvalidEntriesAreRejectedWithTheReason) {
       {R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1}})", 1, "unknown field 'extra'"},
       {R"({"a":{"dtype":"U8","shape":[1]}})", 1, "has no 'data_offsets'"},
       // dtypes
-      {R"({"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", 1, "LibTorch 1.13 has no type"},
-      {R"({"a":{"dtype":"U16","shape":[1],"data_offsets":[0,2]}})", 2, "LibTorch 1.13 has no type"},
+      {R"({"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", 1, "tandem does not read yet"},
+      {R"({"a":{"dtype":"U16","shape":[1],"data_offsets":[0,2]}})", 2, "tandem does not read yet"},
       {R"({"a":{"dtype":"X32","shape":[1],"data_offsets":[0,4]}})", 4, "unknown dtype 'X32'"},
       {R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4, "'dtype' must be a string"},
       // shapes

@@ -1,6 +1,6 @@
 // Interop with an independent implementation: tests/checkpoint/safetensors_interop.py
-// parses and writes the format with json + torch.frombuffer (Python torch
-// 1.13, /usr/bin/python3). Skipped when Python torch is missing.
+// parses and writes the format with json + torch.frombuffer, in the peer
+// Python (pip's torch 2.13 in .venv/). Skipped when that Python has no torch.
 
 #include <stdio.h>
 #include <sys/wait.h>
@@ -17,7 +17,7 @@ using testing::formula_specs;
 using testing::formula_tensor;
 using testing::ScratchDir;
 
-const char* kPython = "/usr/bin/python3";
+const char* kPython = TANDEM_PEER_PYTHON;
 
 std::string script_path() {
   const std::string here = __FILE__;

@@ -194,7 +194,7 @@ TEST(GptAdditionCheckpoint, StraightAndResumedRunsMergeToIdenticalFiles) {
     EXPECT_TRUE(a == b) << label << ": the merged files differ";
     // The merged file loads in Python (its own safetensors parser) with the
     // values tandem wrote.
-    const auto py = run_process({"/usr/bin/python3", std::string(TANDEM_SOURCE_DIR) +
+    const auto py = run_process({TANDEM_PEER_PYTHON, std::string(TANDEM_SOURCE_DIR) +
                                                          "/tests/checkpoint/safetensors_interop.py",
                                  "load", dir.path() + "/a_" + label + ".safetensors"},
                                 120);

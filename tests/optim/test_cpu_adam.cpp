@@ -18,14 +18,19 @@ namespace {
 
 constexpr int kSteps = 100;
 
-// The largest |a - b| / |b| over elements where b != 0, and |a - b| where
-// b == 0. Zero means bitwise-equal values (up to the sign of zero).
-double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
+// How far a is from b against torch.testing's float32 tolerance: the
+// largest |a - b| / (atol + rtol * |b|). At most 1 means every element is
+// close; 0 means bitwise-equal values (up to the sign of zero). A pure
+// relative error is no use here: LibTorch's vectorised kernels may fuse a
+// multiply-add where ours rounds twice, and one ulp on a parameter that has
+// drifted to 1e-6 is a relative error of 1e-2.
+double tolerance_ratio(const torch::Tensor& a, const torch::Tensor& b) {
+  constexpr double kAtol = 1e-5;
+  constexpr double kRtol = 1.3e-6;
   if (a.numel() == 0) return 0;
   auto diff = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs();
-  auto scale = b.to(torch::kDouble).abs();
-  auto rel = torch::where(scale > 0, diff / scale, diff);
-  return rel.max().item<double>();
+  auto allowed = b.to(torch::kDouble).abs() * kRtol + kAtol;
+  return (diff / allowed).max().item<double>();
 }
 
 bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
@@ -57,8 +62,8 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 class CpuAdamKernelVsTorch : public testing::TestWithParam<Case> {};
 
 // cpu_adam_step on flat arrays tracks torch's optimizer for 100 steps within
-// 1e-6 relative (in practice it is bitwise equal on this build of LibTorch).
-TEST_P(CpuAdamKernelVsTorch, HundredStepsMatchWithinOneMillionth) {
+// torch.testing's float32 tolerance (atol 1e-5, rtol 1.3e-6).
+TEST_P(CpuAdamKernelVsTorch, HundredStepsMatchWithinFloat32Tolerance) {
   const Case c = GetParam();
   torch::manual_seed(7);
   torch::Tensor ref = torch::randn({c.n}).requires_grad_(true);
@@ -98,9 +103,9 @@ TEST_P(CpuAdamKernelVsTorch, HundredStepsMatchWithinOneMillionth) {
     ref_avg = s.exp_avg();
     ref_avg_sq = s.exp_avg_sq();
   }
-  EXPECT_LE(max_rel_error(param, ref.detach()), 1e-6);
-  EXPECT_LE(max_rel_error(exp_avg, ref_avg), 1e-6);
-  EXPECT_LE(max_rel_error(exp_avg_sq, ref_avg_sq), 1e-6);
+  EXPECT_LE(tolerance_ratio(param, ref.detach()), 1.0);
+  EXPECT_LE(tolerance_ratio(exp_avg, ref_avg), 1.0);
+  EXPECT_LE(tolerance_ratio(exp_avg_sq, ref_avg_sq), 1.0);
   RecordProperty("bitwise_equal_param", bitwise_equal(param, ref.detach()) ? 1 : 0);
 }
 
@@ -245,7 +250,7 @@ void expect_optimizer_parity(Options options) {
     train_step(ours, cpu_opt);
   }
   for (size_t i = 0; i < ref->parameters().size(); ++i) {
-    EXPECT_LE(max_rel_error(ours->parameters()[i], ref->parameters()[i]), 1e-6) << "param " << i;
+    EXPECT_LE(tolerance_ratio(ours->parameters()[i], ref->parameters()[i]), 1.0) << "param " << i;
   }
 }
 
@@ -289,7 +294,7 @@ TEST(CpuAdamOptimizer, CheckpointLoadsIntoTorchAdamAndBothContinueAlike) {
     ours.step();
     theirs.step();
   }
-  EXPECT_LE(max_rel_error(a.detach(), b.detach()), 1e-6);
+  EXPECT_LE(tolerance_ratio(a.detach(), b.detach()), 1.0);
 }
 
 TEST(CpuAdamOptimizer, RefusesAmsgradWithAUsageError) {

@@ -49,6 +49,7 @@
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/config/config.h"
+#include "tandem/core/torch_types.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/data/distributed_loader.h"
 #include "tandem/parallel/ddp.h"
@@ -476,7 +477,7 @@ class Accelerator {
   std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
   std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;
   // Gradient accumulators carrying the shadow-step hooks (accelerator_join.cpp).
-  std::vector<std::shared_ptr<torch::autograd::Node>> join_accumulators_;
+  std::vector<compat::GradAccumulatorPtr> join_accumulators_;
   MetricsLogger metrics_;
 };
 

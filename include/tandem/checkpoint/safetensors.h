@@ -13,8 +13,9 @@
 //
 // Dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL (at::kDouble, kFloat,
 // kHalf, kBFloat16, kLong, kInt, kShort, kChar, kByte, kBool). Other
-// safetensors dtypes (U16, U32, U64, F8_*) have no LibTorch 1.13 type and
-// are refused with a CheckpointError.
+// safetensors dtypes (U16, U32, U64, F8_*, F6_*, F4) are not read yet
+// (LibTorch 1.13, tandem's first target, had no type for them) and are
+// refused with a CheckpointError.
 //
 // I/O errors (disk full, file too large, EIO) throw CheckpointError naming
 // the file and the OS reason; a writer that fails removes its partial file.
@@ -149,8 +150,8 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// "F32", ...; UsageError for a dtype safetensors files cannot hold in
-// LibTorch 1.13 (complex, quantized, ...).
+// "F32", ...; UsageError for a dtype tandem does not write to safetensors
+// (complex, quantized, unsigned wider than 8 bits, float8, ...).
 const char* safetensors_dtype_name(at::ScalarType dtype);
 
 namespace detail {

@@ -8,7 +8,7 @@ namespace tandem {
 // "0.1.0"
 const char* version();
 
-// LibTorch version as compiled in, e.g. "1.13.0".
+// LibTorch version as compiled in, e.g. "2.13.0".
 std::string torch_version();
 
 }  // namespace tandem

@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Records PyTorch's DistributedSampler, randperm and DataLoader output as test vectors.
 
 The C++ tests in tests/data/ check tandem::DistributedSampler and
 tandem::DistributedLoader against these files, so a change in either side's
 index order fails a test instead of silently changing which samples a rank sees.
 
-Run with Debian's torch (the peer tandem targets), from any directory:
-    /usr/bin/python3 tests/data/vectors/record_sampler_vectors.py
+Run with the pip torch in .venv/ (scripts/setup.sh), from any directory:
+    .venv/bin/python tests/data/vectors/record_sampler_vectors.py
 It rewrites distributed_sampler.json and distributed_loader.json next to itself.
 """
 
