@@ -52,6 +52,14 @@ if(Torch_VERSION VERSION_GREATER_EQUAL 2.15)
                   "(${TANDEM_TORCH_TESTED_VERSIONS}); expect compile errors in src/core/torch_compat.h")
 endif()
 
+# LibTorch 2.14's headers need C++20 (ATen/ATen.h stops with "#error C++20 or
+# later compatible compiler is required"); 2.13's need C++17. tandem builds
+# with whichever its LibTorch asks for, and passes it on to consumers.
+file(STRINGS "${TORCH_INSTALL_PREFIX}/include/ATen/ATen.h" tandem_aten_cxx20 REGEX "C\\+\\+20")
+if(tandem_aten_cxx20)
+  set(CMAKE_CXX_STANDARD 20)
+endif()
+
 find_package(Threads REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(yaml-cpp REQUIRED)
@@ -77,8 +85,20 @@ set(TANDEM_TORCH_DEFINES USE_C10D_GLOO)
 # CUDA build of LibTorch: NCCL through ProcessGroupNCCL.
 set(TANDEM_TORCH_CUDA OFF)
 set(TANDEM_WITH_NCCL OFF)
+set(TANDEM_CUDA_PIP_INCLUDE_DIRS)
 if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
   set(TANDEM_TORCH_CUDA ON)
+  # pip's torch comes with nvidia-* packages beside it that hold the headers
+  # of exactly the CUDA libraries it was built with (cuSPARSE, cuBLAS, NCCL,
+  # ...), which LibTorch's headers include and a minimal toolkit may lack.
+  # They go onto the torch target, so they reach whatever links it
+  # (tandemConfig.cmake does the same for installed consumers).
+  file(GLOB TANDEM_CUDA_PIP_INCLUDE_DIRS LIST_DIRECTORIES true
+       "${TORCH_INSTALL_PREFIX}/../nvidia/*/include")
+  if(TANDEM_CUDA_PIP_INCLUDE_DIRS)
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES
+                 ${TANDEM_CUDA_PIP_INCLUDE_DIRS})
+  endif()
   find_path(TANDEM_NCCL_PG_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp
             PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
   if(TANDEM_NCCL_PG_HEADER)
@@ -103,7 +123,7 @@ else()
   set(tandem_cuda_text "CPU only")
 endif()
 message(STATUS "tandem: LibTorch ${Torch_VERSION} (${tandem_cuda_text}, C++ ABI "
-               "_GLIBCXX_USE_CXX11_ABI=${TANDEM_TORCH_CXX11_ABI}) from ${Torch_DIR}; "
+               "_GLIBCXX_USE_CXX11_ABI=${TANDEM_TORCH_CXX11_ABI}, C++${CMAKE_CXX_STANDARD}) from ${Torch_DIR}; "
                "NCCL backend: ${TANDEM_WITH_NCCL}; Gloo headers: ${TANDEM_GLOO_INCLUDE_DIR}")
 
 # Where LibTorch's shared libraries live: installed programs carry it in their

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Compiles and links every tandem target (library, CLI, tests, benchmarks,
 # examples) against PyTorch's CUDA LibTorch, torch==2.14.1 (CUDA 13.0), with
-# the NCCL backend on. Needs no GPU and runs nothing but `tandem env`: the
-# CUDA paths are only compiled here (scripts/gpu_check.sh runs them on a GPU
-# machine). torch goes into its own virtual environment, .venv-cuda/ (or
-# $TANDEM_CUDA_VENV); about 5.5 GB.
+# the NCCL backend on. Needs no GPU; it runs `tandem env` and the
+# gpu-labelled tests, which skip without a device: the CUDA paths are only
+# compiled here (scripts/gpu_check.sh runs them on a GPU machine). torch
+# goes into its own virtual environment, .venv-cuda/ (or $TANDEM_CUDA_VENV);
+# about 5.5 GB. Needs a CUDA toolkit for LibTorch's CMake ($CUDA_HOME).
 #   scripts/cuda_build_check.sh [BUILD_DIR]      (default build-cuda)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,13 +22,29 @@ if ! "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$
 fi
 "$venv/bin/python" -c "import torch; print('cuda_build_check: torch', torch.__version__, \
 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(), \
-'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))"
+'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))" 2>&1 | grep -v -e NumPy -e _conversion_method
 t1=$(date +%s)
+
+# LibTorch's CMake config wants a CUDA toolkit (headers and libcudart; no GPU)
+# even though tandem compiles no .cu file: $CUDA_HOME, else /usr/local/cuda.
+cuda_root=${CUDA_HOME:-/usr/local/cuda}
+[[ -f "$cuda_root/include/cuda_runtime.h" ]] || {
+  echo "cuda_build_check: no CUDA toolkit at $cuda_root (set CUDA_HOME); LibTorch's CMake needs" \
+       "its headers and libcudart" >&2; exit 1; }
+
+# The pip packages carry libnvrtc, which a minimal toolkit may lack.
+nvrtc=
+for lib in "$cuda_root"/lib64/libnvrtc.so "$venv"/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.*; do
+  if [[ -f "$lib" && "$lib" != *builtins* ]]; then nvrtc=$(readlink -f "$lib"); break; fi
+done
 
 # Torch is found through the venv's Python (no CMAKE_PREFIX_PATH): the same
 # path the default build takes with .venv/.
 mkdir -p "$build"
-cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" > "$build/configure.log" 2>&1 \
+cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
+  -DCUDA_TOOLKIT_ROOT_DIR="$cuda_root" -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc" \
+  ${nvrtc:+-DCUDA_nvrtc_LIBRARY="$nvrtc"} \
+  > "$build/configure.log" 2>&1 \
   || { cat "$build/configure.log"; exit 1; }
 grep -E "^-- tandem:" "$build/configure.log"
 grep -q "NCCL backend: ON" "$build/configure.log" || {
@@ -46,6 +63,12 @@ assert v["cuda"] and v["nccl"], v
 assert report["backends"]["nccl"] is True, report["backends"]
 print("cuda_build_check: tandem env:", {k: v[k] for k in ("libtorch", "cuda", "cudnn", "nccl", "libtorch_cxx_abi")})
 PY
+# The CUDA test cases (label gpu) run; with no device they skip, saying so.
+ctest --test-dir "$build" -L gpu -V > "$build/ctest-gpu.log" 2>&1 || {
+  tail -60 "$build/ctest-gpu.log"; echo "cuda_build_check: FAIL: the gpu-labelled tests failed" >&2
+  exit 1; }
+echo "cuda_build_check: gpu-labelled tests: $(grep -c 'SKIPPED \].*ms)' "$build/ctest-gpu.log") skipped," \
+     "$(grep -c '  OK \].*ms)' "$build/ctest-gpu.log") passed (details: $build/ctest-gpu.log)"
 targets=$(find "$build/bin" -maxdepth 1 -type f -perm -u+x | wc -l)
 echo "cuda_build_check: ok, $targets programs linked against CUDA LibTorch $torch_version;" \
      "install $((t1 - t0)) s, build $((t2 - t1)) s"

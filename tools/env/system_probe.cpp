@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
@@ -136,13 +137,24 @@ std::string config_value(const std::string& config, const std::string& tag) {
 void probe_torch_runtime(SystemReport& report) {
   const std::string config = at::show_config();
   report.torch_version = config_value(config, "TORCH_VERSION=");
-  report.torch_cuda = config_value(config, "CUDA Runtime ");
-  const std::string cudnn = config_value(config, "CuDNN ");
-  report.torch_cudnn = cudnn.substr(0, cudnn.find(' '));
+  // CUDA and cuDNN from the CUDA hooks, which libtorch_cuda registers when it
+  // is loaded; they answer without a GPU (at::show_config() lists them only
+  // when a device is present).
+  const auto& hooks = at::detail::getCUDAHooks();
+  if (hooks.hasCUDART()) {
+    try {
+      const long cudart = hooks.versionCUDART();  // 13000 for 13.0
+      report.torch_cuda = fmt::format("{}.{}", cudart / 1000, cudart % 1000 / 10);
+      const long cudnn = hooks.versionCuDNN();  // 92400 for 9.24.0
+      report.torch_cudnn = fmt::format("{}.{}.{}", cudnn / 10000, cudnn / 100 % 100, cudnn % 100);
+    } catch (const c10::Error&) {
+      // A LibTorch built without cuDNN: leave what is unknown empty.
+    }
+  }
 #if defined(TANDEM_WITH_NCCL)
-  // NCCL_VERSION_CODE: major*10000 + minor*100 + patch since NCCL 2.9.
-  const auto code = torch::cuda::nccl::version();
-  report.torch_nccl = fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  // torch packs NCCL's version as major << 32 | minor << 16 | patch.
+  const std::uint64_t code = torch::cuda::nccl::version();
+  report.torch_nccl = fmt::format("{}.{}.{}", code >> 32, (code >> 16) & 0xffff, code & 0xffff);
 #endif
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&at::show_config), &info) != 0 && info.dli_fname != nullptr) {
