@@ -96,7 +96,10 @@ TEST(GptAddition, RunsAloneWithoutALauncher) {
 
 // Mixed precision end to end: `tandem launch --mixed-precision bf16` reaches
 // the workers' Accelerator, which runs the forward under bf16 autocast; the
-// loss after 300 steps must track fp32 training's within 10%.
+// loss after 300 steps must track fp32 training's within 10%. On a CPU
+// without AVX-512 BF16 (the CI box since 2026-11-24) LibTorch emulates bf16
+// matmuls, about 90x slower than fp32: the bf16 run then takes about 220 s,
+// hence the generous limit.
 TEST(AmpAutocastDemo, Bf16TrainingTracksFp32After300Steps) {
   TempDir dir;
   auto run = [&](const std::string& precision) {
@@ -106,7 +109,7 @@ TEST(AmpAutocastDemo, Bf16TrainingTracksFp32After300Steps) {
                                      "--max-steps", "300", "--train-size", "32768",
                                      "--test-size", "200", "--log-every", "50",
                                      "--metrics-file", metrics};
-    auto r = run_process(argv, 300);
+    auto r = run_process(argv, 900);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("mixed precision " + precision), std::string::npos) << r.out;
     return last_json_line(r.out);
