@@ -4,6 +4,7 @@
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/module_weights.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/amp/master_weights.h"
