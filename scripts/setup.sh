@@ -4,7 +4,9 @@
 #     GoogleTest, Google Benchmark, Gloo's headers, Open MPI, clang);
 #   - PyTorch's LibTorch 2.13 (CPU) from pip, into the project-local virtual
 #     environment .venv/ (or $TANDEM_VENV). CMake finds Torch through its
-#     Python, and the tests and benchmarks use that Python as the peer.
+#     Python, and the tests and benchmarks use that Python as the peer;
+#     with it the Python tools the tests compare against (safetensors,
+#     tensorboard, accelerate).
 # Idempotent: installs only what is missing, and runs apt-get update only then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +51,11 @@ if ! "$venv/bin/python" -c "import torch, numpy; assert torch.__version__.starts
   "$venv/bin/pip" install -q "torch==$torch_version" numpy
 else
   echo "setup: $venv has torch $torch_version"
+fi
+# The Python tools tandem is checked against, for tests and benchmarks only
+# (the library needs no Python): safetensors, TensorBoard, Accelerate.
+if ! "$venv/bin/python" -c "import safetensors, tensorboard, accelerate" 2>/dev/null; then
+  echo "setup: installing safetensors, tensorboard and accelerate into $venv"
+  "$venv/bin/pip" install -q safetensors tensorboard accelerate > "$venv/pip-tools.log" 2>&1 || {
+    cat "$venv/pip-tools.log" >&2; echo "setup: pip could not install them" >&2; exit 1; }
 fi

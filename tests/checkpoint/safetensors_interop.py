@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """safetensors interop check for tandem, with an independent parser.
 
-There is no `safetensors` package here, so this script reads and writes the
-format itself (json + torch.frombuffer), the way the reference implementation
-lays files out, and checks tandem's CRC-32C with its own table code.
+It reads and writes the format itself (json + torch.frombuffer), the way the
+reference implementation lays files out, and checks tandem's CRC-32C with its
+own table code; `load`, `model` and `resave` also use the `safetensors`
+package itself.
 
   safetensors_interop.py check FILE   FILE was written by tandem: check its layout,
                                       checksums and values (the test formula)
@@ -12,7 +13,17 @@ lays files out, and checks tandem's CRC-32C with its own table code.
   safetensors_interop.py load FILE    load any tandem-written file into torch
                                       tensors (like safetensors.torch.load_file)
                                       and check each tensor's bytes, as loaded,
-                                      against the CRC-32C the C++ writer recorded
+                                      against the CRC-32C the C++ writer recorded;
+                                      with the safetensors package installed, also
+                                      check that its load_file gives the same
+  safetensors_interop.py model FILE EXPECTED
+                                      (needs the safetensors package) save the
+                                      test's TiedNet with save_model to FILE, and
+                                      its eval-mode logits for fixed tokens to
+                                      EXPECTED
+  safetensors_interop.py resave IN OUT
+                                      (needs the safetensors package) load_file IN,
+                                      save_file OUT
 
 Prints "ok ..." and exits 0 on success; prints the reason and exits 1 otherwise.
 """
@@ -147,7 +158,70 @@ def load(path):
         if crcs.get(name) != "%08x" % crc32c(raw):
             fail(f"{name}: loaded bytes have checksum {crc32c(raw):08x}, the writer's {crcs.get(name)}")
         elements += t.numel()
-    print(f"ok {len(tensors)} tensors, {elements} elements identical to what tandem wrote")
+    # The safetensors package itself, when installed (scripts/setup.sh puts it in .venv/).
+    package = ""
+    try:
+        import safetensors
+        import safetensors.torch
+    except ImportError:
+        safetensors = None
+    if safetensors is not None:
+        real = safetensors.torch.load_file(path)
+        if sorted(real) != sorted(tensors):
+            fail(f"safetensors.torch.load_file sees {sorted(real)}, this parser {sorted(tensors)}")
+        for name, t in tensors.items():
+            if real[name].dtype != t.dtype or not torch.equal(real[name], t):
+                fail(f"{name}: safetensors.torch.load_file gives other values")
+        package = f"; safetensors {safetensors.__version__} load_file agrees"
+    print(f"ok {len(tensors)} tensors, {elements} elements identical to what tandem wrote{package}")
+
+
+class Head(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class TiedNet(torch.nn.Module):
+    """TiedNet of tests/checkpoint/test_module_weights.cpp, name for name."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 5)
+        self.fc = torch.nn.Linear(5, 5)
+        self.norm = torch.nn.BatchNorm1d(5)
+        self.head = Head(self.embed.weight)
+
+    def forward(self, tokens):
+        return self.head(self.norm(torch.relu(self.fc(self.embed(tokens)))))
+
+
+def model(path, expected_path):
+    """Pretrained weights as a Python user saves them, and what they compute."""
+    from safetensors.torch import save_file, save_model
+    torch.manual_seed(5)
+    net = TiedNet()
+    with torch.no_grad():
+        net.norm.running_mean.uniform_(-1, 1)
+        net.norm.running_var.uniform_(0.5, 2)
+        net.norm.num_batches_tracked.fill_(3)
+    net.eval()
+    save_model(net, path, metadata={"writer": "safetensors.torch.save_model"})
+    tokens = torch.tensor([1, 4, 9, 10, 0])
+    with torch.no_grad():
+        save_file({"tokens": tokens, "logits": net(tokens)}, expected_path)
+    print(f"ok wrote {len(net.state_dict())} names with save_model")
+
+
+def resave(src, dst):
+    """load_file then save_file with the safetensors package: a Python round trip."""
+    from safetensors.torch import load_file as real_load, save_file
+    tensors = real_load(src)
+    save_file(tensors, dst, metadata={"writer": "safetensors"})
+    print(f"ok resaved {len(tensors)} tensors")
 
 
 def write(path):
@@ -170,7 +244,9 @@ def write(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "write", "load"):
+    commands = {"check": (check, 1), "write": (write, 1), "load": (load, 1), "model": (model, 2),
+                "resave": (resave, 2)}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
         print(__doc__)
         sys.exit(2)
-    {"check": check, "write": write, "load": load}[sys.argv[1]](sys.argv[2])
+    commands[sys.argv[1]][0](*sys.argv[2:])

@@ -1,6 +1,10 @@
 // load_safetensors / save_safetensors: a module's weights by name, with
 // strict and non-strict matching, prefixes, dtype conversion, tied weights,
-// and refusals that leave the module untouched.
+// and refusals that leave the module untouched; and against the safetensors
+// package in the peer Python (save_model's files load, ours load there).
+
+#include <stdio.h>
+#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -215,6 +219,67 @@ TEST(ModuleWeights, TiedNamesWithDifferentValuesInTheFileAreRefused) {
   write_safetensors(path, tensors);
   const auto result = load_safetensors(*net, path);
   EXPECT_TRUE(result.unexpected.empty());
+  EXPECT_TRUE(same(snapshot(*net), snapshot(*source)));
+}
+
+// The peer Python runs tests/checkpoint/safetensors_interop.py COMMAND ARGS;
+// returns its exit code, its output in `output`.
+int run_interop(const std::string& args, std::string& output) {
+  const std::string here = __FILE__;
+  const std::string script = here.substr(0, here.rfind('/')) + "/safetensors_interop.py";
+  FILE* pipe = ::popen((std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1").c_str(),
+                       "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool peer_has_safetensors() {
+  FILE* pipe = ::popen((std::string(TANDEM_PEER_PYTHON) +
+                        " -c 'import safetensors.torch' >/dev/null 2>&1").c_str(), "r");
+  return pipe != nullptr && ::pclose(pipe) == 0;
+}
+
+TEST(ModuleWeights, PretrainedWeightsSavedByPythonGiveTheSameLogits) {
+  if (!peer_has_safetensors()) {
+    GTEST_SKIP() << TANDEM_PEER_PYTHON << " has no safetensors package (scripts/setup.sh installs it)";
+  }
+  ScratchDir dir;
+  const std::string weights = dir.file("pretrained.safetensors");
+  const std::string expected = dir.file("expected.safetensors");
+  std::string output;
+  ASSERT_EQ(run_interop("model '" + weights + "' '" + expected + "'", output), 0) << output;
+
+  torch::manual_seed(1);
+  TiedNet net;
+  const auto result = load_safetensors(*net, weights);  // strict: every name matched
+  EXPECT_TRUE(result.missing.empty());
+  EXPECT_TRUE(net->head->weight.is_same(net->embed->weight));
+  net->eval();
+  SafetensorsReader reference(expected);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = net->forward(reference.read("tokens"));
+  const torch::Tensor want = reference.read("logits");
+  EXPECT_TRUE(torch::allclose(logits, want, /*rtol=*/1e-6, /*atol=*/1e-7))
+      << (logits - want).abs().max().item<float>();
+}
+
+TEST(ModuleWeights, PythonSafetensorsLoadsWhatSaveSafetensorsWrites) {
+  if (!peer_has_safetensors()) {
+    GTEST_SKIP() << TANDEM_PEER_PYTHON << " has no safetensors package (scripts/setup.sh installs it)";
+  }
+  ScratchDir dir;
+  TiedNet source = other_net();
+  const std::string ours = dir.file("ours.safetensors");
+  const std::string resaved = dir.file("resaved.safetensors");
+  save_safetensors(*source, ours);
+  std::string output;
+  ASSERT_EQ(run_interop("resave '" + ours + "' '" + resaved + "'", output), 0) << output;
+  TiedNet net;
+  load_safetensors(*net, resaved);
   EXPECT_TRUE(same(snapshot(*net), snapshot(*source)));
 }
 

@@ -195,14 +195,16 @@ TEST(GptAdditionCheckpoint, StraightAndResumedRunsMergeToIdenticalFiles) {
     const std::string b = merge(resumed, dir.path() + "/b_" + label + ".safetensors");
     ASSERT_GT(a.size(), 100000u) << label;
     EXPECT_TRUE(a == b) << label << ": the merged files differ";
-    // The merged file loads in Python (its own safetensors parser) with the
-    // values tandem wrote.
+    // The merged file loads in Python, with the script's own parser and with
+    // the safetensors package's load_file, to the values tandem wrote.
     const auto py = run_process({TANDEM_PEER_PYTHON, std::string(TANDEM_SOURCE_DIR) +
                                                          "/tests/checkpoint/safetensors_interop.py",
                                  "load", dir.path() + "/a_" + label + ".safetensors"},
                                 120);
     EXPECT_EQ(py.exit_code, 0) << py.out << py.err;
     EXPECT_EQ(py.out.rfind("ok ", 0), 0u) << py.out;
+    EXPECT_NE(py.out.find("load_file agrees"), std::string::npos)
+        << py.out << "(is the safetensors package missing? scripts/setup.sh installs it)";
   }
 }
 
