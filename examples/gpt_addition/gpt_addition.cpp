@@ -36,6 +36,7 @@ struct Args {
   int64_t eval_every = 0;  // 0: only at the end
   int64_t log_every = 25;
   std::string metrics_file = "runs/gpt_addition/metrics.jsonl";
+  std::string log_with;  // "tensorboard": event files next to the metrics file
   std::string checkpoint_dir;
   int64_t save_every = 0;
   int64_t stop_after = 0;
@@ -64,6 +65,9 @@ Args parse_args(int argc, char** argv) {
   app.add_option("--log-every", a.log_every, "average the loss across ranks every N steps")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-file", a.metrics_file, "JSON-lines metrics (rank 0)");
+  app.add_option("--log-with", a.log_with,
+                 "also log to TensorBoard, in the metrics file's folder (tensorboard)")
+      ->check(CLI::IsMember({"tensorboard"}));
   app.add_option("--checkpoint-dir", a.checkpoint_dir,
                  "checkpoint folder; a run resumes from its `latest` checkpoint when it has one");
   app.add_option("--save-every", a.save_every, "save a checkpoint every N steps (and at the end)")
@@ -131,7 +135,9 @@ double text_accuracy(tandem::Accelerator& accelerator, gpt::Gpt& model,
 
 int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
-  tandem::Accelerator accelerator;
+  tandem::AcceleratorOptions options;
+  if (!args.log_with.empty()) options.log_with = {args.log_with};
+  tandem::Accelerator accelerator(options);
   accelerator.set_seed(args.seed);  // the same model and data on every rank
 
   gpt::GptConfig config;

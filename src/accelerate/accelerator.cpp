@@ -88,6 +88,15 @@ Accelerator::~Accelerator() {
 }
 
 void Accelerator::init_state(const AcceleratorOptions& options) {
+  for (const auto& tracker : options.log_with) {
+    TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "all",
+                     "Accelerator: log_with '{}' is not available. tandem writes JSON lines "
+                     "always and TensorBoard event files with log_with \"tensorboard\" (or "
+                     "\"all\"); other trackers can read either",
+                     tracker);
+    log_tensorboard_ = true;
+  }
+  project_dir_ = options.project_dir;
   overrides_.mixed_precision = options.mixed_precision;
   overrides_.gradient_accumulation_steps = options.gradient_accumulation_steps;
   overrides_.gradient_clipping = options.gradient_clipping;
@@ -323,14 +332,29 @@ ProgressBar Accelerator::progress_bar(int64_t total, std::string description) co
   return ProgressBar(total, std::move(description), is_local_main_process());
 }
 
-void Accelerator::init_trackers(const std::string& path) { metrics_.open(path, is_main_process()); }
+void Accelerator::init_trackers(const std::string& path) {
+  metrics_.open(path, is_main_process());
+  tensorboard_.reset();
+  if (log_tensorboard_ && is_main_process()) {
+    std::string dir = project_dir_;
+    if (dir.empty()) {
+      const auto slash = path.rfind('/');
+      dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    }
+    tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
+  }
+}
 
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
   metrics_.log(values, step);
+  if (tensorboard_) {
+    for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
+  }
 }
 
 void Accelerator::end_training() {
   metrics_.close();
+  tensorboard_.reset();
   wait_for_everyone();
 }
 

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -205,6 +207,47 @@ TEST(GptAdditionCheckpoint, StraightAndResumedRunsMergeToIdenticalFiles) {
     EXPECT_EQ(py.out.rfind("ok ", 0), 0u) << py.out;
     EXPECT_NE(py.out.find("load_file agrees"), std::string::npos)
         << py.out << "(is the safetensors package missing? scripts/setup.sh installs it)";
+  }
+}
+
+// --log-with tensorboard: the demo's event files, read by the tensorboard
+// package's EventAccumulator, hold every value of the JSON-lines file, at
+// the same step, as float32.
+TEST(GptAdditionTensorBoard, EveryScalarEqualsItsJsonLinesValue) {
+  if (run_process({TANDEM_PEER_PYTHON, "-c", "import tensorboard"}, 60).exit_code != 0) {
+    GTEST_SKIP() << TANDEM_PEER_PYTHON << " has no tensorboard package (scripts/setup.sh installs it)";
+  }
+  TempDir dir;
+  const std::string runs = dir.path() + "/runs/gpt_addition";
+  auto r = run_process(launch(2, {bin("gpt_addition"), "--max-steps", "60", "--log-every", "20",
+                                  "--eval-every", "30", "--train-size", "4096", "--test-size",
+                                  "100", "--metrics-file", runs + "/metrics.jsonl",
+                                  "--log-with", "tensorboard"}),
+                       300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto dump = run_process({TANDEM_PEER_PYTHON,
+                           std::string(TANDEM_SOURCE_DIR) + "/tests/support/tensorboard_dump.py",
+                           runs},
+                          120);
+  ASSERT_EQ(dump.exit_code, 0) << dump.out << dump.err;
+  const auto scalars = nlohmann::json::parse(dump.out)["scalars"];
+  std::istringstream lines(read_file(runs + "/metrics.jsonl"));
+  std::map<std::string, std::size_t> seen;  // per tag, how many events were matched
+  int values = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto record = nlohmann::json::parse(line);
+    for (const auto& [key, value] : record.items()) {
+      if (key == "step" || key == "time") continue;
+      ASSERT_TRUE(scalars.contains(key)) << key << " is not in TensorBoard: " << scalars;
+      const auto& event = scalars[key].at(seen[key]++);
+      EXPECT_EQ(event[0], record["step"]) << key;
+      EXPECT_EQ(event[1].get<double>(), static_cast<float>(value.get<double>())) << key;
+      ++values;
+    }
+  }
+  EXPECT_GE(values, 8) << "loss and tokens/s at steps 20, 40, 60, accuracy and time twice";
+  for (const auto& [tag, events] : scalars.items()) {
+    EXPECT_EQ(events.size(), seen[tag]) << tag << " has events the JSON lines lack";
   }
 }
 

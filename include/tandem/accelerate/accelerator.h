@@ -43,6 +43,7 @@
 #include "tandem/accelerate/example_loader.h"
 #include "tandem/accelerate/gradient_state.h"
 #include "tandem/accelerate/metrics_logger.h"
+#include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/amp/autocast.h"
@@ -104,6 +105,13 @@ struct AcceleratorOptions {
   // want overflow protection, and for tests of the scaling path on a CPU.
   std::optional<LossScaleConfig> loss_scaling;
   ProcessGroupOptions process_group;
+  // Trackers, as Accelerate's log_with: "tensorboard" (or "all") adds
+  // TensorBoard event files to the JSON lines init_trackers() always writes.
+  // Other names (wandb, mlflow, ...) are refused with a UsageError.
+  std::vector<std::string> log_with;
+  // Where TensorBoard event files go (Accelerate's project_dir); empty: the
+  // folder of init_trackers()'s JSON-lines file.
+  std::string project_dir;
 };
 
 class Accelerator {
@@ -436,7 +444,9 @@ class Accelerator {
   // A progress bar drawn on the local main process only (stderr).
   ProgressBar progress_bar(int64_t total, std::string description = "") const;
 
-  // Metrics as JSON lines in `path`, written by the main process only.
+  // Metrics as JSON lines in `path`, and TensorBoard event files when
+  // AcceleratorOptions::log_with asks for them; written by the main process
+  // only. log() writes every value to each tracker under its key.
   void init_trackers(const std::string& path);
   void log(const std::map<std::string, double>& values, int64_t step);
 
@@ -479,6 +489,9 @@ class Accelerator {
   // Gradient accumulators carrying the shadow-step hooks (accelerator_join.cpp).
   std::vector<compat::GradAccumulatorPtr> join_accumulators_;
   MetricsLogger metrics_;
+  bool log_tensorboard_ = false;
+  std::string project_dir_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 }  // namespace tandem
