@@ -53,6 +53,22 @@ inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_client(const std::strin
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
+// A c10d TCPStore server that takes over `listen_fd`, a socket the caller
+// bound and put in listening state (so it decides the address, loopback for
+// one node), the way torchrun's agent hosts the store for Python workers.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_server(const std::string& host, int port,
+                                                                int listen_fd,
+                                                                std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  opts.masterListenFd = listen_fd;
+  opts.useLibUV = false;
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
 // Base of tandem's own c10d stores. Store::clone() (a second, independent
 // connection to the same store) is pure virtual; stores implement
 // clone_store() and this forwards to it.

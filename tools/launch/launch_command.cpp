@@ -23,6 +23,7 @@
 #include "launch/failure_report.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "launch/python_store.h"
 #include "launch/worker_group.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
@@ -292,8 +293,16 @@ int run_launch_command(int argc, char** argv) {
                      "-An -tx1 | tr -d ' \\n')` and export that value on every node");
   }
   std::unique_ptr<detail::StoreServer> store;
+  std::unique_ptr<PythonStore> python_store;
   int master_port = opts.master_port;
-  if (opts.node_rank == 0) {
+  const bool python = is_python_program(opts.program);
+  if (python) {
+    // torch.distributed speaks c10d's store protocol, not tandem's.
+    if (opts.node_rank == 0) {
+      python_store = std::make_unique<PythonStore>(opts.master_addr, opts.master_port);
+      master_port = python_store->port();
+    }
+  } else if (opts.node_rank == 0) {
     detail::StoreServerOptions store_options;
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
@@ -307,6 +316,12 @@ int run_launch_command(int argc, char** argv) {
   // attempt rendezvouses under its own key prefix (rendezvous.cpp).
   const RunDirectory run_dir(opts.log_dir);
   for (int attempt = 0;; ++attempt) {
+    if (python && opts.node_rank == 0 && attempt > 0) {
+      // torch.distributed keys its rendezvous by no attempt number and
+      // expects a fresh store per restart, as torchrun's agent gives it.
+      python_store.reset();
+      python_store = std::make_unique<PythonStore>(opts.master_addr, master_port);
+    }
     WorkerGroup group(opts.program,
                       make_workers(opts, plan, master_port, /*agent_store=*/true, attempt,
                                    run_dir.attempt_dir(attempt)),
