@@ -14,7 +14,8 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "corpus", "safetensors_header")
 SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-         "U8": 1, "BOOL": 1}
+         "U8": 1, "BOOL": 1, "U64": 8, "U32": 4, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+         "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "F8_E8M0": 1}
 
 
 def crc32c(data):
@@ -96,7 +97,7 @@ def main():
                                         b'"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', b"xy"),
         "overlap.file": make_raw(b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
                                  b'"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', b"xyz"),
-        "unsupported_dtype.file": make_raw(b'{"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}}', b"x"),
+        "unsupported_dtype.file": make_raw(b'{"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}}', b"x"),
     })
     for name, blob in seeds.items():
         with open(os.path.join(OUT, name), "wb") as out:

@@ -332,7 +332,8 @@ ProgressBar Accelerator::progress_bar(int64_t total, std::string description) co
   return ProgressBar(total, std::move(description), is_local_main_process());
 }
 
-void Accelerator::init_trackers(const std::string& path) {
+void Accelerator::init_trackers(const std::string& path,
+                                const std::map<std::string, HParamValue>& config) {
   metrics_.open(path, is_main_process());
   tensorboard_.reset();
   if (log_tensorboard_ && is_main_process()) {
@@ -342,6 +343,7 @@ void Accelerator::init_trackers(const std::string& path) {
       dir = slash == std::string::npos ? "." : path.substr(0, slash);
     }
     tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
+    if (!config.empty()) tensorboard_->add_hparams(config);
   }
 }
 

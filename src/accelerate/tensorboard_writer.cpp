@@ -72,26 +72,111 @@ std::string scalar_summary(const std::string& tag, double value) {
   return summary;
 }
 
+// SummaryMetadata { PluginData plugin_data = 1 { string plugin_name = 1;
+//   bytes content = 2; } }
+std::string plugin_metadata(const std::string& plugin, const std::string& content) {
+  std::string data;
+  put_bytes(data, 1, plugin);
+  if (!content.empty()) put_bytes(data, 2, content);
+  std::string metadata;
+  put_bytes(metadata, 1, data);
+  return metadata;
+}
+
 // The text plugin's value: a scalar DT_STRING tensor (TensorProto { dtype = 1
-// (DT_STRING = 7); tensor_shape = 2 (empty: a scalar); string_val = 8 }) with
-// SummaryMetadata { PluginData plugin_data = 1 { string plugin_name = 1; } }.
+// (DT_STRING = 7); tensor_shape = 2 (empty: a scalar); string_val = 8 }).
 std::string text_summary(const std::string& tag, const std::string& text) {
   std::string tensor;
   put_key(tensor, 1, 0);
   put_varint(tensor, 7);
   put_bytes(tensor, 2, "");
   put_bytes(tensor, 8, text);
-  std::string plugin;
-  put_bytes(plugin, 1, "text");
-  std::string metadata;
-  put_bytes(metadata, 1, plugin);
   std::string v;
   put_bytes(v, 1, tag);
   put_bytes(v, 8, tensor);
-  put_bytes(v, 9, metadata);
+  put_bytes(v, 9, plugin_metadata("text", ""));
   std::string summary;
   put_bytes(summary, 1, v);
   return summary;
+}
+
+// The hparams plugin's values carry everything in their metadata: content is
+// an HParamsPluginData { int32 version = 1 (0: left out); oneof data {
+// Experiment experiment = 2; SessionStartInfo session_start_info = 3;
+// SessionEndInfo session_end_info = 4; } } (tensorboard/plugins/hparams).
+std::string hparams_summary(const std::string& tag, int data_field, const std::string& data) {
+  std::string content;
+  put_bytes(content, data_field, data);
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_bytes(v, 9, plugin_metadata("hparams", content));
+  std::string summary;
+  put_bytes(summary, 1, v);
+  return summary;
+}
+
+// google.protobuf.Value { oneof kind { double number_value = 2;
+//   string string_value = 3; bool bool_value = 4; } }: a set oneof member is
+// written even when it holds its default.
+std::string protobuf_value(const HParamValue& value) {
+  std::string out;
+  switch (value.kind()) {
+    case HParamValue::Kind::kNumber: put_fixed(out, 2, value.number()); break;
+    case HParamValue::Kind::kString: put_bytes(out, 3, value.text()); break;
+    case HParamValue::Kind::kBool:
+      put_key(out, 4, 0);
+      put_varint(out, value.flag() ? 1 : 0);
+      break;
+  }
+  return out;
+}
+
+// SessionStartInfo { map<string, Value> hparams = 1; }: each map entry is a
+// message { string key = 1; Value value = 2; }.
+std::string session_start_info(const std::map<std::string, HParamValue>& hparams) {
+  std::string out;
+  for (const auto& [name, value] : hparams) {
+    std::string entry;
+    put_bytes(entry, 1, name);
+    put_bytes(entry, 2, protobuf_value(value));
+    put_bytes(out, 1, entry);
+  }
+  return out;
+}
+
+// Experiment { repeated HParamInfo hparam_infos = 4 { string name = 1;
+//   DataType type = 4; }; repeated MetricInfo metric_infos = 5 {
+//   MetricName name = 1 { string tag = 2; } }; }
+// DataType: STRING = 1, BOOL = 2, FLOAT64 = 3.
+std::string experiment(const std::map<std::string, HParamValue>& hparams,
+                       const std::map<std::string, double>& metrics) {
+  std::string out;
+  for (const auto& [name, value] : hparams) {
+    const int type = value.kind() == HParamValue::Kind::kString ? 1
+                     : value.kind() == HParamValue::Kind::kBool ? 2
+                                                                : 3;
+    std::string info;
+    put_bytes(info, 1, name);
+    put_key(info, 4, 0);
+    put_varint(info, static_cast<uint64_t>(type));
+    put_bytes(out, 4, info);
+  }
+  for (const auto& [tag, value] : metrics) {
+    std::string metric_name;
+    put_bytes(metric_name, 2, tag);
+    std::string info;
+    put_bytes(info, 1, metric_name);
+    put_bytes(out, 5, info);
+  }
+  return out;
+}
+
+// SessionEndInfo { Status status = 1; } with STATUS_SUCCESS = 1.
+std::string session_end_info_success() {
+  std::string out;
+  put_key(out, 1, 0);
+  put_varint(out, 1);
+  return out;
 }
 
 void make_dirs(const std::string& dir) {
@@ -138,6 +223,21 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
 
 void TensorBoardWriter::add_text(const std::string& tag, const std::string& text, int64_t step) {
   write_record(tensorboard_proto::event(step, tensorboard_proto::text_summary(tag, text)));
+}
+
+void TensorBoardWriter::add_hparams(const std::map<std::string, HParamValue>& hparams,
+                                    const std::map<std::string, double>& metrics, int64_t step) {
+  using namespace tensorboard_proto;
+  // The tags and record order of torch.utils.tensorboard's add_hparams.
+  if (!metrics.empty()) {
+    write_record(event(step, hparams_summary("_hparams_/experiment", 2,
+                                             experiment(hparams, metrics))));
+  }
+  write_record(event(step, hparams_summary("_hparams_/session_start_info", 3,
+                                           session_start_info(hparams))));
+  write_record(event(step, hparams_summary("_hparams_/session_end_info", 4,
+                                           session_end_info_success())));
+  for (const auto& [tag, value] : metrics) add_scalar(tag, value, step);
 }
 
 void TensorBoardWriter::close() {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <tuple>
@@ -22,18 +23,47 @@ struct DtypeInfo {
   int64_t size;
 };
 
+// In SafetensorsDtype's order: info() indexes it.
 constexpr DtypeInfo kDtypes[] = {
-    {"F64", SafetensorsDtype::kF64, 8},   {"F32", SafetensorsDtype::kF32, 4},
-    {"F16", SafetensorsDtype::kF16, 2},   {"BF16", SafetensorsDtype::kBF16, 2},
-    {"I64", SafetensorsDtype::kI64, 8},   {"I32", SafetensorsDtype::kI32, 4},
-    {"I16", SafetensorsDtype::kI16, 2},   {"I8", SafetensorsDtype::kI8, 1},
-    {"U8", SafetensorsDtype::kU8, 1},     {"BOOL", SafetensorsDtype::kBool, 1},
+    {"F64", SafetensorsDtype::kF64, 8},
+    {"F32", SafetensorsDtype::kF32, 4},
+    {"F16", SafetensorsDtype::kF16, 2},
+    {"BF16", SafetensorsDtype::kBF16, 2},
+    {"I64", SafetensorsDtype::kI64, 8},
+    {"I32", SafetensorsDtype::kI32, 4},
+    {"I16", SafetensorsDtype::kI16, 2},
+    {"I8", SafetensorsDtype::kI8, 1},
+    {"U8", SafetensorsDtype::kU8, 1},
+    {"BOOL", SafetensorsDtype::kBool, 1},
+    {"U64", SafetensorsDtype::kU64, 8},
+    {"U32", SafetensorsDtype::kU32, 4},
+    {"U16", SafetensorsDtype::kU16, 2},
+    {"F8_E4M3", SafetensorsDtype::kF8E4M3, 1},
+    {"F8_E5M2", SafetensorsDtype::kF8E5M2, 1},
+    {"F8_E4M3FNUZ", SafetensorsDtype::kF8E4M3Fnuz, 1},
+    {"F8_E5M2FNUZ", SafetensorsDtype::kF8E5M2Fnuz, 1},
+    {"F8_E8M0", SafetensorsDtype::kF8E8M0, 1},
 };
 
-// Valid in the safetensors format, but not read by tandem yet.
-constexpr const char* kUnsupportedDtypes[] = {"U16",     "U32",     "U64",     "F8_E4M3",
-                                              "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                              "F4",      "C64",     "E8M0"};
+// Valid in the safetensors format, but with no LibTorch type to read into
+// (F4 and F6 count 4- and 6-bit elements; torch's float4_e2m1fn_x2 packs
+// two) or not read yet (C64).
+constexpr const char* kUnsupportedDtypes[] = {"F6_E2M3", "F6_E3M2", "F4", "C64", "E8M0"};
+
+// "F64 F32 ... F8_E8M0", for messages.
+std::string dtype_list() {
+  std::string out;
+  for (const auto& d : kDtypes) out += (out.empty() ? "" : " ") + std::string(d.name);
+  return out;
+}
+
+constexpr bool in_enum_order() {
+  for (std::size_t i = 0; i < std::size(kDtypes); ++i) {
+    if (static_cast<std::size_t>(kDtypes[i].dtype) != i) return false;
+  }
+  return true;
+}
+static_assert(in_enum_order(), "kDtypes must list SafetensorsDtype in order");
 
 const DtypeInfo& info(SafetensorsDtype dtype) { return kDtypes[static_cast<int>(dtype)]; }
 
@@ -58,12 +88,11 @@ SafetensorsDtype parse_dtype(const std::string& tensor, const std::string& name)
     if (name == u) {
       fail("tensor " + shown(tensor) + " has dtype " + name +
            ", a valid safetensors dtype that tandem does not read yet; convert it to one "
-           "of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL before saving");
+           "of " + dtype_list() + " before saving");
     }
   }
-  fail("tensor " + shown(tensor) + " has unknown dtype " + shown(name) +
-       " (expected F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL): the file is corrupt or was written "
-       "by a newer safetensors version");
+  fail("tensor " + shown(tensor) + " has unknown dtype " + shown(name) + " (expected " +
+       dtype_list() + "): the file is corrupt or was written by a newer safetensors version");
 }
 
 uint64_t read_le64(const unsigned char* p) {

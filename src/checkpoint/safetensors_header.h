@@ -36,8 +36,14 @@ inline constexpr std::size_t kSafetensorsMaxDims = 1024;
 inline constexpr const char* kCrcMetadataKey = "tandem.crc32c";
 inline constexpr const char* kHeaderCrcName = "__header__";
 
-// The dtypes tandem reads and writes (all LibTorch 1.13 could hold).
-enum class SafetensorsDtype : uint8_t { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
+// The dtypes tandem reads and writes: every safetensors dtype that LibTorch
+// has a type for, element for element. F4 and F6_* (no LibTorch type holds
+// one element per safetensors element) and C64 are refused.
+enum class SafetensorsDtype : uint8_t {
+  kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool,
+  kU64, kU32, kU16,
+  kF8E4M3, kF8E5M2, kF8E4M3Fnuz, kF8E5M2Fnuz, kF8E8M0,
+};
 
 // "F32", ...
 const char* safetensors_dtype_string(SafetensorsDtype dtype);

@@ -29,7 +29,23 @@ constexpr DtypePair kDtypePairs[] = {
     {at::kLong, SafetensorsDtype::kI64},   {at::kInt, SafetensorsDtype::kI32},
     {at::kShort, SafetensorsDtype::kI16},  {at::kChar, SafetensorsDtype::kI8},
     {at::kByte, SafetensorsDtype::kU8},    {at::kBool, SafetensorsDtype::kBool},
+    {at::kUInt64, SafetensorsDtype::kU64}, {at::kUInt32, SafetensorsDtype::kU32},
+    {at::kUInt16, SafetensorsDtype::kU16},
+    {at::kFloat8_e4m3fn, SafetensorsDtype::kF8E4M3},
+    {at::kFloat8_e5m2, SafetensorsDtype::kF8E5M2},
+    {at::kFloat8_e4m3fnuz, SafetensorsDtype::kF8E4M3Fnuz},
+    {at::kFloat8_e5m2fnuz, SafetensorsDtype::kF8E5M2Fnuz},
+    {at::kFloat8_e8m0fnu, SafetensorsDtype::kF8E8M0},
 };
+
+// "Double, Float, ...", for messages.
+std::string scalar_type_list() {
+  std::string out;
+  for (const auto& pair : kDtypePairs) {
+    out += (out.empty() ? "" : ", ") + std::string(c10::toString(pair.scalar));
+  }
+  return out;
+}
 
 const char* advice(int err) {
   switch (err) {
@@ -91,9 +107,9 @@ SafetensorsDtype to_safetensors_dtype(at::ScalarType dtype) {
     if (pair.scalar == dtype) return pair.dtype;
   }
   TANDEM_THROW(UsageError,
-               "safetensors files cannot hold dtype {}; tandem writes Double, Float, Half, "
-               "BFloat16, Long, Int, Short, Char, Byte and Bool: convert the tensor first",
-               c10::toString(dtype));
+               "safetensors files cannot hold dtype {}; tandem writes {}: convert the tensor "
+               "first",
+               c10::toString(dtype), scalar_type_list());
 }
 
 at::ScalarType to_scalar_type(SafetensorsDtype dtype) {

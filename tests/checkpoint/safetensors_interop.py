@@ -24,6 +24,12 @@ package itself.
   safetensors_interop.py resave IN OUT
                                       (needs the safetensors package) load_file IN,
                                       save_file OUT
+  safetensors_interop.py save_file FILE
+                                      (needs the safetensors package) write the
+                                      formula tensors with save_file
+  safetensors_interop.py load_file FILE
+                                      (needs the safetensors package) check that
+                                      load_file gives the formula tensors, bit for bit
 
 Prints "ok ..." and exits 0 on success; prints the reason and exits 1 otherwise.
 """
@@ -37,7 +43,12 @@ DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
 }
+UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 NAMES = {v: k for k, v in DTYPES.items()}
 
 # Same list as formula_specs() in safetensors_test_util.h.
@@ -46,6 +57,10 @@ SPECS = [
     ("f16", torch.float16, [3, 8]), ("bf16", torch.bfloat16, [24]),
     ("i64", torch.int64, [5]), ("i32", torch.int32, [2, 2]), ("i16", torch.int16, [7]),
     ("i8", torch.int8, [9]), ("u8", torch.uint8, [10]), ("bool", torch.bool, [11]),
+    ("u64", torch.uint64, [3]), ("u32", torch.uint32, [2, 3]), ("u16", torch.uint16, [5]),
+    ("f8_e4m3", torch.float8_e4m3fn, [4, 6]), ("f8_e5m2", torch.float8_e5m2, [25]),
+    ("f8_e4m3fnuz", torch.float8_e4m3fnuz, [7]), ("f8_e5m2fnuz", torch.float8_e5m2fnuz, [2, 4]),
+    ("f8_e8m0", torch.float8_e8m0fnu, [20]),
     ("scalar", torch.float32, []), ("empty", torch.float32, [0, 3]),
 ]
 
@@ -58,9 +73,11 @@ def formula(dtype, shape):
     i = torch.arange(n, dtype=torch.float64)
     if dtype is torch.bool:
         v = torch.remainder(i, 3) == 0
+    elif dtype is torch.float8_e8m0fnu:
+        v = torch.exp2(torch.remainder(i, 16) - 8)
     elif dtype.is_floating_point:
         v = i * 0.25 - 3.0
-    elif dtype is torch.uint8:
+    elif dtype in UNSIGNED:
         v = torch.remainder(i * 7 + 3, 200)
     else:
         v = torch.remainder(i * 7 + 3, 200) - 100
@@ -224,6 +241,34 @@ def resave(src, dst):
     print(f"ok resaved {len(tensors)} tensors")
 
 
+def bits(t):
+    """The tensor's bytes, as a flat uint8 tensor."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def package_save(path):
+    """The formula tensors, written by safetensors.torch.save_file."""
+    from safetensors.torch import save_file
+    save_file({name: formula(dtype, shape) for name, dtype, shape in SPECS}, path,
+              metadata={"writer": "safetensors.torch.save_file"})
+    print(f"ok saved {len(SPECS)} tensors with save_file")
+
+
+def package_check(path):
+    """safetensors.torch.load_file gives every formula tensor: dtype, shape and bits."""
+    from safetensors.torch import load_file as real_load
+    tensors = real_load(path)
+    if sorted(tensors) != sorted(name for name, _, _ in SPECS):
+        fail(f"load_file sees {sorted(tensors)}")
+    for name, dtype, shape in SPECS:
+        t = tensors[name]
+        if t.dtype != dtype or list(t.shape) != shape:
+            fail(f"{name}: load_file gives {t.dtype} {list(t.shape)}, expected {dtype} {shape}")
+        if not torch.equal(bits(t), bits(formula(dtype, shape))):
+            fail(f"{name}: load_file gives other bits: {bits(t).tolist()}")
+    print(f"ok load_file reads {len(tensors)} tensors, bit for bit")
+
+
 def write(path):
     # Reverse order, so the data order differs from tandem's.
     tensors = [(name, formula(dtype, shape)) for name, dtype, shape in reversed(SPECS)]
@@ -245,7 +290,8 @@ def write(path):
 
 if __name__ == "__main__":
     commands = {"check": (check, 1), "write": (write, 1), "load": (load, 1), "model": (model, 2),
-                "resave": (resave, 2)}
+                "resave": (resave, 2), "save_file": (package_save, 1),
+                "load_file": (package_check, 1)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) != 2 + commands[sys.argv[1]][1]:
         print(__doc__)
         sys.exit(2)

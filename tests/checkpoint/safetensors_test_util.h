@@ -41,9 +41,10 @@ inline std::string safetensors_bytes(std::string header, const std::string& data
   return le64(header.size()) + header + data;
 }
 
-// The test formula: bool i % 3 == 0; floating i / 4 - 3 (exact in every
-// float dtype for the sizes used); uint8 (7i + 3) % 200; other integers
-// (7i + 3) % 200 - 100.
+// The test formula: bool i % 3 == 0; float8 e8m0 2^(i % 16 - 8) (it holds
+// only powers of two); other floating i / 4 - 3 (exact in F64 to BF16, and
+// rounded the same way by Python's torch in the float8 types); unsigned
+// (7i + 3) % 200; signed (7i + 3) % 200 - 100.
 inline at::Tensor formula_tensor(at::ScalarType dtype, at::IntArrayRef shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -51,9 +52,11 @@ inline at::Tensor formula_tensor(at::ScalarType dtype, at::IntArrayRef shape) {
   at::Tensor v;
   if (dtype == at::kBool) {
     v = at::remainder(i, 3).eq(0);
+  } else if (dtype == at::kFloat8_e8m0fnu) {
+    v = at::exp2(at::remainder(i, 16) - 8);
   } else if (at::isFloatingType(dtype)) {
     v = i * 0.25 - 3.0;
-  } else if (dtype == at::kByte) {
+  } else if (dtype == at::kByte || c10::isBarebonesUnsignedType(dtype)) {
     v = at::remainder(i * 7 + 3, 200);
   } else {
     v = at::remainder(i * 7 + 3, 200) - 100;
@@ -74,6 +77,12 @@ inline std::vector<FormulaSpec> formula_specs() {
           {"i64", at::kLong, {5}},         {"i32", at::kInt, {2, 2}},
           {"i16", at::kShort, {7}},        {"i8", at::kChar, {9}},
           {"u8", at::kByte, {10}},         {"bool", at::kBool, {11}},
+          {"u64", at::kUInt64, {3}},       {"u32", at::kUInt32, {2, 3}},
+          {"u16", at::kUInt16, {5}},       {"f8_e4m3", at::kFloat8_e4m3fn, {4, 6}},
+          {"f8_e5m2", at::kFloat8_e5m2, {25}},
+          {"f8_e4m3fnuz", at::kFloat8_e4m3fnuz, {7}},
+          {"f8_e5m2fnuz", at::kFloat8_e5m2fnuz, {2, 4}},
+          {"f8_e8m0", at::kFloat8_e8m0fnu, {20}},
           {"scalar", at::kFloat, {}},      {"empty", at::kFloat, {0, 3}}};
 }
 

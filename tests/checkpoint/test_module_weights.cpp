@@ -168,6 +168,60 @@ TEST(ModuleWeights, PrefixIsStrippedAndBf16ConvertsIntoFp32Weights) {
   EXPECT_TRUE(torch::equal(net->norm->num_batches_tracked, source->norm->num_batches_tracked));
 }
 
+TEST(ModuleWeights, Float8ConvertsIntoFp32WeightsAndUInt16IntoALongBuffer) {
+  ScratchDir dir;
+  TiedNet source = other_net();
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& [name, t] : snapshot(*source)) {
+    if (name == "head.weight") continue;
+    if (name == "norm.num_batches_tracked") {
+      tensors.emplace_back(name, t.to(torch::kUInt16));
+    } else {
+      tensors.emplace_back(name, t.to(name == "fc.weight" ? torch::kFloat8_e5m2
+                                                          : torch::kFloat8_e4m3fn));
+    }
+  }
+  const std::string path = dir.file("fp8.safetensors");
+  write_safetensors(path, tensors);
+  TiedNet net;
+  const auto result = load_safetensors(*net, path);
+  EXPECT_TRUE(result.missing.empty());
+  const auto loaded = snapshot(*net);
+  const auto original = snapshot(*source);
+  for (const auto& [name, t] : tensors) {
+    const torch::Tensor& got = loaded.at(name);
+    EXPECT_EQ(got.scalar_type(), original.at(name).scalar_type()) << name;  // Float or Long
+    EXPECT_TRUE(torch::equal(got, t.to(got.scalar_type()))) << name;
+  }
+  EXPECT_EQ(net->norm->num_batches_tracked.item<int64_t>(), 7);
+}
+
+TEST(ModuleWeights, Float8IntoIntegerAndUnsignedIntoFloatAreRefused) {
+  ScratchDir dir;
+  TiedNet source = other_net();
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& [name, t] : snapshot(*source)) {
+    if (name == "fc.bias") {
+      tensors.emplace_back(name, torch::ones({5}, torch::kUInt32));
+    } else if (name == "norm.num_batches_tracked") {
+      tensors.emplace_back(name, t.to(torch::kFloat8_e4m3fn));
+    } else {
+      tensors.emplace_back(name, t);
+    }
+  }
+  const std::string path = dir.file("bad_fp8.safetensors");
+  write_safetensors(path, tensors);
+  TiedNet net;
+  const auto before = snapshot(*net);
+  const std::string message = message_of([&] { load_safetensors(*net, path); });
+  EXPECT_NE(message.find("fc.bias: the file holds U32, the module Float"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("norm.num_batches_tracked: the file holds F8_E4M3, the module Long"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(same(snapshot(*net), before));
+}
+
 TEST(ModuleWeights, ShapeAndDtypeMismatchesAreRefusedNamingEachAndChangeNothing) {
   ScratchDir dir;
   TiedNet source = other_net();

@@ -81,6 +81,8 @@ TEST(Safetensors, NonContiguousTensorsAreWrittenInRowMajorOrder) {
       {"strided", base.slice(1, 0, 10, 3)},
       {"expanded", at::arange(4, at::kLong).expand({5, 4})},
       {"big_contiguous", formula_tensor(at::kInt, {100})},
+      {"fp8_transposed", formula_tensor(at::kFloat8_e4m3fn, {6, 10}).t()},
+      {"u64_strided", formula_tensor(at::kUInt64, {6, 10}).slice(1, 0, 10, 3)},
   };
   // A 32-byte chunk makes the writer split rows, single rows and elements.
   for (int64_t chunk : {int64_t{32}, int64_t{64} << 20}) {
@@ -132,7 +134,12 @@ TEST(Safetensors, WriterRejectsReservedAndDuplicateNamesAndUnsupportedDtypes) {
   EXPECT_THROW(write_safetensors(path, {{"c", at::ones({1}, at::kComplexFloat)}}), UsageError);
   EXPECT_THROW(write_safetensors(path, {{std::string("\xff\xfe"), at::ones({1})}}), UsageError);
   EXPECT_THROW(safetensors_dtype_name(at::kComplexDouble), UsageError);
+  EXPECT_THROW(safetensors_dtype_name(at::kFloat4_e2m1fn_x2), UsageError);  // F4 counts halves
+  EXPECT_THROW(safetensors_dtype_name(at::kUInt4), UsageError);
   EXPECT_STREQ(safetensors_dtype_name(at::kBFloat16), "BF16");
+  EXPECT_STREQ(safetensors_dtype_name(at::kUInt16), "U16");
+  EXPECT_STREQ(safetensors_dtype_name(at::kFloat8_e4m3fn), "F8_E4M3");
+  EXPECT_STREQ(safetensors_dtype_name(at::kFloat8_e8m0fnu), "F8_E8M0");
   EXPECT_FALSE(exists(path));
 }
 

@@ -133,8 +133,11 @@ TEST(SafetensorsCorrupt, InvalidEntriesAreRejectedWithTheReason) {
       {R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1}})", 1, "unknown field 'extra'"},
       {R"({"a":{"dtype":"U8","shape":[1]}})", 1, "has no 'data_offsets'"},
       // dtypes
-      {R"({"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", 1, "tandem does not read yet"},
-      {R"({"a":{"dtype":"U16","shape":[1],"data_offsets":[0,2]}})", 2, "tandem does not read yet"},
+      {R"({"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1, "tandem does not read yet"},
+      {R"({"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", 3, "tandem does not read yet"},
+      {R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8, "tandem does not read yet"},
+      {R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,1]}})", 1, "needs 2 bytes but its data_offsets span 1"},
+      {R"({"a":{"dtype":"U64","shape":[1],"data_offsets":[0,4]}})", 4, "needs 8 bytes but its data_offsets span 4"},
       {R"({"a":{"dtype":"X32","shape":[1],"data_offsets":[0,4]}})", 4, "unknown dtype 'X32'"},
       {R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4, "'dtype' must be a string"},
       // shapes

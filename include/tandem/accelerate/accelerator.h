@@ -447,7 +447,12 @@ class Accelerator {
   // Metrics as JSON lines in `path`, and TensorBoard event files when
   // AcceleratorOptions::log_with asks for them; written by the main process
   // only. log() writes every value to each tracker under its key.
-  void init_trackers(const std::string& path);
+  // `config`, as Accelerate's init_trackers(..., config=...): the run's
+  // hyperparameters, stored by the trackers that keep them (TensorBoard's
+  // HParams tab, through TensorBoardWriter::add_hparams; the JSON lines
+  // hold metrics only).
+  void init_trackers(const std::string& path,
+                     const std::map<std::string, HParamValue>& config = {});
   void log(const std::map<std::string, double>& values, int64_t step);
 
   // Flushes trackers and waits for every rank.

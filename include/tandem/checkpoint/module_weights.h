@@ -43,8 +43,9 @@ struct LoadSafetensorsResult {
 
 // Copies the file's tensors into `module`'s parameters and buffers of the
 // same name (recursively), under no_grad, onto each tensor's device.
-// Dtypes convert between floating types (a bf16 file into fp32 weights)
-// and between integer types; floating <-> integer or bool is refused. Tied
+// Dtypes convert between floating types (a bf16 or float8 file into fp32
+// weights) and between integer types (U16/U32/U64 included); floating <->
+// integer or bool is refused. Tied
 // tensors (one tensor under several names, as save_model writes them once)
 // load from whichever name the file has. Throws UsageError naming every
 // problem (and what to do), CheckpointError for an unreadable file.

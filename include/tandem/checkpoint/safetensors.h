@@ -12,10 +12,12 @@
 // than the file holds. Pickle (torch.save) files are refused, never loaded.
 //
 // Dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL (at::kDouble, kFloat,
-// kHalf, kBFloat16, kLong, kInt, kShort, kChar, kByte, kBool). Other
-// safetensors dtypes (U16, U32, U64, F8_*, F6_*, F4) are not read yet
-// (LibTorch 1.13, tandem's first target, had no type for them) and are
-// refused with a CheckpointError.
+// kHalf, kBFloat16, kLong, kInt, kShort, kChar, kByte, kBool), U64 U32 U16
+// (kUInt64, kUInt32, kUInt16) and F8_E4M3 F8_E5M2 F8_E4M3FNUZ F8_E5M2FNUZ
+// F8_E8M0 (kFloat8_e4m3fn, kFloat8_e5m2, kFloat8_e4m3fnuz, kFloat8_e5m2fnuz,
+// kFloat8_e8m0fnu), as safetensors.torch maps them. F4 and F6_* (no
+// LibTorch type holds one such element) and C64 are refused with a
+// CheckpointError.
 //
 // I/O errors (disk full, file too large, EIO) throw CheckpointError naming
 // the file and the OS reason; a writer that fails removes its partial file.
@@ -151,7 +153,7 @@ class SafetensorsReader {
 };
 
 // "F32", ...; UsageError for a dtype tandem does not write to safetensors
-// (complex, quantized, unsigned wider than 8 bits, float8, ...).
+// (complex, quantized, float4, bits, sub-byte unsigned, ...).
 const char* safetensors_dtype_name(at::ScalarType dtype);
 
 namespace detail {
