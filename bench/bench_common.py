@@ -90,9 +90,21 @@ def run_ranks(cmd, world, timeout=600):
 
 
 def run_launcher(cmd, timeout=600):
-    """Runs `tandem launch ...`; returns its output."""
+    """Runs a launcher (`tandem launch ...`, torchrun); returns its output."""
     proc, log = start(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
     return _finish([proc], [log], timeout)[0]
+
+
+def run_torch(args, script_args, world, timeout=600):
+    """Runs PyTorch's side: `python -m torch.distributed.run --standalone` (torchrun),
+    as its users start it, or with --no-torchrun plain ranks with the
+    environment torchrun would set. Returns the outputs (one, interleaved,
+    under torchrun: rank 0 prints the JSON line)."""
+    if args.no_torchrun:
+        return run_ranks([args.python] + script_args, world, timeout)
+    torchrun = [args.python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(world)]
+    return [run_launcher(torchrun + script_args, timeout)]
 
 
 def add_common_args(parser):
@@ -104,6 +116,8 @@ def add_common_args(parser):
                         help="start tandem ranks directly, not through `tandem launch`")
     parser.add_argument("--python", default=peer_python(),
                         help="Python with torch (default: the project's .venv, from scripts/setup.sh)")
+    parser.add_argument("--no-torchrun", action="store_true",
+                        help="start PyTorch's ranks directly, not through torchrun")
 
 
 def peer_python():

@@ -1,15 +1,20 @@
-"""Training step and per-rank memory under PyTorch DDP and ZeroRedundancyOptimizer: the peer of bench_zero.cpp.
+"""Training step and per-rank memory under PyTorch DDP, ZeroRedundancyOptimizer and FSDP2: the peer of bench_zero.cpp.
 
-A rank program, measuring exactly as the C++ one does. Start it with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (compare_zero.py does):
+A rank program, measuring exactly as the C++ one does. Start it under
+torchrun (compare_zero.py does):
 
-    .venv/bin/python bench/bench_zero.py --stage 1 --width 2048 --depth 8 --batch 32 --steps 15
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        bench/bench_zero.py --stage 1 --width 2048 --depth 8 --batch 32 --steps 15
 
 --stage 0: nn.parallel.DistributedDataParallel + torch.optim.Adam;
 --stage 1: torch.distributed.optim.ZeroRedundancyOptimizer(Adam) over the same
            DDP model (PyTorch's ZeRO-1: optimizer state partitioned by
-           parameter, each rank steps its own parameters and broadcasts them).
-Both over Gloo, with PyTorch's default options otherwise.
+           parameter, each rank steps its own parameters and broadcasts them);
+--stage 3: FSDP2, torch.distributed.fsdp.fully_shard on every Block, then on
+           the whole model (PyTorch's ZeRO-3: parameters, gradients and Adam
+           state sharded; parameters gathered per Block for forward and
+           backward and freed after), + torch.optim.Adam.
+All over Gloo, with PyTorch's default options otherwise.
 
 Model: depth x Block, Block(x) = x + relu(fc(norm(x))) with fc = Linear(W, W)
 and norm = LayerNorm(W), then Linear(W, 10); cross-entropy on a fixed random
@@ -32,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -116,15 +122,43 @@ def time_steps(model, optimizer, inputs, labels, args):
     return [statistics.median(column) * 1e3 for column in seconds.t().tolist()]
 
 
+def local_bytes(t):
+    """Bytes this rank holds of `t` (its own shard of an FSDP2 DTensor)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
 def state_bytes(state):
-    return sum(t.numel() * t.element_size() for per_param in state.values()
+    return sum(local_bytes(t) for per_param in state.values()
                for t in per_param.values() if torch.is_tensor(t))
+
+
+OPTIMIZER_NAMES = {0: "ddp+torch.optim.Adam", 1: "ZeroRedundancyOptimizer(Adam)+ddp",
+                   3: "fully_shard(FSDP2)+torch.optim.Adam"}
+
+
+def wrap(model, stage, bucket_mb):
+    """(model to train, optimizer, this rank's optimizer state) for `stage`."""
+    if stage == 3:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        return model, optimizer, lambda: optimizer.state
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+    if stage == 0:
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+        return ddp, optimizer, lambda: optimizer.state
+    optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
+                                        lr=1e-3)
+    return ddp, optimizer, lambda: optimizer.optim.state  # this rank's partition
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stage", type=int, choices=(0, 1), default=1,
-                        help="0: DDP + Adam; 1: ZeroRedundancyOptimizer(Adam) over DDP")
+    parser.add_argument("--stage", type=int, choices=(0, 1, 3), default=1,
+                        help="0: DDP + Adam; 1: ZeroRedundancyOptimizer(Adam) over DDP; "
+                             "3: FSDP2 (fully_shard) + Adam")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
@@ -149,27 +183,19 @@ def main():
     torch.manual_seed(0)
     model = Stack(args.width, args.depth)
     params = sum(p.numel() for p in model.parameters())
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
-    if args.stage == 0:
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
-        local_state = lambda: optimizer.state  # noqa: E731
-    else:
-        optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
-                                            lr=1e-3)
-        local_state = lambda: optimizer.optim.state  # noqa: E731 (this rank's partition)
+    trained, optimizer, local_state = wrap(model, args.stage, args.bucket_mb)
 
     dist.barrier()
     setup_peak_rss = proc_status_bytes("VmHWM")
     return_free_memory()
     peak_reset = reset_peak_rss()
 
-    step = time_steps(ddp, optimizer, inputs, labels, args)
+    step = time_steps(trained, optimizer, inputs, labels, args)
     loop_peak_rss = proc_status_bytes("VmHWM")
     end_rss = proc_status_bytes("VmRSS")
 
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gradient_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
-                         if p.grad is not None)
+    parameter_bytes = sum(local_bytes(p) for p in model.parameters())
+    gradient_bytes = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
     optimizer_bytes = state_bytes(local_state())
     mine = [parameter_bytes + gradient_bytes + optimizer_bytes, parameter_bytes, gradient_bytes,
             optimizer_bytes, baseline_rss, max(setup_peak_rss, loop_peak_rss), setup_peak_rss,
@@ -183,8 +209,7 @@ def main():
     if rank == 0:
         result = {
             "impl": "torch", "stage": args.stage,
-            "optimizer": "ddp+torch.optim.Adam" if args.stage == 0
-            else "ZeroRedundancyOptimizer(Adam)+ddp",
+            "optimizer": OPTIMIZER_NAMES[args.stage],
             "world": world, "params": params, "width": args.width, "depth": args.depth,
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
             "bucket_mb": args.bucket_mb, "offload": False,
@@ -199,7 +224,7 @@ def main():
         print(json.dumps(result), flush=True)
     # A rank that tears down while its peer still holds a live DDP reducer can
     # leave the peer hanging at exit: drop the wrappers, then leave together.
-    del optimizer, ddp
+    del optimizer, trained
     dist.barrier()
     dist.destroy_process_group()
 

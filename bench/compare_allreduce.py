@@ -1,7 +1,8 @@
 """All-reduce bandwidth, tandem against torch.distributed (both Gloo, CPU), in one run.
 
 Alternates the two for --reps repetitions (who goes first alternates too) and
-reports, per size, the median over repetitions. Run with Debian's Python:
+reports, per size, the median over repetitions. tandem's ranks start through
+`tandem launch`, PyTorch's under torchrun (pip torch 2.13 in .venv):
 
     .venv/bin/python bench/compare_allreduce.py --build build --sizes-mb 1,4,16,64,256
 
@@ -15,7 +16,7 @@ import statistics
 import sys
 
 from bench_common import (BENCH_DIR, add_common_args, last_json, run_launcher, run_ranks,
-                          tandem_paths)
+                          run_torch, tandem_paths)
 
 
 def run_tandem(args, bench_args):
@@ -27,9 +28,9 @@ def run_tandem(args, bench_args):
     return last_json(run_launcher(launch + bench_args))
 
 
-def run_torch(args, bench_args):
+def run_pytorch(args, bench_args):
     script = os.path.join(BENCH_DIR, "bench_allreduce.py")
-    return last_json(run_ranks([args.python, script] + bench_args, args.nproc)[0])
+    return last_json(run_torch(args, [script] + bench_args, args.nproc)[0])
 
 
 def summarise(runs):
@@ -58,7 +59,7 @@ def main():
                   "--warmup", str(args.warmup)]
 
     runs = {"tandem": [], "torch": []}
-    sides = [("tandem", run_tandem), ("torch", run_torch)]
+    sides = [("tandem", run_tandem), ("torch", run_pytorch)]
     for rep in range(args.reps):
         for name, run in (sides if rep % 2 == 0 else sides[::-1]):
             runs[name].append(run(args, bench_args))
@@ -78,6 +79,7 @@ def main():
         results.append({"mb": mb, "tandem": t, "torch": p, "ratio": ratio})
     print(json.dumps({"bench": "allreduce", "world": args.nproc, "reps": args.reps,
                       "iters": args.iters, "launcher": not args.no_launcher,
+                      "torchrun": not args.no_torchrun,
                       "results": results}))
 
 

@@ -2,7 +2,8 @@
 
 For each width, alternates the two for --reps repetitions (who goes first
 alternates too) and reports the median over repetitions of each figure.
-Run with Debian's Python:
+tandem's ranks start through `tandem launch`, PyTorch's under torchrun (pip
+torch 2.13 in .venv):
 
     .venv/bin/python bench/compare_ddp.py --build build --widths 256,1024,2048 --reps 3
 
@@ -17,7 +18,7 @@ import statistics
 import sys
 
 from bench_common import (BENCH_DIR, add_common_args, last_json, run_launcher, run_ranks,
-                          tandem_paths)
+                          run_torch, tandem_paths)
 
 # Both sides allocate and free gradient-sized temporaries every step (Adam,
 # autograd). glibc gives blocks past its trim/mmap thresholds back to the
@@ -40,9 +41,9 @@ def run_tandem(args, bench_args):
     return last_json(run_launcher(launch + bench_args, args.timeout))
 
 
-def run_torch(args, bench_args):
+def run_pytorch(args, bench_args):
     script = os.path.join(BENCH_DIR, "bench_ddp.py")
-    return last_json(run_ranks([args.python, script] + bench_args, args.nproc, args.timeout)[0])
+    return last_json(run_torch(args, [script] + bench_args, args.nproc, args.timeout)[0])
 
 
 def summarise(runs):
@@ -83,7 +84,7 @@ def main():
     widths = [int(w) for w in args.widths.split(",") if w]
 
     results = []
-    sides = [("tandem", run_tandem), ("torch", run_torch)]
+    sides = [("tandem", run_tandem), ("torch", run_pytorch)]
     for width in widths:
         steps = args.steps or default_steps(width)
         bench_args = ["--width", str(width), "--depth", str(args.depth), "--batch",
@@ -115,7 +116,7 @@ def main():
     print(json.dumps({"bench": "ddp", "world": args.nproc, "reps": args.reps,
                       "depth": args.depth, "batch": args.batch, "warmup": args.warmup,
                       "bucket_mb": args.bucket_mb, "allreduce": "flat",
-                      "launcher": not args.no_launcher,
+                      "launcher": not args.no_launcher, "torchrun": not args.no_torchrun,
                       "malloc_tuning": not args.no_malloc_tuning, "results": results}))
 
 

@@ -1,11 +1,13 @@
 """Time to 98% exact-match accuracy on held-out 3-digit sums: the tandem demo
-on 2 CPU ranks against the same model and recipe as a plain single-process
-PyTorch script (bench/gpt_addition.py), alternating, one run per seed each.
+on 2 CPU ranks (`tandem launch`) against the same model and recipe in Python
+PyTorch 2.13 (bench/gpt_addition.py) on 2 ranks under torchrun (DDP, Gloo) and
+under `accelerate launch` with Accelerate's `Accelerator`, and optionally as one
+process (`single`); the sides take turns going first, one run per seed each.
 
     .venv/bin/python bench/compare_gpt_addition.py --build build --seeds 0,1,2
 
-Both evaluate every --eval-every steps; evaluation time is not training time.
-The PyTorch side stops once it reaches the target (its final accuracy is then
+All evaluate every --eval-every steps; evaluation time is not training time.
+The Python sides stop once they reach the target (their final accuracy is then
 the accuracy at that point); tandem runs its full default schedule.
 Prints a table, then one JSON line.
 """
@@ -17,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import BENCH_DIR, last_json
+from bench_common import BENCH_DIR, last_json, peer_python
+
+SIDES = ("tandem", "torchrun", "accelerate", "single")
 
 
 def first_at(rows, target):
@@ -42,18 +46,33 @@ def run_tandem(build, seed, eval_every, target):
             "ms_per_step": 1000 * train_s / final["step"], "tokens_per_s": final["tokens_per_s"]}
 
 
-def run_torch(seed, eval_every, target, threads):
-    cmd = [sys.executable, os.path.join(BENCH_DIR, "gpt_addition.py"), "--seed", str(seed),
-           "--eval-every", str(eval_every), "--target", str(target), "--stop-at-target"]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+def python_command(side, python, threads):
+    """How a Python user starts the peer on `side`."""
+    script = os.path.join(BENCH_DIR, "gpt_addition.py")
+    if side == "torchrun":
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                script]
+    if side == "accelerate":
+        accelerate = os.path.join(os.path.dirname(python), "accelerate")
+        return [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+                "1", "--mixed_precision", "no", "--dynamo_backend", "no", script, "--accelerate"]
+    return [python, script] + (["--threads", str(threads)] if threads else [])
+
+
+def run_torch(side, python, seed, eval_every, target, threads):
+    cmd = python_command(side, python, threads) + [
+        "--seed", str(seed), "--eval-every", str(eval_every), "--target", str(target),
+        "--stop-at-target"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited with {res.returncode}:\n{res.stderr[-3000:]}")
     final = last_json(res.stdout)
     rows = [json.loads(line) for line in res.stderr.splitlines() if line.startswith("{")]
     step, seconds = first_at(rows, target)
     return {"to_target_s": seconds, "to_target_step": step, "final_accuracy": final["accuracy"],
             "ms_per_step": 1000 * final["train_s"] / final["step"],
-            "tokens_per_s": final["tokens_per_s"], "threads": final["threads"]}
+            "tokens_per_s": final["tokens_per_s"], "threads": final["threads"],
+            "world": final["world"]}
 
 
 def main():
@@ -62,21 +81,29 @@ def main():
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--target", type=float, default=0.98)
-    p.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+    p.add_argument("--sides", default="tandem,torchrun,accelerate",
+                   help=f"comma-separated, from {', '.join(SIDES)}")
+    p.add_argument("--python", default=peer_python(), help="Python with torch and accelerate")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="threads of the single-process side (0: torch's default)")
     a = p.parse_args()
+    sides = [side for side in a.sides.split(",") if side]
+    unknown = [side for side in sides if side not in SIDES]
+    if unknown:
+        sys.exit(f"--sides: unknown {unknown}; choose from {', '.join(SIDES)}")
     results = []
     for i, seed in enumerate(int(s) for s in a.seeds.split(",")):
-        order = ["tandem", "torch"] if i % 2 == 0 else ["torch", "tandem"]
+        order = sides[i % len(sides):] + sides[:i % len(sides)]  # each side leads in turn
         row = {"seed": seed}
         for side in order:
             row[side] = (run_tandem(a.build, seed, a.eval_every, a.target) if side == "tandem"
-                         else run_torch(seed, a.eval_every, a.target, a.torch_threads))
+                         else run_torch(side, a.python, seed, a.eval_every, a.target,
+                                        a.torch_threads))
         results.append(row)
-        t, q = row["tandem"], row["torch"]
-        print(f"seed {seed}: tandem {t['to_target_s']} s (step {t['to_target_step']}, "
-              f"{t['ms_per_step']:.1f} ms/step, final {t['final_accuracy']:.4f}) | torch "
-              f"{q['to_target_s']} s (step {q['to_target_step']}, {q['ms_per_step']:.1f} ms/step, "
-              f"final {q['final_accuracy']:.4f}, {q['threads']} thread(s))", flush=True)
+        print(f"seed {seed}: " + " | ".join(
+            f"{side} {row[side]['to_target_s']} s (step {row[side]['to_target_step']}, "
+            f"{row[side]['ms_per_step']:.1f} ms/step, final {row[side]['final_accuracy']:.4f})"
+            for side in sides), flush=True)
 
     def median(side, key):
         values = [r[side][key] for r in results if r[side][key] is not None]
@@ -84,10 +111,11 @@ def main():
 
     summary = {side: {k: median(side, k) for k in ("to_target_s", "to_target_step", "ms_per_step",
                                                     "final_accuracy")}
-               for side in ("tandem", "torch")}
+               for side in sides}
     summary["reached"] = {side: sum(r[side]["to_target_s"] is not None for r in results)
-                          for side in ("tandem", "torch")}
+                          for side in sides}
     summary["runs"] = len(results)
+    summary["per_seed"] = results
     print(json.dumps(summary))
 
 

@@ -2,10 +2,10 @@
 
 Latency is the time from just before the ranks are started to the moment the
 last of them has joined the job and passed a barrier (its READY line). tandem
-starts through `tandem launch --standalone`, launcher included; torch starts
-as plain processes calling init_process_group("gloo") (env://), because
-torch.distributed.run is broken on Debian's torch 1.13: the torch side thus
-pays for no launcher. Run with Debian's Python:
+starts through `tandem launch --standalone`, PyTorch's through `torchrun
+--standalone` (`python -m torch.distributed.run`, pip torch 2.13 in .venv),
+launchers included on both sides; each rank calls init then a barrier.
+`--no-launcher` / `--no-torchrun` start plain rank processes instead:
 
     .venv/bin/python bench/compare_spawn.py --build build
 
@@ -19,8 +19,8 @@ import statistics
 import sys
 import time
 
-from bench_common import (BENCH_DIR, add_common_args, run_launcher, run_ranks, strip_prefix,
-                          tandem_paths)
+from bench_common import (BENCH_DIR, add_common_args, run_launcher, run_ranks, run_torch,
+                          strip_prefix, tandem_paths)
 
 
 def latest_ready_ns(outputs, nproc):
@@ -46,7 +46,7 @@ def time_tandem(args):
 def time_torch(args):
     script = os.path.join(BENCH_DIR, "bench_ready.py")
     t0 = time.time_ns()
-    outputs = run_ranks([args.python, script], args.nproc)
+    outputs = run_torch(args, [script], args.nproc)
     return (latest_ready_ns(outputs, args.nproc) - t0) / 1e6
 
 
@@ -70,11 +70,13 @@ def main():
     how = "direct" if args.no_launcher else "tandem launch --standalone"
     print(f"spawn to all {args.nproc} ranks ready, median of {args.reps} reps")
     print(f"  tandem ({how}): {tandem_ms:8.1f} ms   runs {[round(x, 1) for x in runs['tandem']]}")
-    print(f"  torch (init_process_group gloo): {torch_ms:8.1f} ms   "
+    torch_how = "direct" if args.no_torchrun else "torchrun --standalone"
+    print(f"  torch ({torch_how}): {torch_ms:8.1f} ms   "
           f"runs {[round(x, 1) for x in runs['torch']]}")
     print(f"  ratio tandem/torch: {tandem_ms / torch_ms:.3f}")
     print(json.dumps({"bench": "spawn", "nproc": args.nproc, "reps": args.reps,
-                      "launcher": not args.no_launcher, "tandem_ms": tandem_ms,
+                      "launcher": not args.no_launcher, "torchrun": not args.no_torchrun,
+                      "tandem_ms": tandem_ms,
                       "torch_ms": torch_ms, "ratio": tandem_ms / torch_ms,
                       "tandem_runs": runs["tandem"], "torch_runs": runs["torch"]}))
 

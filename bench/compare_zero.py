@@ -1,10 +1,11 @@
-"""ZeRO training step and per-rank memory: tandem stages 0-3 against PyTorch DDP and ZeroRedundancyOptimizer, in one run.
+"""ZeRO training step and per-rank memory: tandem stages 0-3 against PyTorch DDP, ZeroRedundancyOptimizer and FSDP2, in one run.
 
 Runs, under --nproc ranks, tandem's bench_zero at each of --stages (0 = tandem
-DDP + torch::optim::Adam; 1, 2, 3 = ZeroOptimizer) and bench_zero.py at each
-of --torch-stages (0 = PyTorch DDP + Adam; 1 = ZeroRedundancyOptimizer(Adam)
-over DDP), all on the same model, for --reps repetitions; the order of the
-configurations reverses every other repetition. Run with Debian's Python:
+DDP + torch::optim::Adam; 1, 2, 3 = ZeroOptimizer) through `tandem launch`, and
+bench_zero.py under torchrun at each of --torch-stages (0 = PyTorch DDP + Adam;
+1 = ZeroRedundancyOptimizer(Adam) over DDP; 3 = FSDP2, fully_shard per block),
+all on the same model, for --reps repetitions; the order of the
+configurations reverses every other repetition:
 
     .venv/bin/python bench/compare_zero.py --build build --reps 2
 
@@ -23,7 +24,7 @@ import statistics
 import sys
 
 from bench_common import (BENCH_DIR, add_common_args, last_json, run_launcher, run_ranks,
-                          tandem_paths)
+                          run_torch, tandem_paths)
 
 # As in compare_ddp.py: keep glibc from returning (and re-faulting) large
 # blocks every step, for both sides alike; --no-malloc-tuning turns it off.
@@ -46,10 +47,10 @@ def run_tandem(args, stage, bench_args):
     return last_json(run_launcher(launch + cmd, args.timeout))
 
 
-def run_torch(args, stage, bench_args):
+def run_pytorch(args, stage, bench_args):
     script = os.path.join(BENCH_DIR, "bench_zero.py")
-    cmd = [args.python, script, "--stage", str(stage)] + bench_args
-    return last_json(run_ranks(cmd, args.nproc, args.timeout)[0])
+    cmd = [script, "--stage", str(stage)] + bench_args
+    return last_json(run_torch(args, cmd, args.nproc, args.timeout)[0])
 
 
 def summarise(runs):
@@ -81,8 +82,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
     parser.add_argument("--stages", default="0,1,2,3", help="tandem stages (0 = DDP)")
-    parser.add_argument("--torch-stages", default="0,1",
-                        help="PyTorch: 0 = DDP, 1 = ZeroRedundancyOptimizer over DDP")
+    parser.add_argument("--torch-stages", default="0,1,3",
+                        help="PyTorch: 0 = DDP, 1 = ZeroRedundancyOptimizer over DDP, "
+                             "3 = FSDP2 (fully_shard)")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
@@ -108,7 +110,7 @@ def main():
                   "--bucket-mb", str(args.bucket_mb)]
     configs = ([("tandem", int(s)) for s in args.stages.split(",") if s] +
                [("torch", int(s)) for s in args.torch_stages.split(",") if s])
-    runners = {"tandem": run_tandem, "torch": run_torch}
+    runners = {"tandem": run_tandem, "torch": run_pytorch}
     runs = {config: [] for config in configs}
     for rep in range(args.reps):
         for impl, stage in (configs if rep % 2 == 0 else configs[::-1]):
@@ -140,13 +142,13 @@ def main():
               f"{ratio(r['vs_torch_zero1'])} {r['model_state_bytes'] / MiB:9.1f} "
               f"{r['formula_bytes'] / MiB:8.1f} {r['state_vs_formula']:5.2f} "
               f"{r['loop_added_rss_bytes'] / MiB:8.1f} {r['rss_vs_formula']:5.2f}")
-    print("stage 0 = DDP; torch stage 1 = ZeroRedundancyOptimizer; /t-DDP, /pt-Z1 = step time "
+    print("stage 0 = DDP; torch stage 1 = ZeroRedundancyOptimizer, 3 = FSDP2; /t-DDP, /pt-Z1 = step time "
           "over tandem DDP's, over PyTorch ZeRO-1's; loop+RSS = loop peak RSS - baseline RSS")
     print(json.dumps({"bench": "zero", "world": args.nproc, "reps": args.reps,
                       "width": args.width, "depth": args.depth, "batch": args.batch,
                       "steps": args.steps, "warmup": args.warmup, "bucket_mb": args.bucket_mb,
                       "offload": args.offload, "params": params,
-                      "launcher": not args.no_launcher,
+                      "launcher": not args.no_launcher, "torchrun": not args.no_torchrun,
                       "malloc_tuning": not args.no_malloc_tuning,
                       "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                       "results": results}))

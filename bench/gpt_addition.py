@@ -1,7 +1,20 @@
 """The demo's peer: the same GPT and training recipe as examples/gpt_addition,
-as a plain single-process PyTorch script (no tandem, no distributed).
+in Python PyTorch, three ways:
 
+    # one process (no distributed)
     .venv/bin/python bench/gpt_addition.py --max-steps 2000 --batch-size 128 --eval-every 100
+    # PyTorch DDP over Gloo, 2 ranks under torchrun
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        bench/gpt_addition.py --eval-every 100
+    # HF Accelerate's Accelerator, 2 CPU processes (its torchrun path;
+    # `--cpu --num_processes 2` would start one process without mpirun)
+    .venv/bin/accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no bench/gpt_addition.py --accelerate --eval-every 100
+
+--batch-size is the global batch; with WORLD_SIZE ranks each takes its share
+of every batch (under DDP a slice of one shared shuffled order, under
+Accelerate the prepared DataLoader's shard). Every rank evaluates the same
+weights; rank 0 prints.
 
 Same model (pre-norm blocks, causal attention, GELU MLP, N(0, 0.02) init),
 same data scheme (reversed answer digits, held-out pairs never trained on),
@@ -13,6 +26,7 @@ as training time. Prints one JSON line last:
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -124,6 +138,72 @@ def accuracy(model, prompts, answers):
     return hits / len(prompts)
 
 
+class Trainer:
+    """One training step and the model to evaluate, for one of the three ways to run."""
+
+    def __init__(self, model, opt, x, y, a):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        if a.batch_size % self.world:
+            sys.exit(f"--batch-size {a.batch_size} does not split over {self.world} ranks")
+        self.rank, self.model, self.opt, self.x, self.y = 0, model, opt, x, y
+        self.batch = a.batch_size // self.world
+        self.g = torch.Generator().manual_seed(a.seed)
+        self.accelerator = None
+        if a.accelerate:
+            from accelerate import Accelerator
+            from torch.utils.data import DataLoader, TensorDataset
+            # cpu=True: Accelerate runs several CPU processes as MULTI_CPU over
+            # Gloo only when told so (its own multi-CPU launch wants mpirun).
+            self.accelerator = Accelerator(cpu=True)
+            self.rank = self.accelerator.process_index
+            loader = DataLoader(TensorDataset(x, y), batch_size=self.batch, shuffle=True,
+                                generator=self.g, drop_last=True)
+            # The scheduler stays outside prepare(): prepared, it would step once per
+            # process per step, and the recipe counts optimizer steps.
+            self.trained, self.opt, self.loader = self.accelerator.prepare(model, opt, loader)
+            self.batches = iter(self.loader)
+        elif self.world > 1:
+            import torch.distributed as dist
+            dist.init_process_group("gloo")
+            self.rank = dist.get_rank()
+            self.trained = nn.parallel.DistributedDataParallel(model)
+        else:
+            self.trained = model
+        self.order, self.pos = torch.randperm(len(x), generator=self.g), 0
+
+    def next_batch(self):
+        if self.accelerator:
+            try:
+                return next(self.batches)
+            except StopIteration:
+                self.batches = iter(self.loader)
+                return next(self.batches)
+        size = self.batch * self.world
+        if self.pos + size > len(self.x):
+            self.order, self.pos = torch.randperm(len(self.x), generator=self.g), 0
+        idx = self.order[self.pos + self.rank * self.batch:self.pos + (self.rank + 1) * self.batch]
+        self.pos += size
+        return self.x[idx], self.y[idx]
+
+    def step(self):
+        xb, yb = self.next_batch()
+        self.opt.zero_grad()
+        out = F.cross_entropy(self.trained(xb).view(-1, VOCAB), yb.reshape(-1), ignore_index=-100)
+        if self.accelerator:
+            self.accelerator.backward(out)
+        else:
+            out.backward()
+        self.opt.step()
+        return out
+
+    def finish(self):
+        if self.accelerator:
+            self.accelerator.end_training()
+        elif self.world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--max-steps", type=int, default=2000)
@@ -141,6 +221,8 @@ def main():
     p.add_argument("--target", type=float, default=0.98)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     p.add_argument("--stop-at-target", action="store_true")
+    p.add_argument("--accelerate", action="store_true",
+                   help="train through accelerate.Accelerator (start with accelerate launch)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -150,19 +232,12 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: cosine_ratio(k - 1, a.warmup_steps, a.max_steps, 0.1))
-    g = torch.Generator().manual_seed(a.seed)
-    order, pos, step = torch.randperm(len(x), generator=g), 0, 0
-    train_s, tokens, loss, acc, to_target = 0.0, 0, float("nan"), 0.0, None
+    trainer = Trainer(model, opt, x, y, a)
+    report = sys.stderr if trainer.rank == 0 else open(os.devnull, "w")
+    step, train_s, tokens, loss, acc, to_target = 0, 0.0, 0, float("nan"), 0.0, None
     clock = time.perf_counter()
     while step < a.max_steps:
-        if pos + a.batch_size > len(x):
-            order, pos = torch.randperm(len(x), generator=g), 0
-        idx = order[pos:pos + a.batch_size]
-        pos += a.batch_size
-        opt.zero_grad()
-        out = F.cross_entropy(model(x[idx]).view(-1, VOCAB), y[idx].view(-1), ignore_index=-100)
-        out.backward()
-        opt.step()
+        out = trainer.step()
         sched.step()
         step += 1
         tokens += a.batch_size * x.shape[1]
@@ -171,15 +246,18 @@ def main():
             train_s += time.perf_counter() - clock
             acc = accuracy(model, prompts, answers)
             print(json.dumps({"step": step, "loss": loss, "accuracy": acc, "train_s": train_s}),
-                  file=sys.stderr, flush=True)
+                  file=report, flush=True)
             if to_target is None and acc >= a.target:
                 to_target = train_s
                 if a.stop_at_target:
                     break
             clock = time.perf_counter()
-    print(json.dumps({"step": step, "loss": loss, "accuracy": acc, "tokens_per_s": tokens / train_s,
-                      "train_s": train_s, "time_to_target_s": to_target,
-                      "threads": torch.get_num_threads()}))
+    trainer.finish()
+    if trainer.rank == 0:
+        print(json.dumps({"step": step, "loss": loss, "accuracy": acc,
+                          "tokens_per_s": tokens / train_s, "train_s": train_s,
+                          "time_to_target_s": to_target, "threads": torch.get_num_threads(),
+                          "world": trainer.world, "accelerate": a.accelerate}))
 
 
 if __name__ == "__main__":
