@@ -208,7 +208,13 @@ int main(int argc, char** argv) {
     accelerator.print("saved {}/global_step{}", args.checkpoint_dir, step);
   };
 
-  accelerator.init_trackers(args.metrics_file);
+  // The recipe, as hyperparameters (TensorBoard's HParams tab with --log-with).
+  accelerator.init_trackers(
+      args.metrics_file,
+      {{"lr", args.lr}, {"batch_size", args.batch_size}, {"max_steps", args.max_steps},
+       {"warmup_steps", args.warmup_steps}, {"n_layer", args.n_layer}, {"n_head", args.n_head},
+       {"n_embd", args.n_embd}, {"seed", static_cast<double>(args.seed)},
+       {"world_size", static_cast<double>(accelerator.num_processes())}});
   accelerator.print("gpt_addition: {} rank(s), {} parameters, batch {} per rank x {} step(s) of "
                     "accumulation, {} steps, mixed precision {}",
                     accelerator.num_processes(), [&] {

@@ -249,6 +249,12 @@ TEST(GptAdditionTensorBoard, EveryScalarEqualsItsJsonLinesValue) {
   for (const auto& [tag, events] : scalars.items()) {
     EXPECT_EQ(events.size(), seen[tag]) << tag << " has events the JSON lines lack";
   }
+  // The recipe shows in the HParams tab.
+  const auto hparams = nlohmann::json::parse(dump.out)["hparams"]["session_start_info"];
+  ASSERT_TRUE(hparams.is_object()) << dump.out;
+  EXPECT_EQ(hparams["lr"]["number_value"].get<double>(), 1e-3) << hparams;
+  EXPECT_EQ(hparams["max_steps"]["number_value"].get<double>(), 60) << hparams;
+  EXPECT_EQ(hparams["world_size"]["number_value"].get<double>(), 2) << hparams;
 }
 
 TEST(Quickstart, ThePlainLoopAndItsAcceleratedFormBothLearn) {
