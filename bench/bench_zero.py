@@ -133,6 +133,39 @@ def state_bytes(state):
                for t in per_param.values() if torch.is_tensor(t))
 
 
+def fixed_batch(args, rank):
+    """This rank's fixed batch (as data-parallel shards would be): inputs, labels."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    inputs = torch.randn(args.batch, args.width, generator=generator)
+    return inputs, torch.randint(0, CLASSES, (args.batch,), generator=generator)
+
+
+def memory_per_rank(mine, rank, world):
+    """Every rank's MEMORY_COLUMNS, from each rank's own list `mine`."""
+    rows = torch.zeros(world, len(MEMORY_COLUMNS), dtype=torch.float64)
+    rows[rank] = torch.tensor(mine, dtype=torch.float64)
+    dist.all_reduce(rows)
+    return {name: [int(v) for v in rows[:, c].tolist()] for c, name in enumerate(MEMORY_COLUMNS)}
+
+
+def result(args, impl, optimizer, offload, params, step, per_rank, peak_reset):
+    """The JSON line compare_zero.py reads, for any impl."""
+    world = len(per_rank["model_state_bytes"])
+    return {
+        "impl": impl, "stage": args.stage, "optimizer": optimizer,
+        "world": world, "params": params, "width": args.width, "depth": args.depth,
+        "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+        "bucket_mb": args.bucket_mb, "offload": offload,
+        "step_ms": step[0], "forward_ms": step[1], "backward_ms": step[2],
+        "optimizer_ms": step[3],
+        "model_state_bytes": max(per_rank["model_state_bytes"]),
+        "formula_bytes": int(formula_bytes(args.stage, params, world)),
+        "peak_rss_bytes": max(per_rank["peak_rss_bytes"]),
+        "loop_peak_rss_bytes": max(per_rank["loop_peak_rss_bytes"]),
+        "peak_reset": peak_reset, "per_rank": per_rank,
+    }
+
+
 OPTIMIZER_NAMES = {0: "ddp+torch.optim.Adam", 1: "ZeroRedundancyOptimizer(Adam)+ddp",
                    3: "fully_shard(FSDP2)+torch.optim.Adam"}
 
@@ -175,10 +208,7 @@ def main():
     return_free_memory()
     baseline_rss = proc_status_bytes("VmRSS")
 
-    # Each rank its own fixed batch (as data-parallel shards would be).
-    generator = torch.Generator().manual_seed(1000 + rank)
-    inputs = torch.randn(args.batch, args.width, generator=generator)
-    labels = torch.randint(0, CLASSES, (args.batch,), generator=generator)
+    inputs, labels = fixed_batch(args, rank)
 
     torch.manual_seed(0)
     model = Stack(args.width, args.depth)
@@ -200,28 +230,10 @@ def main():
     mine = [parameter_bytes + gradient_bytes + optimizer_bytes, parameter_bytes, gradient_bytes,
             optimizer_bytes, baseline_rss, max(setup_peak_rss, loop_peak_rss), setup_peak_rss,
             loop_peak_rss, end_rss]
-    rows = torch.zeros(world, len(MEMORY_COLUMNS), dtype=torch.float64)
-    rows[rank] = torch.tensor(mine, dtype=torch.float64)
-    dist.all_reduce(rows)
-    per_rank = {name: [int(v) for v in rows[:, c].tolist()]
-                for c, name in enumerate(MEMORY_COLUMNS)}
-
+    per_rank = memory_per_rank(mine, rank, world)
     if rank == 0:
-        result = {
-            "impl": "torch", "stage": args.stage,
-            "optimizer": OPTIMIZER_NAMES[args.stage],
-            "world": world, "params": params, "width": args.width, "depth": args.depth,
-            "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-            "bucket_mb": args.bucket_mb, "offload": False,
-            "step_ms": step[0], "forward_ms": step[1], "backward_ms": step[2],
-            "optimizer_ms": step[3],
-            "model_state_bytes": max(per_rank["model_state_bytes"]),
-            "formula_bytes": int(formula_bytes(args.stage, params, world)),
-            "peak_rss_bytes": max(per_rank["peak_rss_bytes"]),
-            "loop_peak_rss_bytes": max(per_rank["loop_peak_rss_bytes"]),
-            "peak_reset": peak_reset, "per_rank": per_rank,
-        }
-        print(json.dumps(result), flush=True)
+        print(json.dumps(result(args, "torch", OPTIMIZER_NAMES[args.stage], False, params, step,
+                                per_rank, peak_reset)), flush=True)
     # A rank that tears down while its peer still holds a live DDP reducer can
     # leave the peer hanging at exit: drop the wrappers, then leave together.
     del optimizer, trained

@@ -1,18 +1,22 @@
-"""CPU Adam step, tandem's fused kernel against Python's torch.optim.Adam, in one run.
+"""CPU Adam step, tandem's fused kernel against torch.optim.Adam (for-loop, foreach, fused) and DeepSpeedCPUAdam, in one run.
 
 For each thread count, alternates the sides for --reps repetitions (who goes
 first alternates too) and reports the median over repetitions. The tandem
 side is build/bin/bench_cpu_adam, which also measures tandem::CpuAdam and
-LibTorch's C++ torch::optim::Adam; the Python side is torch.optim.Adam on
-Debian's torch 1.13, both foreach=False and foreach=True (the faster counts).
-Every side steps one float32 tensor of --params elements with lr 1e-3, after
+LibTorch's C++ torch::optim::Adam; the Python side (pip's torch in .venv/)
+is torch.optim.Adam in its three implementations, foreach=False (for-loop),
+foreach=True and fused=True, and DeepSpeed's DeepSpeedCPUAdam (adamw_mode
+off) where deepspeed is installed: its C++ op is JIT-built on first use (about
+70 s on this machine, cached in ~/.cache/torch_extensions), before anything
+is timed; if it cannot be imported or built, the error's last line goes in
+the JSON and the run goes on without it (--no-deepspeed skips it). Every
+side steps one float32 tensor of --params elements with lr 1e-3, after
 --warmup untimed steps; a figure is params / median step time.
-Run with Debian's Python:
 
     .venv/bin/python bench/compare_cpu_adam.py --build build --params 100000000 --threads 1,2
 
-ratio = tandem Gparam/s / the faster Python Gparam/s (> 1: tandem is faster).
-The last line is JSON.
+ratio = tandem Gparam/s / the fastest torch.optim.Adam's (> 1: tandem is
+faster); ratio_vs_deepspeed = tandem / DeepSpeedCPUAdam. The last line is JSON.
 """
 import argparse
 import json
@@ -34,13 +38,32 @@ MALLOC_TUNING = {"MALLOC_MMAP_MAX_": "0",  # never mmap: big blocks come from th
                  "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}  # and stay there after free
 
 
+# The Python-side optimizers: the JSON's name -> torch.optim.Adam's options,
+# or None for DeepSpeedCPUAdam.
+DEEPSPEED = "deepspeed_cpu_adam"
+PYTHON_SIDES = {"foreach_false": {"foreach": False}, "foreach_true": {"foreach": True},
+                "fused": {"fused": True}, DEEPSPEED: None}
+
+
+def make_optimizer(variant, params):
+    import torch
+    options = PYTHON_SIDES[variant]
+    if options is not None:
+        return torch.optim.Adam(params, lr=1e-3, **options)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    return DeepSpeedCPUAdam(params, lr=1e-3, adamw_mode=False)
+
+
 def torch_worker(args):
     """One Python measurement (run in its own process); prints a JSON line."""
     import torch
     torch.set_num_threads(args.threads)
     param = torch.randn(args.params).requires_grad_(True)
     param.grad = torch.randn(args.params) * 1e-2
-    optimizer = torch.optim.Adam([param], lr=1e-3, foreach=args.foreach)
+    start = time.perf_counter()
+    optimizer = make_optimizer(args.variant, [param])
+    construct_s = time.perf_counter() - start  # DeepSpeedCPUAdam: its op's build, if not cached
     for _ in range(args.warmup):
         optimizer.step()
     times = []
@@ -50,8 +73,14 @@ def torch_worker(args):
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
     print(json.dumps({"gparams_per_s": args.params / median / 1e9, "step_ms": median * 1e3,
-                      "threads": torch.get_num_threads(), "foreach": args.foreach,
-                      "torch": torch.__version__}))
+                      "threads": torch.get_num_threads(), "variant": args.variant,
+                      "construct_s": construct_s, "torch": torch.__version__}))
+
+
+def last_line(error):
+    """The last non-blank line of a failed side's output, for the JSON."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else str(error)
 
 
 def run(cmd, env, timeout):
@@ -76,9 +105,10 @@ def main():
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
     parser.add_argument("--no-malloc-tuning", action="store_true",
                         help="leave glibc's malloc thresholds at their defaults")
+    parser.add_argument("--no-deepspeed", action="store_true",
+                        help="leave DeepSpeedCPUAdam out")
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--foreach", type=lambda s: s == "1", default=False,
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=list(PYTHON_SIDES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_worker:
         args.threads = int(args.threads)
@@ -94,30 +124,40 @@ def main():
     common = ["--params", str(args.params), "--steps", str(args.steps), "--warmup",
               str(args.warmup)]
 
+    variants = [v for v in PYTHON_SIDES if not (args.no_deepspeed and v == DEEPSPEED)]
+    deepspeed_error = None
     results = []
     for threads in [int(t) for t in args.threads.split(",") if t]:
         env_t = dict(env, OMP_NUM_THREADS=str(threads))
-        sides = {
-            "tandem": [program, "--threads", str(threads)] + common,
-            "foreach0": [args.python, os.path.abspath(__file__), "--torch-worker", "--threads",
-                         str(threads), "--foreach", "0"] + common,
-            "foreach1": [args.python, os.path.abspath(__file__), "--torch-worker", "--threads",
-                         str(threads), "--foreach", "1"] + common,
-        }
+        sides = {"tandem": [program, "--threads", str(threads)] + common}
+        for variant in variants:
+            sides[variant] = [args.python, os.path.abspath(__file__), "--torch-worker",
+                              "--threads", str(threads), "--variant", variant] + common
         order = list(sides)
         runs = {name: [] for name in sides}
         for rep in range(args.reps):
             for name in (order if rep % 2 == 0 else order[::-1]):
-                runs[name].append(run(sides[name], env_t, args.timeout))
+                if name == DEEPSPEED and deepspeed_error is not None:
+                    continue
+                try:
+                    runs[name].append(run(sides[name], env_t, args.timeout))
+                except RuntimeError as error:
+                    if name != DEEPSPEED:
+                        raise
+                    # DeepSpeed is optional: note why it did not run, go on without it.
+                    deepspeed_error = last_line(error)
+                    print(f"{name} failed: {deepspeed_error}", file=sys.stderr, flush=True)
+                    continue
                 print(f"threads={threads} rep {rep + 1}/{args.reps} {name}: "
                       f"{runs[name][-1]['gparams_per_s']:.3f} Gparam/s", file=sys.stderr,
                       flush=True)
 
         def median(name, key="gparams_per_s"):
-            return statistics.median(run[key] for run in runs[name])
+            return statistics.median(run[key] for run in runs[name]) if runs[name] else None
 
-        python = {"foreach_false": median("foreach0"), "foreach_true": median("foreach1")}
+        python = {name: median(name) for name in variants if name != DEEPSPEED}
         python_best = max(python.values())
+        deepspeed = median(DEEPSPEED) if DEEPSPEED in runs else None
         tandem = median("tandem")
         results.append({
             "threads": threads,
@@ -130,21 +170,32 @@ def main():
             "python_gparams_per_s": python,
             "python_best_gparams_per_s": python_best,
             "ratio": tandem / python_best,
+            "deepspeed_cpu_adam_gparams_per_s": deepspeed,
+            "ratio_vs_deepspeed": tandem / deepspeed if deepspeed else None,
         })
+
+    def cell(value, width=8, digits=3):
+        return f"{value:{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
 
     print(f"Adam step on {args.params} float32 params, Gparam/s, median of {args.reps} reps "
           f"(each the median of {args.steps} steps); malloc tuning "
           f"{'off' if args.no_malloc_tuning else 'on'}")
-    print(f"{'threads':>7} {'tandem':>8} {'CpuAdam':>8} {'C++ Adam':>8} {'py':>8} "
-          f"{'py each':>8} {'ratio':>6}")
+    print(f"{'threads':>7} {'tandem':>8} {'CpuAdam':>8} {'C++ Adam':>8} {'py loop':>8} "
+          f"{'py each':>8} {'py fused':>8} {'DS Adam':>8} {'ratio':>6} {'/DS':>6}")
     for r in results:
+        py = r["python_gparams_per_s"]
         print(f"{r['threads']:7d} {r['tandem_gparams_per_s']:8.3f} "
               f"{r['cpu_adam_optimizer_gparams_per_s']:8.3f} {r['libtorch_gparams_per_s']:8.3f} "
-              f"{r['python_gparams_per_s']['foreach_false']:8.3f} "
-              f"{r['python_gparams_per_s']['foreach_true']:8.3f} {r['ratio']:6.2f}")
+              f"{cell(py['foreach_false'])} {cell(py['foreach_true'])} {cell(py['fused'])} "
+              f"{cell(r['deepspeed_cpu_adam_gparams_per_s'])} {r['ratio']:6.2f} "
+              f"{cell(r['ratio_vs_deepspeed'], 6, 2)}")
+    print("py loop / each / fused: torch.optim.Adam with foreach=False / foreach=True / "
+          "fused=True; DS Adam: DeepSpeedCPUAdam; ratio: tandem over the fastest "
+          "torch.optim.Adam; /DS: tandem over DeepSpeedCPUAdam")
     print(json.dumps({"bench": "cpu_adam", "params": args.params, "steps": args.steps,
                       "warmup": args.warmup, "reps": args.reps,
-                      "malloc_tuning": not args.no_malloc_tuning, "results": results}))
+                      "malloc_tuning": not args.no_malloc_tuning,
+                      "deepspeed_error": deepspeed_error, "results": results}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Runs, under --nproc ranks, tandem's bench_zero at each of --stages (0 = tandem
 DDP + torch::optim::Adam; 1, 2, 3 = ZeroOptimizer) through `tandem launch`, and
 bench_zero.py under torchrun at each of --torch-stages (0 = PyTorch DDP + Adam;
 1 = ZeroRedundancyOptimizer(Adam) over DDP; 3 = FSDP2, fully_shard per block),
-all on the same model, for --reps repetitions; the order of the
+and bench_deepspeed.py under torchrun at each of --deepspeed-stages (DeepSpeed
+ZeRO 1-3 on its CPU accelerator over Gloo), all on the same model, for --reps repetitions; the order of the
 configurations reverses every other repetition:
 
     .venv/bin/python bench/compare_zero.py --build build --reps 2
@@ -53,6 +54,13 @@ def run_pytorch(args, stage, bench_args):
     return last_json(run_torch(args, cmd, args.nproc, args.timeout)[0])
 
 
+def run_deepspeed(args, stage, bench_args):
+    cmd = [os.path.join(BENCH_DIR, "bench_deepspeed.py"), "--stage", str(stage)] + bench_args
+    if args.offload:
+        cmd.append("--offload")
+    return last_json(run_torch(args, cmd, args.nproc, args.timeout)[0])
+
+
 def summarise(runs):
     """Median over repetitions of each figure of one configuration."""
     out = {key: statistics.median(run[key] for run in runs) for key in TIMES}
@@ -85,6 +93,9 @@ def main():
     parser.add_argument("--torch-stages", default="0,1,3",
                         help="PyTorch: 0 = DDP, 1 = ZeroRedundancyOptimizer over DDP, "
                              "3 = FSDP2 (fully_shard)")
+    parser.add_argument("--deepspeed-stages", default="1,2,3",
+                        help="DeepSpeed ZeRO stages on its CPU accelerator over Gloo "
+                             "(bench_deepspeed.py; empty: none)")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
@@ -93,7 +104,7 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=25.0,
                         help="DDP bucket cap; tandem ZeRO reduce_bucket_size in MiB of fp32")
     parser.add_argument("--offload", action="store_true",
-                        help="tandem stages 1-3 with offload_optimizer")
+                        help="tandem and DeepSpeed stages 1-3 with offload_optimizer")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--nproc", type=int, default=2, help="ranks (one node)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -109,8 +120,9 @@ def main():
                   str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
                   "--bucket-mb", str(args.bucket_mb)]
     configs = ([("tandem", int(s)) for s in args.stages.split(",") if s] +
-               [("torch", int(s)) for s in args.torch_stages.split(",") if s])
-    runners = {"tandem": run_tandem, "torch": run_pytorch}
+               [("torch", int(s)) for s in args.torch_stages.split(",") if s] +
+               [("deepspeed", int(s)) for s in args.deepspeed_stages.split(",") if s])
+    runners = {"tandem": run_tandem, "torch": run_pytorch, "deepspeed": run_deepspeed}
     runs = {config: [] for config in configs}
     for rep in range(args.reps):
         for impl, stage in (configs if rep % 2 == 0 else configs[::-1]):
@@ -131,13 +143,13 @@ def main():
           f"Linear(10), {params:,} params, batch {args.batch}/rank, Adam, world {args.nproc}, "
           f"bucket {args.bucket_mb:g} MB{', tandem offload_optimizer' if args.offload else ''}; "
           f"median of {args.reps} reps, each the median of {args.steps} steps")
-    print(f"{'impl':>6} {'stage':>5} {'step ms':>8} {'fwd':>7} {'bwd':>7} {'opt':>7} "
+    print(f"{'impl':>9} {'stage':>5} {'step ms':>8} {'fwd':>7} {'bwd':>7} {'opt':>7} "
           f"{'/t-DDP':>7} {'/pt-Z1':>7} {'state MiB':>9} {'formula':>8} {'st/f':>5} "
           f"{'loop+RSS':>8} {'rss/f':>5}")
     for r in results:
         def ratio(value):
             return f"{value:7.3f}" if value is not None else f"{'-':>7}"
-        print(f"{r['impl']:>6} {r['stage']:5d} {r['step_ms']:8.1f} {r['forward_ms']:7.1f} "
+        print(f"{r['impl']:>9} {r['stage']:5d} {r['step_ms']:8.1f} {r['forward_ms']:7.1f} "
               f"{r['backward_ms']:7.1f} {r['optimizer_ms']:7.1f} {ratio(r['vs_tandem_ddp'])} "
               f"{ratio(r['vs_torch_zero1'])} {r['model_state_bytes'] / MiB:9.1f} "
               f"{r['formula_bytes'] / MiB:8.1f} {r['state_vs_formula']:5.2f} "
