@@ -6,7 +6,7 @@
 #     environment .venv/ (or $TANDEM_VENV). CMake finds Torch through its
 #     Python, and the tests and benchmarks use that Python as the peer;
 #     with it the Python tools the tests compare against (safetensors,
-#     tensorboard, accelerate).
+#     tensorboard, accelerate, deepspeed).
 # Idempotent: installs only what is missing, and runs apt-get update only then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,9 +53,13 @@ else
   echo "setup: $venv has torch $torch_version"
 fi
 # The Python tools tandem is checked against, for tests and benchmarks only
-# (the library needs no Python): safetensors, TensorBoard, Accelerate.
-if ! "$venv/bin/python" -c "import safetensors, tensorboard, accelerate" 2>/dev/null; then
-  echo "setup: installing safetensors, tensorboard and accelerate into $venv"
-  "$venv/bin/pip" install -q safetensors tensorboard accelerate > "$venv/pip-tools.log" 2>&1 || {
+# (the library needs no Python): safetensors, TensorBoard, Accelerate, and
+# DeepSpeed (tests/config/conformance.py reads every config with it, and the
+# ZeRO benchmarks run it; DS_ACCELERATOR=cpu lets it import without CUDA).
+if ! DS_ACCELERATOR=cpu "$venv/bin/python" -c \
+    "import safetensors, tensorboard, accelerate, deepspeed" 2>/dev/null; then
+  echo "setup: installing safetensors, tensorboard, accelerate and deepspeed into $venv"
+  "$venv/bin/pip" install -q safetensors tensorboard accelerate deepspeed \
+    > "$venv/pip-tools.log" 2>&1 || {
     cat "$venv/pip-tools.log" >&2; echo "setup: pip could not install them" >&2; exit 1; }
 fi

@@ -68,6 +68,33 @@ std::string find_deepspeed_file(const std::string& base_dir, const std::string& 
   return next_to_yaml;
 }
 
+// A bare word that PyYAML (YAML 1.1), and so Accelerate's loader, reads as
+// a boolean: `distributed_type: NO` arrives there as False.
+bool yaml11_boolean(const Value& v) {
+  static const std::set<std::string> words = {"yes", "Yes", "YES", "no",  "No",   "NO",
+                                              "true", "True", "TRUE", "false", "False", "FALSE",
+                                              "on",  "On",  "ON",  "off", "Off",  "OFF"};
+  return v.node().IsScalar() && !v.is_quoted() && words.count(v.node().Scalar()) > 0;
+}
+
+// distributed_type as Accelerate's loader takes it: DistributedType(value),
+// so the exact capitals, and NO in quotes.
+DistributedType read_accelerate_distributed_type(const Value& v) {
+  if (yaml11_boolean(v) && (v.node().Scalar() == "NO" || v.node().Scalar() == "No" ||
+                            v.node().Scalar() == "no")) {
+    v.fail("an unquoted " + v.node().Scalar() + " is the boolean false in YAML 1.1, which "
+               "Accelerate's loader (PyYAML) follows, so `accelerate launch` refuses this file",
+           "write it in quotes, distributed_type: 'NO', as `accelerate config` does");
+  }
+  DistributedType type = read_distributed_type(v);
+  const std::string canonical = to_string(type);
+  if (v.node().Scalar() != canonical) {
+    v.fail("Accelerate's loader takes only the exact name, in capitals",
+           "write " + canonical);
+  }
+  return type;
+}
+
 // Copies what a deepspeed_config_file says about training into `config`.
 void merge_deepspeed_file(const Config& ds, Config& config) {
   config.train_batch_size = ds.train_batch_size;
@@ -122,6 +149,14 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
   if (file != keys.end() && !file->second.is_null()) {
     std::string path = find_deepspeed_file(base_dir, file->second.as_string());
     ds = parse_deepspeed_text(read_text_file(file->second, path), path);
+    if (!ds->key_locations.count("zero_optimization")) {
+      // Accelerate's DeepSpeedPlugin: "Please specify the ZeRO optimization
+      // config in the DeepSpeed config."
+      file->second.fail("\"" + path + "\" has no zero_optimization block, which Accelerate "
+                        "requires of a deepspeed_config_file",
+                        "add \"zero_optimization\": {\"stage\": 0} (or the stage you want) to "
+                        "the file");
+    }
     merge_deepspeed_file(*ds, config);
   }
   const Config* json = ds ? &*ds : nullptr;
@@ -183,10 +218,9 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
     }
   }
   // Accelerate's DeepSpeed plugin starts from ZeRO stage 2 when nothing
-  // names a stage.
-  if (!keys.count("zero_stage") && !(json && json->key_locations.count("zero_optimization.stage"))) {
-    zero.stage = 2;
-  }
+  // names a stage. A deepspeed_config_file is what DeepSpeed trains with,
+  // so without a stage there it runs DeepSpeed's default, 0.
+  if (!keys.count("zero_stage") && !json) zero.stage = 2;
   return ds;
 }
 
@@ -204,7 +238,14 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
        "commands", "command_file", "use_mps_device", "fp8_config"},
       {"tpu_"}};
   std::optional<Value> type_value, section, precision, legacy_fp16;
+  config.same_network = false;  // Accelerate's ClusterConfig default
   for_each_key(root, table, [&](const std::string& key, const Value& v) {
+    if (key == "mixed_precision" && yaml11_boolean(v)) {
+      // PyYAML hands `accelerate launch` a bool, and it fails on .lower().
+      v.fail("an unquoted " + v.node().Scalar() + " is a boolean in YAML 1.1, which "
+                 "Accelerate's loader (PyYAML) follows, so `accelerate launch` fails on it",
+             "write it in quotes, mixed_precision: 'no', as `accelerate config` does");
+    }
     if (key == "num_processes" && v.node().IsScalar() && v.node().Scalar() == "-1") {
       // Accelerate's "not set" (its ClusterConfig default): the launch decides.
       config.key_locations.erase("num_processes");
@@ -218,7 +259,7 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
       v.as_choice({"LOCAL_MACHINE"});
     } else if (key == "distributed_type") {
       type_value = v;
-      config.distributed_type = read_distributed_type(v);
+      config.distributed_type = read_accelerate_distributed_type(v);
     } else if (key == "deepspeed_config") {
       section = v;
     } else if (key == "fsdp_config") {

@@ -2,6 +2,8 @@
 // bf16 blocks. zero_optimization, optimizer and scheduler have their own
 // files because tandem YAML shares them.
 
+#include <map>
+
 #include "config/readers.h"
 
 namespace tandem::config_detail {
@@ -11,16 +13,44 @@ namespace {
 // warning so that real configs load.
 const std::vector<std::string>& warned_top_level_keys() {
   static const std::vector<std::string> keys = {
-      "activation_checkpointing", "aio", "amp", "autotuning", "checkpoint", "comet",
-      "comms_logger", "communication_data_type", "compile", "compression_training",
-      "csv_monitor", "curriculum_learning", "data_efficiency", "data_types",
-      "dataloader_drop_last", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
-      "flops_profiler", "gradient_predivide_factor", "graph_harvesting", "hybrid_engine",
-      "memory_breakdown", "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop",
-      "quantize_training", "seq_parallel_communication_data_type", "sparse_attention",
-      "sparse_gradients", "tensorboard", "timers", "torch_autocast", "wandb",
-      "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
+      "activation_checkpointing", "aio", "autotuning", "checkpoint", "comet",
+      "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency",
+      "data_types", "dataloader_drop_last", "disable_allgather", "dump_state",
+      "flops_profiler", "gradient_predivide_factor", "hybrid_engine", "memory_breakdown",
+      "pipeline", "prescale_gradients", "seq_parallel_communication_data_type", "tensorboard",
+      "timers", "torch_autocast", "wandb", "weight_quantization",
+      "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
   return keys;
+}
+
+// Blocks DeepSpeed has removed (deepspeedai/DeepSpeed#8489). Current
+// DeepSpeed refuses a file that still has one, because a leftover block
+// would be ignored silently (elasticity would even change the batch size);
+// tandem refuses it too, with DeepSpeed's replacement as the fix.
+const std::map<std::string, std::string>& removed_top_level_keys() {
+  static const std::map<std::string, std::string> keys = {
+      {"amp", "use the fp16 or bf16 block instead of Apex AMP"},
+      {"compression_training", "remove the block; the model would train unquantized anyway"},
+      {"curriculum_learning",
+       "remove the block (DeepSpeed moved it to data_efficiency.data_sampling)"},
+      {"eigenvalue", "remove the block"},
+      {"elasticity",
+       "remove the block and set train_batch_size, train_micro_batch_size_per_gpu and "
+       "gradient_accumulation_steps directly"},
+      {"graph_harvesting", "remove the key"},
+      {"nebula", "remove the block; checkpoints are written by the checkpoint API"},
+      {"progressive_layer_drop", "remove the block"},
+      {"quantize_training", "remove the block"},
+      {"sparse_attention", "remove the block"},
+      {"sparse_gradients", "remove the key; gradients are reduced dense"},
+  };
+  return keys;
+}
+
+std::vector<std::string> removed_key_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : removed_top_level_keys()) names.push_back(entry.first);
+  return names;
 }
 
 std::optional<int64_t> read_batch_count(const Value& value) {
@@ -56,6 +86,13 @@ void read_fp16(const Value& block, Config& config, PrecisionBlocks& seen) {
         seen.fp16_on = v.path();
         config.mixed_precision = MixedPrecision::kFp16;
       }
+    } else if (key == "min_loss_scale") {
+      // DeepSpeed's DeepSpeedFP16Config declares it an int and refuses 0.5;
+      // tandem YAML's fp16 block takes fractions.
+      scale.min_loss_scale = static_cast<double>(v.as_int(
+          1, std::numeric_limits<int64_t>::max(),
+          "DeepSpeed reads fp16.min_loss_scale as a whole number: set it to 1 (the default) or "
+          "another whole number >= 1"));
     } else {
       read_loss_scale_key(key, v, scale);
     }
@@ -101,14 +138,17 @@ bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig
 }
 
 void read_deepspeed_document(const Value& root, Config& config) {
-  static const KeyTable table{{"train_batch_size", "train_micro_batch_size_per_gpu",
-                               "gradient_accumulation_steps", "optimizer", "scheduler", "fp16",
-                               "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
-                               "steps_per_print", "wall_clock_breakdown", "tensor_parallel",
-                               "sequence_parallel_size"},
-                              warned_top_level_keys(),
-                              {},
-                              {}};
+  static const KeyTable table = [] {
+    KeyTable keys{{"train_batch_size", "train_micro_batch_size_per_gpu",
+                   "gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16",
+                   "bfloat16", "zero_optimization", "gradient_clipping", "steps_per_print",
+                   "wall_clock_breakdown", "tensor_parallel", "sequence_parallel_size"},
+                  warned_top_level_keys(),
+                  {},
+                  {}};
+    for (const auto& name : removed_key_names()) keys.read.push_back(name);
+    return keys;
+  }();
   config.distributed_type = DistributedType::kDeepSpeed;
   PrecisionBlocks precision;
   for_each_key(root, table, [&](const std::string& key, const Value& v) {
@@ -141,6 +181,11 @@ void read_deepspeed_document(const Value& root, Config& config) {
       config.wall_clock_breakdown = v.as_bool();
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);
+    } else if (auto removed = removed_top_level_keys().find(key);
+               removed != removed_top_level_keys().end()) {
+      v.fail("DeepSpeed has removed this feature, and current DeepSpeed refuses a config that "
+             "still has the key (deepspeedai/DeepSpeed#8489)",
+             removed->second);
     }
   });
 }

@@ -1,6 +1,9 @@
 // DeepSpeed's zero_optimization block, as DeepSpeed JSON and tandem YAML
 // write it.
 
+#include <map>
+#include <utility>
+
 #include "config/readers.h"
 
 namespace tandem::config_detail {
@@ -30,12 +33,19 @@ void read_offload(const Value& block, OffloadDevice& device, Config& config) {
 
 // A size in elements: a whole number >= `min`, or "auto" where HF's Trainer
 // writes it (the default then stays).
-int64_t read_size(const Value& v, int64_t current, int64_t min, bool auto_allowed) {
+int64_t read_size(const Value& v, int64_t current, int64_t min, bool auto_allowed,
+                  const std::string& fix = "") {
   if (auto_allowed && v.is_auto()) {
     v.note_auto();
     return current;
   }
-  return v.as_int(min);
+  return v.as_int(min, std::numeric_limits<int64_t>::max(), fix);
+}
+
+// Keys DeepSpeed has removed (deepspeedai/DeepSpeed#8489) and refuses.
+bool is_removed_key(const std::string& key) {
+  return key == "mics_shard_size" || key == "mics_hierarchical_params_gather" ||
+         key == "zeropp_loco_param";
 }
 
 }  // namespace
@@ -51,18 +61,18 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance",
       "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
       "stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save",
-      "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"};
+      "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+      // Removed from DeepSpeed: read only to be refused.
+      "mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"};
   static const std::vector<std::string> warned_keys = {
       "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint",
       "ignore_unused_parameters", "legacy_stage1", "zero_hpz_partition_size",
       "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-      "zero_quantized_gradients", "mics_shard_size", "mics_hierarchical_params_gather",
-      "memory_efficient_linear", "stage3_model_persistence_threshold",
+      "zero_quantized_gradients", "memory_efficient_linear", "stage3_model_persistence_threshold",
       "model_persistence_threshold", "stage3_module_granularity_threshold",
       "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
       "use_multi_rank_bucket_allreduce", "override_module_apply", "pipeline_loading_checkpoint",
-      "log_trace_cache_warnings", "enable_sanity_checks", "leaf_module", "zeropp_loco_param",
-      "zenflow"};
+      "log_trace_cache_warnings", "enable_sanity_checks", "leaf_module", "zenflow"};
   static const KeyTable deepspeed_table{read_keys, warned_keys, {}, {}};
   static const KeyTable tandem_table = [] {
     KeyTable table{read_keys, warned_keys, {}, {}};
@@ -71,8 +81,10 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
   }();
 
   ZeroConfig& zero = config.zero;
+  std::map<std::string, Value> given;  // for the deprecated spellings below
   for_each_key(block, dialect == Dialect::kTandem ? tandem_table : deepspeed_table,
                [&](const std::string& key, const Value& v) {
+    given.emplace(key, v);
     if (key == "stage") {
       zero.stage = static_cast<int>(v.as_int(0, 3, "set it to 0, 1, 2 or 3"));
     } else if (key == "offload_optimizer") {
@@ -86,9 +98,15 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
     } else if (key == "reduce_scatter") {
       zero.reduce_scatter = v.as_bool();
     } else if (key == "reduce_bucket_size") {
-      // 0 is meaningful (HF's tests write it): every gradient is reduced on
-      // its own, as DeepSpeed flushes a bucket once it would exceed the size.
-      zero.reduce_bucket_size = read_size(v, zero.reduce_bucket_size, 0, true);
+      // In tandem YAML 0 means every gradient is reduced on its own (a
+      // bucket is flushed once it would exceed the size). DeepSpeed's
+      // pydantic model refuses 0 (gt=0), so a DeepSpeed JSON must say 1.
+      zero.reduce_bucket_size =
+          dialect == Dialect::kDeepSpeed
+              ? read_size(v, zero.reduce_bucket_size, 1, true,
+                          "DeepSpeed requires reduce_bucket_size > 0; 1 reduces each gradient "
+                          "on its own")
+              : read_size(v, zero.reduce_bucket_size, 0, true);
     } else if (key == "allgather_partitions") {
       zero.allgather_partitions = v.as_bool();
     } else if (key == "allgather_bucket_size") {
@@ -126,8 +144,25 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       zero.offload_pin_memory = v.as_bool();
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
+    } else if (is_removed_key(key)) {
+      v.fail("DeepSpeed has removed this feature, and current DeepSpeed refuses a config that "
+             "still has the key (deepspeedai/DeepSpeed#8489)",
+             "remove the key");
     }
   });
+  // DeepSpeed's deprecated-field check: "Cannot provide deprecated parameter
+  // 'cpu_offload' and replacing parameter 'offload_optimizer' together".
+  for (const auto& [old_key, new_key] : {std::pair<std::string, std::string>{
+                                             "cpu_offload", "offload_optimizer"},
+                                         {"cpu_offload_param", "offload_param"}}) {
+    auto deprecated = given.find(old_key);
+    if (deprecated != given.end() && given.count(new_key)) {
+      deprecated->second.fail(
+          "the deprecated spelling of " + new_key + ", which is given too (DeepSpeed refuses "
+          "both together)",
+          "remove " + old_key + " and keep " + new_key);
+    }
+  }
 }
 
 }  // namespace tandem::config_detail

@@ -158,6 +158,8 @@ bool Value::is_null() const { return !node_.IsDefined() || node_.IsNull(); }
 
 bool Value::is_auto() const { return node_.IsScalar() && node_.Scalar() == "auto"; }
 
+bool Value::is_quoted() const { return quoted(node_); }
+
 std::string Value::describe() const {
   if (is_null()) return "nothing";
   if (node_.IsMap()) return "a mapping";
@@ -187,9 +189,20 @@ int64_t Value::as_int(int64_t min, int64_t max, const std::string& fix) const {
                           ? (min == 1 ? std::string("a positive integer")
                                       : fmt::format("an integer >= {}", min))
                           : fmt::format("an integer {}..{}", min, max);
+  // A number in quotes that would be valid bare: say so, whatever `fix` says.
+  bool quoted_number = false;
+  bool valid_unquoted = false;
+  if (quoted(node_)) {
+    if (auto bare = parse_integer_text(node_.Scalar())) {
+      quoted_number = true;
+      valid_unquoted = *bare >= min && *bare <= max;
+    }
+  }
   std::string how = fix;
-  if (how.empty()) {
-    how = quoted(node_) && parse_integer_text(node_.Scalar()) ? "write it without quotes"
+  if (valid_unquoted) {
+    how = "write it without quotes";
+  } else if (how.empty()) {
+    how = quoted_number ? "write it without quotes"
           : max == std::numeric_limits<int64_t>::max()
               ? fmt::format("set it to a whole number >= {} (5e8 style is fine)", min)
               : fmt::format("set it to a whole number from {} to {}", min, max);
@@ -214,10 +227,19 @@ double Value::as_number(double min, double max, const std::string& fix) const {
   std::string range = "a number";
   if (std::isfinite(min) && std::isfinite(max)) range = fmt::format("a number {}..{}", min, max);
   else if (std::isfinite(min)) range = fmt::format("a number >= {}", min);
+  bool quoted_number = false;
+  bool valid_unquoted = false;
+  if (quoted(node_)) {
+    if (auto bare = parse_double_text(node_.Scalar())) {
+      quoted_number = true;
+      valid_unquoted = *bare >= min && *bare <= max;
+    }
+  }
   std::string how = fix;
-  if (how.empty()) {
-    how = quoted(node_) && parse_double_text(node_.Scalar()) ? "write it without quotes"
-                                                               : "set it to " + range;
+  if (valid_unquoted) {
+    how = "write it without quotes";
+  } else if (how.empty()) {
+    how = quoted_number ? "write it without quotes" : "set it to " + range;
   }
   fail("expected " + range + ", got " + describe(), how);
 }

@@ -55,6 +55,7 @@ class Value {
 
   bool is_null() const;
   bool is_auto() const;  // the string "auto", quoted or not
+  bool is_quoted() const;  // a scalar written in quotes ('NO', "32")
   bool is_map() const { return node_.IsMap(); }
   // How the value reads in a message: 7, "three", a mapping, a list, nothing.
   std::string describe() const;

@@ -37,6 +37,11 @@ inline std::string usage_error(const std::function<void()>& body) {
   return "";
 }
 
+// The UsageError message for loading tests/config/data/`file`.
+inline std::string load_error(const std::string& file) {
+  return usage_error([&] { load_config_file(config_data(file)); });
+}
+
 // The UsageError message for parsing `text` as the file `name`.
 inline std::string parse_error(const std::string& text, const std::string& name,
                                const std::string& base_dir = ".") {

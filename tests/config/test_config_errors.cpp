@@ -108,10 +108,13 @@ TEST(ConfigErrors, ZeroOrNegativeSizesAndCountsAreRefused) {
   EXPECT_TRUE(contains(
       parse_error(R"({"zero_optimization": {"allgather_bucket_size": 0}})", "ds.json"),
       "zero_optimization.allgather_bucket_size: expected a positive integer, got 0"));
-  // reduce_bucket_size may be 0 (a bucket per gradient), not negative.
+  // In tandem YAML reduce_bucket_size may be 0 (a bucket per gradient), not
+  // negative; DeepSpeed JSON refuses 0 too, as DeepSpeed does.
+  EXPECT_TRUE(contains(parse_error("zero_optimization:\n  reduce_bucket_size: -5\n", "t.yaml"),
+                       "zero_optimization.reduce_bucket_size: expected an integer >= 0, got -5"));
   EXPECT_TRUE(contains(
       parse_error(R"({"zero_optimization": {"reduce_bucket_size": -5}})", "ds.json"),
-      "zero_optimization.reduce_bucket_size: expected an integer >= 0, got -5"));
+      "zero_optimization.reduce_bucket_size: expected a positive integer, got -5"));
   EXPECT_TRUE(contains(parse_error("ddp:\n  bucket_cap_mb: 0\n", "t.yaml"),
                        "t.yaml:2:18: ddp.bucket_cap_mb: expected a number > 0, got 0"));
   EXPECT_TRUE(contains(parse_error("num_machines: -1\n", "t.yaml"),

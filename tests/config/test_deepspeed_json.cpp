@@ -42,7 +42,7 @@ TEST(DeepSpeedJson, ReadsZeroStage2WithCpuOffloadWarmupDecayAndFp16) {
   EXPECT_EQ(c.fp16.loss_scale_window, 500);
   EXPECT_EQ(c.fp16.hysteresis, 3);
   EXPECT_TRUE(c.fp16.consecutive_hysteresis);
-  EXPECT_EQ(c.fp16.min_loss_scale, 0.5);
+  EXPECT_EQ(c.fp16.min_loss_scale, 2.0);
 
   EXPECT_EQ(c.zero.stage, 2);
   EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);

@@ -134,7 +134,11 @@ TEST(TandemYaml, EachDataFileSurvivesConversionToTandemYaml) {
                            "accelerate_ds_file.yaml", "ds_zero2_offload.json",
                            "ds_zero3_onecycle.json", "ds_hf_auto.json", "tandem_full.yaml",
                            "ds_trainer_zero3_auto.json", "ds_zero3_small_buckets.json",
-                           "accelerate_multi_node.yaml", "accelerate_no_with_processes.yaml"}) {
+                           "accelerate_multi_node.yaml", "accelerate_no_with_processes.yaml",
+                           "accelerate_zero2_questionnaire.yaml",
+                           "accelerate_multi_cpu_minimal.yaml",
+                           "accelerate_ds_file_zero_no_stage.yaml", "ds_legacy_cpu_offload.json",
+                           "ds_micro_accum_fp16.json", "ds_train_and_accum.json"}) {
     Config original = load_config_file(config_data(file));
     Config back = round_trip(original);
     EXPECT_TRUE(same_settings(back, original)) << file << "\n" << to_tandem_yaml(original);
