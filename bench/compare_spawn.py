@@ -15,21 +15,24 @@ sooner).
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
 
 from bench_common import (BENCH_DIR, add_common_args, run_launcher, run_ranks, run_torch,
-                          strip_prefix, tandem_paths)
+                          tandem_paths)
+
+
+READY = re.compile(r"READY (\d+) (\d+)$", re.M)
 
 
 def latest_ready_ns(outputs, nproc):
     """The latest `READY <rank> <ns>` time over all ranks."""
-    ready = {}
-    for line in "\n".join(outputs).splitlines():
-        fields = strip_prefix(line).split()
-        if len(fields) == 3 and fields[0] == "READY":
-            ready[int(fields[1])] = int(fields[2])
+    # Searched, not matched: under torchrun every rank's stdout and stderr
+    # share one stream, and a READY line can land after another rank's
+    # half-written warning.
+    ready = {int(rank): int(ns) for rank, ns in READY.findall("\n".join(outputs))}
     if sorted(ready) != list(range(nproc)):
         raise RuntimeError(f"READY from ranks {sorted(ready)}, expected 0..{nproc - 1}")
     return max(ready.values())
