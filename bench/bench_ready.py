@@ -5,6 +5,7 @@ prints `READY <rank> <unix_time_ns>`. compare_spawn.py starts its clock
 before the interpreter, so interpreter start and `import torch` count, as
 they do for a user.
 """
+import sys
 import time
 
 import torch.distributed as dist
@@ -13,7 +14,10 @@ import torch.distributed as dist
 def main():
     dist.init_process_group("gloo")
     dist.barrier()
-    print(f"READY {dist.get_rank()} {time.time_ns()}", flush=True)
+    # One write per line: under torchrun the ranks share one stream unbuffered,
+    # and print() writes the text and its newline separately.
+    sys.stdout.write(f"READY {dist.get_rank()} {time.time_ns()}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
