@@ -4,8 +4,10 @@
 // script (safetensors_interop.py) computes the same way.
 
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -84,6 +86,29 @@ inline std::vector<FormulaSpec> formula_specs() {
           {"f8_e5m2fnuz", at::kFloat8_e5m2fnuz, {2, 4}},
           {"f8_e8m0", at::kFloat8_e8m0fnu, {20}},
           {"scalar", at::kFloat, {}},      {"empty", at::kFloat, {0, 3}}};
+}
+
+// Runs `args` with tests/checkpoint/safetensors_interop.py under the peer
+// Python (TANDEM_PEER_PYTHON); its exit code, stdout+stderr in `output`.
+inline int run_interop(const std::string& args, std::string& output) {
+  const std::string here = __FILE__;
+  const std::string script = here.substr(0, here.rfind('/')) + "/safetensors_interop.py";
+  const std::string command = std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Whether the peer Python can import `module` (torch, safetensors.torch).
+inline bool peer_can_import(const std::string& module) {
+  const std::string command =
+      std::string(TANDEM_PEER_PYTHON) + " -c 'import " + module + "' >/dev/null 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  return pipe != nullptr && ::pclose(pipe) == 0;
 }
 
 }  // namespace tandem::testing

@@ -3,9 +3,6 @@
 // and refusals that leave the module untouched; and against the safetensors
 // package in the peer Python (save_model's files load, ours load there).
 
-#include <stdio.h>
-#include <sys/wait.h>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -276,36 +273,16 @@ TEST(ModuleWeights, TiedNamesWithDifferentValuesInTheFileAreRefused) {
   EXPECT_TRUE(same(snapshot(*net), snapshot(*source)));
 }
 
-// The peer Python runs tests/checkpoint/safetensors_interop.py COMMAND ARGS;
-// returns its exit code, its output in `output`.
-int run_interop(const std::string& args, std::string& output) {
-  const std::string here = __FILE__;
-  const std::string script = here.substr(0, here.rfind('/')) + "/safetensors_interop.py";
-  FILE* pipe = ::popen((std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1").c_str(),
-                       "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-bool peer_has_safetensors() {
-  FILE* pipe = ::popen((std::string(TANDEM_PEER_PYTHON) +
-                        " -c 'import safetensors.torch' >/dev/null 2>&1").c_str(), "r");
-  return pipe != nullptr && ::pclose(pipe) == 0;
-}
 
 TEST(ModuleWeights, PretrainedWeightsSavedByPythonGiveTheSameLogits) {
-  if (!peer_has_safetensors()) {
+  if (!testing::peer_can_import("safetensors.torch")) {
     GTEST_SKIP() << TANDEM_PEER_PYTHON << " has no safetensors package (scripts/setup.sh installs it)";
   }
   ScratchDir dir;
   const std::string weights = dir.file("pretrained.safetensors");
   const std::string expected = dir.file("expected.safetensors");
   std::string output;
-  ASSERT_EQ(run_interop("model '" + weights + "' '" + expected + "'", output), 0) << output;
+  ASSERT_EQ(testing::run_interop("model '" + weights + "' '" + expected + "'", output), 0) << output;
 
   torch::manual_seed(1);
   TiedNet net;
@@ -322,7 +299,7 @@ TEST(ModuleWeights, PretrainedWeightsSavedByPythonGiveTheSameLogits) {
 }
 
 TEST(ModuleWeights, PythonSafetensorsLoadsWhatSaveSafetensorsWrites) {
-  if (!peer_has_safetensors()) {
+  if (!testing::peer_can_import("safetensors.torch")) {
     GTEST_SKIP() << TANDEM_PEER_PYTHON << " has no safetensors package (scripts/setup.sh installs it)";
   }
   ScratchDir dir;
@@ -331,7 +308,7 @@ TEST(ModuleWeights, PythonSafetensorsLoadsWhatSaveSafetensorsWrites) {
   const std::string resaved = dir.file("resaved.safetensors");
   save_safetensors(*source, ours);
   std::string output;
-  ASSERT_EQ(run_interop("resave '" + ours + "' '" + resaved + "'", output), 0) << output;
+  ASSERT_EQ(testing::run_interop("resave '" + ours + "' '" + resaved + "'", output), 0) << output;
   TiedNet net;
   load_safetensors(*net, resaved);
   EXPECT_TRUE(same(snapshot(*net), snapshot(*source)));

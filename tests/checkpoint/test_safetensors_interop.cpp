@@ -3,9 +3,6 @@
 // Python (pip's torch 2.13 in .venv/), and with the safetensors package's
 // save_file / load_file. Skipped when that Python has no torch (or package).
 
-#include <stdio.h>
-#include <sys/wait.h>
-
 #include <cstdlib>
 
 #include "checkpoint/safetensors_test_util.h"
@@ -20,31 +17,9 @@ using testing::ScratchDir;
 
 const char* kPython = TANDEM_PEER_PYTHON;
 
-std::string script_path() {
-  const std::string here = __FILE__;
-  return here.substr(0, here.rfind('/')) + "/safetensors_interop.py";
-}
+bool python_has_torch() { return testing::peer_can_import("torch"); }
 
-// Runs `command`, returning its exit code and stdout+stderr in `output`.
-int run(const std::string& command, std::string& output) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-bool python_has_torch() {
-  std::string ignored;
-  return run(std::string(kPython) + " -c 'import torch'", ignored) == 0;
-}
-
-bool python_has_safetensors() {
-  std::string ignored;
-  return run(std::string(kPython) + " -c 'import safetensors.torch'", ignored) == 0;
-}
+bool python_has_safetensors() { return testing::peer_can_import("safetensors.torch"); }
 
 // The tensor's bytes, flat.
 at::Tensor bits(const at::Tensor& t) { return t.contiguous().reshape({-1}).view(at::kByte); }
@@ -59,7 +34,7 @@ TEST(SafetensorsInterop, PythonReadsWhatTandemWrites) {
   const std::string path = dir.file("from_tandem.safetensors");
   write_safetensors(path, tensors, {{"writer", "tandem"}});
   std::string output;
-  const int code = run(std::string(kPython) + " " + script_path() + " check '" + path + "'", output);
+  const int code = testing::run_interop("check '" + path + "'", output);
   EXPECT_EQ(code, 0) << output;
   EXPECT_NE(output.find("ok " + std::to_string(formula_specs().size()) + " tensors"),
             std::string::npos)
@@ -71,7 +46,7 @@ TEST(SafetensorsInterop, TandemReadsWhatPythonWrites) {
   ScratchDir dir;
   const std::string path = dir.file("from_python.safetensors");
   std::string output;
-  ASSERT_EQ(run(std::string(kPython) + " " + script_path() + " write '" + path + "'", output), 0)
+  ASSERT_EQ(testing::run_interop("write '" + path + "'", output), 0)
       << output;
   SafetensorsReader reader(path);
   EXPECT_FALSE(reader.has_checksums());
@@ -92,7 +67,7 @@ TEST(SafetensorsInterop, TandemReadsTheBitsSafetensorsSaveFileWritesInEveryDtype
   ScratchDir dir;
   const std::string path = dir.file("save_file.safetensors");
   std::string output;
-  ASSERT_EQ(run(std::string(kPython) + " " + script_path() + " save_file '" + path + "'", output), 0)
+  ASSERT_EQ(testing::run_interop("save_file '" + path + "'", output), 0)
       << output;
   SafetensorsReader reader(path);
   ASSERT_EQ(reader.entries().size(), formula_specs().size());
@@ -115,7 +90,7 @@ TEST(SafetensorsInterop, SafetensorsLoadFileReadsTheBitsTandemWritesInEveryDtype
   const std::string path = dir.file("from_tandem.safetensors");
   write_safetensors(path, tensors);
   std::string output;
-  EXPECT_EQ(run(std::string(kPython) + " " + script_path() + " load_file '" + path + "'", output), 0)
+  EXPECT_EQ(testing::run_interop("load_file '" + path + "'", output), 0)
       << output;
   EXPECT_NE(output.find("ok load_file reads " + std::to_string(tensors.size()) + " tensors"),
             std::string::npos)
