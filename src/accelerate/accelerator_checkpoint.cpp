@@ -41,6 +41,34 @@ std::vector<std::pair<std::string, at::Tensor>> parameters_by_name(torch::nn::Mo
   return out;
 }
 
+// The optimizer's tensors by module path, keyed by TensorImpl: every model
+// parameter by its name (tied weights once), and every fp32 master copy by
+// its parameter's name.
+using TensorNames = std::unordered_map<const void*, std::string>;
+
+TensorNames optimizer_tensor_names(torch::nn::Module& model, const MasterWeights* master) {
+  TensorNames names;
+  for (const auto& [name, p] : parameters_by_name(model)) names[p.unsafeGetTensorImpl()] = name;
+  if (master != nullptr) {
+    for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+      names[master->master_params()[i].unsafeGetTensorImpl()] =
+          names[master->model_params()[i].unsafeGetTensorImpl()];
+    }
+  }
+  return names;
+}
+
+// The name of `t`; a UsageError from `caller` when the optimizer holds a
+// tensor that is neither a parameter of the model nor a master copy of one.
+const std::string& name_of(const TensorNames& names, const at::Tensor& t, const char* caller) {
+  const auto it = names.find(t.unsafeGetTensorImpl());
+  TANDEM_CHECK_ARG(it != names.end(),
+                   "{}: the optimizer holds a tensor of shape {} that is not a parameter of the "
+                   "prepared model; build the optimizer over model->parameters()",
+                   caller, fmt::join(t.sizes(), "x"));
+  return it->second;
+}
+
 nlohmann::json describe(const std::string& name, const at::Tensor& t) {
   return {{"name", name},
           {"shape", t.sizes().vec()},
@@ -119,26 +147,13 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
       step = zero_->step_count();
       opt["state_names"] = zero_->state_names();
     } else {
-      std::unordered_map<const void*, std::string> names;
-      for (const auto& [name, p] : parameters_by_name(*model_)) {
-        names[p.unsafeGetTensorImpl()] = name;
-      }
-      if (const MasterWeights* master = optimizer_core_->master_weights()) {
-        for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-          names[master->master_params()[i].unsafeGetTensorImpl()] =
-              names[master->model_params()[i].unsafeGetTensorImpl()];
-        }
-      }
+      const TensorNames names =
+          optimizer_tensor_names(*model_, optimizer_core_->master_weights());
       std::vector<std::string> state_names;
       for (const auto& p : unique_optimizer_parameters(optimizer)) {
-        const auto it = names.find(p.unsafeGetTensorImpl());
-        TANDEM_CHECK_ARG(it != names.end(),
-                         "save_state: the optimizer holds a tensor of shape {} that is not a "
-                         "parameter of the prepared model; build the optimizer over "
-                         "model->parameters()",
-                         fmt::join(p.sizes(), "x"));
+        const std::string& name = name_of(names, p, "save_state");
         const detail::ParamState ps = detail::get_param_state(optimizer, p);
-        if (ps.step >= 0) steps[it->second] = ps.step;
+        if (ps.step >= 0) steps[name] = ps.step;
         step = std::max(step, ps.step);
         for (const auto& [sname, t] : ps.tensors) {
           if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
@@ -200,20 +215,18 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
   }
   if (rank0 && optimizer_core_ && !zero_) {
     auto& optimizer = optimizer_core_->optimizer();
-    std::unordered_map<const void*, std::string> names;
-    for (const auto& [name, p] : parameters_by_name(*model_)) names[p.unsafeGetTensorImpl()] = name;
-    if (const MasterWeights* master = optimizer_core_->master_weights()) {
+    const MasterWeights* master = optimizer_core_->master_weights();
+    const TensorNames names = optimizer_tensor_names(*model_, master);
+    if (master != nullptr) {
       for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-        const std::string& name = names[master->model_params()[i].unsafeGetTensorImpl()];
         const at::Tensor& m = master->master_params()[i];
         if (m.unsafeGetTensorImpl() != master->model_params()[i].unsafeGetTensorImpl()) {
-          out.emplace_back(fragment_key(kMaster, name, 0), flat(m));
+          out.emplace_back(fragment_key(kMaster, name_of(names, m, "save_state"), 0), flat(m));
         }
-        names[m.unsafeGetTensorImpl()] = name;
       }
     }
     for (const auto& p : unique_optimizer_parameters(optimizer)) {
-      const std::string& name = names.at(p.unsafeGetTensorImpl());
+      const std::string& name = name_of(names, p, "save_state");
       for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
         out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
       }
@@ -313,28 +326,26 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
   }
   if (zero_) return;  // restore_model() loaded the shards with the weights
   torch::NoGradGuard no_grad;
-  std::unordered_map<const void*, std::pair<std::string, at::Tensor>> by_impl;
-  for (const auto& [name, p] : parameters_by_name(*model_)) {
-    by_impl[p.unsafeGetTensorImpl()] = {name, p};
-  }
-  if (const MasterWeights* master = optimizer_core_->master_weights()) {
+  const MasterWeights* master = optimizer_core_->master_weights();
+  const TensorNames names = optimizer_tensor_names(*model_, master);
+  if (master != nullptr) {
     for (std::size_t i = 0; i < master->model_params().size(); ++i) {
       const at::Tensor& m = master->master_params()[i];
-      const auto& [name, model_param] = by_impl.at(master->model_params()[i].unsafeGetTensorImpl());
+      const at::Tensor& model_param = master->model_params()[i];
       if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
+        const std::string& name = name_of(names, model_param, "load_state");
         if (checkpoint.has(kMaster, name)) {
           checkpoint.read_range_into(kMaster, name, 0, m.detach());
         } else {
           m.detach().copy_(model_param.detach().to(m.scalar_type()));
         }
       }
-      by_impl[m.unsafeGetTensorImpl()] = {name, m};
     }
   }
   const auto state_names = saved.value("state_names", std::vector<std::string>{});
   const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
   for (const auto& p : unique_optimizer_parameters(optimizer)) {
-    const std::string& name = by_impl.at(p.unsafeGetTensorImpl()).first;
+    const std::string& name = name_of(names, p, "load_state");
     detail::ParamState ps;
     ps.step = steps.contains(name) ? steps[name].get<int64_t>()
                                    : saved.value("step", int64_t{-1});

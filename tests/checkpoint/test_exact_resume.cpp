@@ -138,5 +138,51 @@ TEST(ExactResume, SaveInTheMiddleOfAccumulationIsRefused) {
   });
 }
 
+// An optimizer that also holds a tensor outside the model: save_state and
+// load_state name it (shape) and the fix, instead of a bare std::out_of_range.
+TEST(ExactResume, AnOptimizerTensorOutsideTheModelIsNamedOnSaveAndLoad) {
+  TempDir dir;
+  testing::run_ranks(1, [&](ProcessGroup& pg) {
+    testing::Recipe r;
+    {
+      Accelerator accelerator(pg.shared_from_this(), Config{});
+      testing::Stack model = testing::make_model(r);
+      torch::optim::Adam adam(model->parameters());
+      accelerator.prepare_model(model);
+      auto optimizer = accelerator.prepare_optimizer(adam);
+      accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
+      optimizer.step();
+      accelerator.save_state(dir.path());
+    }
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    testing::Stack model = testing::make_model(r);
+    auto params = model->parameters();
+    params.push_back(torch::zeros({3, 7}, torch::requires_grad()));
+    torch::optim::Adam adam(params);
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(adam);
+    accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
+    optimizer.step();
+    try {
+      accelerator.load_state(dir.path());
+      ADD_FAILURE() << "load_state accepted an optimizer tensor outside the model";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("load_state: the optimizer holds a tensor of shape 3x7 "
+                                           "that is not a parameter of the prepared model"),
+                std::string::npos)
+          << e.what();
+    }
+    TempDir other;
+    try {
+      accelerator.save_state(other.path());
+      ADD_FAILURE() << "save_state accepted an optimizer tensor outside the model";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("save_state: the optimizer holds a tensor of shape 3x7"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace tandem

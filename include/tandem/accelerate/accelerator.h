@@ -13,8 +13,8 @@
 // Construction resolves the config (file, then environment, then the code
 // overrides in AcceleratorOptions), joins the process group, and picks the
 // device (cuda:LOCAL_RANK when CUDA is available and not refused, else cpu).
-// prepare() moves the model to the device and wraps it for the strategy (DDP;
-// ZeRO arrives with issue 6), shards the data, and hands back an optimizer and
+// prepare() moves the model to the device and wraps it for the strategy (DDP,
+// or ZeRO stage 1-3 with its optimizer), shards the data, and hands back an optimizer and
 // loader that follow the accumulation rules (see tandem/accelerate/prepared.h).
 //
 // Every collective method (prepare, wait_for_everyone, gather, reduce, ...)

@@ -1,7 +1,8 @@
 #pragma once
 // ProcessGroup: tandem's handle on the job's ranks and their collectives.
 //
-// Built on c10d: a TCPStore rendezvous, Gloo for CPU tensors and NCCL for
+// Built on c10d: a store rendezvous (tandem's token-checked store, or a
+// foreign launcher's c10d TCPStore), Gloo for CPU tensors and NCCL for
 // CUDA tensors when LibTorch has it. Every collective has a timeout; at world
 // size 1 (no launcher) nothing is created and every collective is a no-op or
 // a local copy.
@@ -75,8 +76,9 @@ struct ProcessGroupOptions {
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
-  // Joins the job that `env` describes, rendezvousing through a TCPStore at
-  // MASTER_ADDR:MASTER_PORT (hosted by rank 0 unless the launcher hosts it).
+  // Joins the job that `env` describes, rendezvousing through the store at
+  // MASTER_ADDR:MASTER_PORT (hosted by rank 0 unless the launcher hosts it):
+  // tandem's own with TANDEM_STORE_TOKEN, else torchrun's c10d TCPStore.
   // A process with no launcher environment gets a local world of 1.
   // Throws CommError/TimeoutError with the address and the likely fix.
   static std::shared_ptr<ProcessGroup> init(const RankEnv& env,

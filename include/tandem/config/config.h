@@ -49,7 +49,7 @@ enum class ConfigFormat { kDefaults, kTandemYaml, kAccelerateYaml, kDeepSpeedJso
 // "defaults", "tandem_yaml", "accelerate_yaml", "deepspeed_json".
 const char* to_string(ConfigFormat format);
 
-// DeepSpeed's fp16 block. Used by the loss scaler (issue 5).
+// DeepSpeed's fp16 block. Used by the loss scaler.
 struct LossScaleConfig {
   double loss_scale = 0;  // 0: dynamic; > 0: static scale
   int initial_scale_power = 16;
@@ -62,7 +62,7 @@ struct LossScaleConfig {
   bool deepspeed_semantics = false;
 };
 
-// DeepSpeed's zero_optimization block (issue 6 implements the stages).
+// DeepSpeed's zero_optimization block (stages 1-3: tandem::ZeroOptimizer).
 struct ZeroConfig {
   int stage = 0;  // 0: plain data parallel (DDP)
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
