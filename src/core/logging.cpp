@@ -83,6 +83,8 @@ void set_thread_rank_label(int rank, int world_size) { thread_label = RankLabel{
 
 void clear_thread_rank_label() { thread_label = RankLabel{}; }
 
+std::pair<int, int> thread_rank_label() { return {thread_label.rank, thread_label.world_size}; }
+
 std::string rank_prefix() {
   RankLabel label = current_label();
   if (label.rank < 0) return "";

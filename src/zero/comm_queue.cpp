@@ -1,8 +1,16 @@
 #include "zero/comm_queue.h"
 
+#include "tandem/core/logging.h"
+
 namespace tandem::detail {
 
-CommQueue::CommQueue() : thread_([this] { run(); }) {}
+// The helper's errors carry the rank of the thread that made the queue (one
+// rank of a ranks-as-threads test; a real process has a process-wide label).
+CommQueue::CommQueue()
+    : thread_([this, label = thread_rank_label()] {
+        if (label.first >= 0) set_thread_rank_label(label.first, label.second);
+        run();
+      }) {}
 
 CommQueue::~CommQueue() {
   {

@@ -1,9 +1,13 @@
 // Bad setups are refused with a message that says what and how to fix it.
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+#include "zero/comm_queue.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
@@ -32,6 +36,24 @@ std::string construct_error(ZeroOptions options, bool sharded_blocks,
     return e.what();
   }
   return "";
+}
+
+// An error on ZeRO's collective helper thread names the rank of the thread
+// that owns the optimizer, as the training thread's own errors do.
+TEST(ZeroErrors, ErrorsOnTheCommThreadCarryTheOwningRank) {
+  std::thread rank_thread([] {
+    set_thread_rank_label(1, 3);
+    detail::CommQueue queue;
+    auto done = queue.submit([] { TANDEM_THROW(CommError, "all-gather failed"); });
+    try {
+      done.get();
+      ADD_FAILURE() << "the task's error was lost";
+    } catch (const CommError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("[rank 1/3] all-gather failed", 0), 0u) << e.what();
+    }
+    clear_thread_rank_label();
+  });
+  rank_thread.join();
 }
 
 TEST(ZeroErrors, StageThreeWithoutShardedUnitsSaysHowToDeclareThem) {

@@ -7,6 +7,7 @@
 // All functions are thread-safe; lines from different threads never interleave.
 
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -27,6 +28,10 @@ void set_log_level(LogLevel level);
 void set_process_rank_label(int rank, int world_size);
 void set_thread_rank_label(int rank, int world_size);
 void clear_thread_rank_label();
+// The calling thread's own label as {rank, world_size}, {-1, 0} when it has
+// none: a helper thread started by a rank thread sets it on itself, so its
+// messages and errors carry that rank.
+std::pair<int, int> thread_rank_label();
 
 // "[rank r/N] ", or "" when no rank is known.
 std::string rank_prefix();
