@@ -131,6 +131,7 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
     ddp.first_bucket_cap_mb = config_.ddp.first_bucket_cap_mb;
     ddp.find_unused_parameters = config_.ddp.find_unused_parameters;
     ddp.broadcast_buffers = config_.ddp.broadcast_buffers;
+    ddp.cache_cpu_allocations = config_.ddp.cache_cpu_allocations;
     ddp.comm_hook = config_.ddp.comm_hook == "bf16"   ? CommHook::kBf16Compress
                     : config_.ddp.comm_hook == "fp16" ? CommHook::kFp16Compress
                                                       : CommHook::kAverage;

@@ -148,7 +148,8 @@ bool same(const SchedulerConfig& a, const SchedulerConfig& b) {
 bool same(const DdpConfig& a, const DdpConfig& b) {
   return a.bucket_cap_mb == b.bucket_cap_mb && a.first_bucket_cap_mb == b.first_bucket_cap_mb &&
          a.find_unused_parameters == b.find_unused_parameters &&
-         a.broadcast_buffers == b.broadcast_buffers && a.comm_hook == b.comm_hook;
+         a.broadcast_buffers == b.broadcast_buffers && a.comm_hook == b.comm_hook &&
+         a.cache_cpu_allocations == b.cache_cpu_allocations;
 }
 
 }  // namespace

@@ -95,7 +95,8 @@ std::string resolved_config_json(const Config& c, int world_size) {
                 {"first_bucket_cap_mb", c.ddp.first_bucket_cap_mb},
                 {"find_unused_parameters", c.ddp.find_unused_parameters},
                 {"broadcast_buffers", c.ddp.broadcast_buffers},
-                {"comm_hook", c.ddp.comm_hook}};
+                {"comm_hook", c.ddp.comm_hook},
+                {"cache_cpu_allocations", c.ddp.cache_cpu_allocations}};
   out["steps_per_print"] = c.steps_per_print;
   out["wall_clock_breakdown"] = c.wall_clock_breakdown;
   out["launch"] = {{"num_processes", or_null(c.num_processes)},

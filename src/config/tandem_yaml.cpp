@@ -33,7 +33,7 @@ void read_loss_scale(const Value& block, LossScaleConfig& scale) {
 
 void read_ddp(const Value& block, DdpConfig& ddp) {
   static const KeyTable table{{"bucket_cap_mb", "first_bucket_cap_mb", "find_unused_parameters",
-                               "broadcast_buffers", "comm_hook"},
+                               "broadcast_buffers", "comm_hook", "cache_cpu_allocations"},
                               {},
                               {},
                               {}};
@@ -43,6 +43,7 @@ void read_ddp(const Value& block, DdpConfig& ddp) {
     if (key == "find_unused_parameters") ddp.find_unused_parameters = v.as_bool();
     if (key == "broadcast_buffers") ddp.broadcast_buffers = v.as_bool();
     if (key == "comm_hook") ddp.comm_hook = v.as_choice({"none", "fp16", "bf16"});
+    if (key == "cache_cpu_allocations") ddp.cache_cpu_allocations = v.as_bool();
   });
 }
 

@@ -169,6 +169,7 @@ void write_ddp(Writer& w, const DdpConfig& d) {
   w.line(1, "find_unused_parameters", flag(d.find_unused_parameters));
   w.line(1, "broadcast_buffers", flag(d.broadcast_buffers));
   w.line(1, "comm_hook", quote(d.comm_hook));
+  w.line(1, "cache_cpu_allocations", flag(d.cache_cpu_allocations));
 }
 
 }  // namespace

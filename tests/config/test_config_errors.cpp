@@ -47,7 +47,8 @@ TEST(ConfigErrors, UnknownKeyFarFromAnyNameListsTheValidOnes) {
   std::string message = parse_error("ddp:\n  xyzzy: 1\n", "t.yaml");
   EXPECT_TRUE(contains(message, "t.yaml:2:3: ddp.xyzzy: unknown key; remove it; keys tandem "
                                 "reads here: bucket_cap_mb, first_bucket_cap_mb, "
-                                "find_unused_parameters, broadcast_buffers and comm_hook"));
+                                "find_unused_parameters, broadcast_buffers, comm_hook and "
+                                "cache_cpu_allocations"));
 }
 
 TEST(ConfigErrors, UnknownSchedulerParameterGetsDidYouMeanForItsType) {

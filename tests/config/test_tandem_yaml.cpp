@@ -54,7 +54,7 @@ Config unusual_config() {
   c.scheduler.params = {{"cycle_min_lr", 1e-6}, {"cycle_first_step_size", 77},
                         {"cycle_momentum", 0.0}};
   c.scheduler.auto_params = {"cycle_max_lr"};
-  c.ddp = {12.5, 0.5, true, false, "bf16"};
+  c.ddp = {12.5, 0.5, true, false, "bf16", true};
   c.steps_per_print = 3;
   c.wall_clock_breakdown = true;
   return c;
@@ -89,6 +89,7 @@ TEST(TandemYaml, ReadsEverySectionOfAHandWrittenFile) {
   EXPECT_TRUE(c.ddp.find_unused_parameters);
   EXPECT_FALSE(c.ddp.broadcast_buffers);
   EXPECT_EQ(c.ddp.comm_hook, "fp16");
+  EXPECT_FALSE(c.ddp.cache_cpu_allocations) << "opt-in: off unless the file says true";
   EXPECT_TRUE(c.warnings.empty());
 }
 

@@ -8,6 +8,7 @@
 
 #include "parallel/ddp_test_models.h"
 #include "support/thread_ranks.h"
+#include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"
 #include "tandem/parallel/ddp.h"
 
@@ -113,6 +114,18 @@ INSTANTIATE_TEST_SUITE_P(Worlds, DdpParity,
                            return "world" + std::to_string(std::get<0>(info.param)) +
                                   (std::get<1>(info.param) < 1 ? "_tiny_buckets" : "_default_buckets");
                          });
+
+// The caching CPU allocator is process-wide, so it is opt-in: a default DDP
+// wrapper leaves LibTorch's CPU allocator as it was. (No test in this binary
+// opts in.)
+TEST(Ddp, DefaultOptionsLeaveTheProcessCpuAllocatorAlone) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = std::make_shared<torch::nn::LinearImpl>(4, 2);
+    DistributedDataParallel ddp(model, pg.shared_from_this());
+    EXPECT_FALSE(DDPOptions{}.cache_cpu_allocations);
+    EXPECT_FALSE(cpu_caching_allocator_enabled());
+  });
+}
 
 TEST(Ddp, TinyCapGivesOneBucketPerParameterInReverseOrder) {
   run_ranks(2, [](ProcessGroup& pg) {

@@ -112,6 +112,7 @@ struct DdpConfig {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   std::string comm_hook = "none";  // "none", "fp16", "bf16"
+  bool cache_cpu_allocations = false;  // DDPOptions::cache_cpu_allocations
 };
 
 struct Config {

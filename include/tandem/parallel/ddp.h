@@ -50,10 +50,13 @@ struct DDPOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::kAverage;
-  // Install tandem's caching CPU allocator (process-wide; see
-  // tandem/core/cpu_allocator.h): training steps stop page-faulting their
-  // large tensors back in. False keeps the system allocator.
-  bool cache_cpu_allocations = true;
+  // Opt-in: make tandem's caching CPU allocator LibTorch's CPU allocator for
+  // the whole process, for good (tandem/core/cpu_allocator.h): large blocks
+  // are reused instead of page-faulted back in every step. It caches up to a
+  // quarter of RAM and takes one mutex per large free. Worth it without
+  // tuned malloc thresholds (docs/performance.md: ZeRO steps 11-14% faster);
+  // no effect with them. Config: `ddp.cache_cpu_allocations: true`.
+  bool cache_cpu_allocations = false;
 };
 
 namespace detail {
