@@ -7,6 +7,8 @@
 #include <limits>
 #include <set>
 
+#include "core/text.h"
+
 namespace tandem {
 namespace {
 
@@ -14,15 +16,6 @@ constexpr const char* kRuleKey = "rule";
 constexpr const char* kStepsKey = "steps";
 constexpr const char* kSkippedKey = "skipped_steps";
 constexpr const char* kOverflowsKey = "overflows_at_min_scale";
-
-std::string join_keys(const std::set<std::string>& keys) {
-  std::string out;
-  for (const auto& key : keys) {
-    if (!out.empty()) out += ", ";
-    out += "'" + key + "'";
-  }
-  return out.empty() ? "none" : out;
-}
 
 // A saved counter: a whole number in [minimum, 2^53] (doubles are exact there).
 int64_t counter_value(const std::map<std::string, double>& state, const char* key,
@@ -140,7 +133,7 @@ void LossScaler::load_state_dict(const std::map<std::string, double>& state) {
   TANDEM_CHECK_ARG(missing.empty() && unknown.empty(),
                    "loss scaler state_dict for a '{}' scaler: missing keys {}, unknown keys {}; "
                    "pass a state_dict() of the same kind of scaler",
-                   to_string(rule()), join_keys(missing), join_keys(unknown));
+                   to_string(rule()), detail::quoted_keys(missing), detail::quoted_keys(unknown));
 
   const int64_t steps = counter_value(state, kStepsKey, 0);
   const int64_t skipped = counter_value(state, kSkippedKey, 0);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "config/numbers.h"
+#include "core/text.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
 
@@ -13,12 +14,7 @@ namespace {
 
 using VarMap = std::map<std::string, std::string>;
 
-// Empty counts as unset, as for the rank variables.
-const std::string* find(const VarMap& vars, const char* name) {
-  auto it = vars.find(name);
-  if (it == vars.end() || it->second.empty()) return nullptr;
-  return &it->second;
-}
+constexpr auto find = detail::find_variable;
 
 std::string get(const VarMap& vars, const char* name) {
   const std::string* value = find(vars, name);

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "core/text.h"
 #include "tandem/core/error.h"
 #include "tandem/core/error_file.h"
 
@@ -14,11 +15,7 @@ namespace {
 
 using VarMap = std::map<std::string, std::string>;
 
-const std::string* find(const VarMap& vars, const char* name) {
-  auto it = vars.find(name);
-  if (it == vars.end() || it->second.empty()) return nullptr;
-  return &it->second;
-}
+constexpr auto find = detail::find_variable;
 
 int parse_int(const VarMap& vars, const char* name, int fallback, int min_value) {
   const std::string* text = find(vars, name);

@@ -4,21 +4,13 @@
 #include <limits>
 #include <set>
 
+#include "core/text.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
 namespace {
 
 constexpr const char* kIterationKey = "last_batch_iteration";
-
-std::string join_keys(const std::set<std::string>& keys) {
-  std::string out;
-  for (const auto& key : keys) {
-    if (!out.empty()) out += ", ";
-    out += "'" + key + "'";
-  }
-  return out.empty() ? "none" : out;
-}
 
 }  // namespace
 
@@ -78,7 +70,7 @@ void LRScheduler::load_state_dict(const std::map<std::string, double>& state) {
                    "{}: the scheduler state does not match this scheduler (missing keys: {}; "
                    "unknown keys: {}); load a state saved by the same kind of scheduler over "
                    "an optimizer with the same number of param groups ({})",
-                   name(), join_keys(missing), join_keys(unknown), num_groups_);
+                   name(), detail::quoted_keys(missing), detail::quoted_keys(unknown), num_groups_);
 
   double iteration = state.at(kIterationKey);
   TANDEM_CHECK_ARG(std::isfinite(iteration) && iteration == std::floor(iteration) &&
