@@ -84,6 +84,22 @@ std::string join_path(const std::string& parent, const std::string& key) {
 
 bool quoted(const YAML::Node& node) { return node.IsScalar() && node.Tag() == "!"; }
 
+// How to fix a refused number. A number in quotes that would be valid bare
+// gets "write it without quotes" whatever `fix` says; else `fix`, or when it
+// is empty "write it without quotes" for any quoted number and `otherwise`
+// for the rest.
+template <typename Parse, typename T>
+std::string number_fix(const YAML::Node& node, Parse parse, T min, T max, const std::string& fix,
+                       const std::string& otherwise) {
+  if (quoted(node)) {
+    if (auto bare = parse(node.Scalar())) {
+      if (*bare >= min && *bare <= max) return "write it without quotes";
+      return fix.empty() ? "write it without quotes" : fix;
+    }
+  }
+  return fix.empty() ? otherwise : fix;
+}
+
 }  // namespace
 
 bool looks_like_json(const std::string& text) {
@@ -189,25 +205,12 @@ int64_t Value::as_int(int64_t min, int64_t max, const std::string& fix) const {
                           ? (min == 1 ? std::string("a positive integer")
                                       : fmt::format("an integer >= {}", min))
                           : fmt::format("an integer {}..{}", min, max);
-  // A number in quotes that would be valid bare: say so, whatever `fix` says.
-  bool quoted_number = false;
-  bool valid_unquoted = false;
-  if (quoted(node_)) {
-    if (auto bare = parse_integer_text(node_.Scalar())) {
-      quoted_number = true;
-      valid_unquoted = *bare >= min && *bare <= max;
-    }
-  }
-  std::string how = fix;
-  if (valid_unquoted) {
-    how = "write it without quotes";
-  } else if (how.empty()) {
-    how = quoted_number ? "write it without quotes"
-          : max == std::numeric_limits<int64_t>::max()
-              ? fmt::format("set it to a whole number >= {} (5e8 style is fine)", min)
-              : fmt::format("set it to a whole number from {} to {}", min, max);
-  }
-  fail("expected " + range + ", got " + describe(), how);
+  const std::string otherwise =
+      max == std::numeric_limits<int64_t>::max()
+          ? fmt::format("set it to a whole number >= {} (5e8 style is fine)", min)
+          : fmt::format("set it to a whole number from {} to {}", min, max);
+  fail("expected " + range + ", got " + describe(),
+       number_fix(node_, parse_integer_text, min, max, fix, otherwise));
 }
 
 int64_t Value::as_count() const { return as_int(1); }
@@ -227,21 +230,8 @@ double Value::as_number(double min, double max, const std::string& fix) const {
   std::string range = "a number";
   if (std::isfinite(min) && std::isfinite(max)) range = fmt::format("a number {}..{}", min, max);
   else if (std::isfinite(min)) range = fmt::format("a number >= {}", min);
-  bool quoted_number = false;
-  bool valid_unquoted = false;
-  if (quoted(node_)) {
-    if (auto bare = parse_double_text(node_.Scalar())) {
-      quoted_number = true;
-      valid_unquoted = *bare >= min && *bare <= max;
-    }
-  }
-  std::string how = fix;
-  if (valid_unquoted) {
-    how = "write it without quotes";
-  } else if (how.empty()) {
-    how = quoted_number ? "write it without quotes" : "set it to " + range;
-  }
-  fail("expected " + range + ", got " + describe(), how);
+  fail("expected " + range + ", got " + describe(),
+       number_fix(node_, parse_double_text, min, max, fix, "set it to " + range));
 }
 
 double Value::as_positive_number() const {
