@@ -37,19 +37,25 @@ using BackendBase = c10d::Backend;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
-// A client of a c10d TCPStore hosted by another launcher (torchrun's agent
-// store). In 2.x the libuv server became the default; the client does not
-// care, but the option must stay off for the classic protocol.
-inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_client(const std::string& host, int port,
-                                                                int world_size,
-                                                                std::chrono::milliseconds timeout) {
+// TCPStore options for the classic (non-libuv) protocol, which both sides
+// below speak: 2.x made the libuv server the default.
+inline c10d::TCPStoreOptions classic_store_options(int port, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(port);
-  opts.isServer = false;
-  opts.numWorkers = world_size;
   opts.waitWorkers = false;
   opts.timeout = timeout;
   opts.useLibUV = false;
+  return opts;
+}
+
+// A client of a c10d TCPStore hosted by another launcher (torchrun's agent
+// store).
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_client(const std::string& host, int port,
+                                                                int world_size,
+                                                                std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts = classic_store_options(port, timeout);
+  opts.isServer = false;
+  opts.numWorkers = world_size;
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
@@ -59,13 +65,9 @@ inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_client(const std::strin
 inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store_server(const std::string& host, int port,
                                                                 int listen_fd,
                                                                 std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(port);
+  c10d::TCPStoreOptions opts = classic_store_options(port, timeout);
   opts.isServer = true;
-  opts.waitWorkers = false;
-  opts.timeout = timeout;
   opts.masterListenFd = listen_fd;
-  opts.useLibUV = false;
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
