@@ -44,8 +44,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench_zero import (Stack, fixed_batch, memory_per_rank, proc_status_bytes,  # noqa: E402
-                        reset_peak_rss, result, return_free_memory, time_steps)
+from bench_zero import (memory_per_rank, proc_status_bytes, reset_peak_rss,  # noqa: E402
+                        result, return_free_memory, start_rank, time_steps)
 
 MiB = 1 << 20
 
@@ -134,18 +134,8 @@ def main():
                         help="reduce/allgather bucket size, MiB of fp32")
     args = parser.parse_args()
 
-    # One intra-op thread per rank, as on the other sides.
-    torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-    rank, world = dist.get_rank(), dist.get_world_size()
-
-    return_free_memory()
-    baseline_rss = proc_status_bytes("VmRSS")
-
-    inputs, labels = fixed_batch(args, rank)
-
-    torch.manual_seed(0)
-    model = Stack(args.width, args.depth)
+    rank, world, baseline_rss, inputs, labels, model = start_rank(
+        args, lambda: deepspeed.init_distributed(dist_backend="gloo", verbose=False))
     params = sum(p.numel() for p in model.parameters())
     engine, zero_optimizer, _, _ = deepspeed.initialize(
         model=model, optimizer=make_optimizer(model.parameters(), args.offload),

@@ -140,6 +140,20 @@ def fixed_batch(args, rank):
     return inputs, torch.randint(0, CLASSES, (args.batch,), generator=generator)
 
 
+def start_rank(args, join):
+    """One intra-op thread (as on the tandem side), `join()` the job, then this
+    rank's bare RSS, its fixed batch and the model (seed 0):
+    (rank, world, baseline_rss, inputs, labels, model)."""
+    torch.set_num_threads(1)
+    join()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return_free_memory()
+    baseline_rss = proc_status_bytes("VmRSS")
+    inputs, labels = fixed_batch(args, rank)
+    torch.manual_seed(0)
+    return rank, world, baseline_rss, inputs, labels, Stack(args.width, args.depth)
+
+
 def memory_per_rank(mine, rank, world):
     """Every rank's MEMORY_COLUMNS, from each rank's own list `mine`."""
     rows = torch.zeros(world, len(MEMORY_COLUMNS), dtype=torch.float64)
@@ -200,18 +214,8 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     args = parser.parse_args()
 
-    # One intra-op thread per rank, as on the tandem side.
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-
-    return_free_memory()
-    baseline_rss = proc_status_bytes("VmRSS")
-
-    inputs, labels = fixed_batch(args, rank)
-
-    torch.manual_seed(0)
-    model = Stack(args.width, args.depth)
+    rank, world, baseline_rss, inputs, labels, model = start_rank(
+        args, lambda: dist.init_process_group("gloo"))
     params = sum(p.numel() for p in model.parameters())
     trained, optimizer, local_state = wrap(model, args.stage, args.bucket_mb)
 
