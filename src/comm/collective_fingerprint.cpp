@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/text.h"
 #include "tandem/comm/process_group.h"
 
 namespace tandem::detail {
@@ -31,18 +32,6 @@ std::int64_t hash_shape(at::IntArrayRef sizes) {
     h *= 1099511628211ull;
   }
   return static_cast<std::int64_t>(h);
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i == 16) {
-      text += fmt::format(", ... ({} in all)", ranks.size());
-      break;
-    }
-    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  return text;
 }
 
 }  // namespace
@@ -133,7 +122,8 @@ std::string find_desync(const std::vector<Fingerprint>& by_rank) {
                                    : std::string("collective desync: ");
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     const char* joint = i == 0 ? "" : (i == 1 ? " but " : " and ");
-    text += fmt::format("{}{} called {}", joint, rank_list(ranks[i]),
+    text += fmt::format("{}{} {} called {}", joint, ranks[i].size() == 1 ? "rank" : "ranks",
+                        rank_list(ranks[i]),
                         kinds[i].describe(!same_sequence));
   }
   text +=

@@ -5,23 +5,16 @@
 
 #include <fmt/format.h>
 
+#include "core/text.h"
 #include "tandem/core/logging.h"
 
 namespace tandem::detail {
 namespace {
 
 constexpr const char* kJoined = "joined";
-// Longer lists of ranks are cut: a message must stay readable at 1000 ranks.
+// Longer lists are cut, as rank_list() cuts ranks: a message must stay readable
+// at 1000 ranks.
 constexpr std::size_t kMaxNamed = 16;
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (std::size_t i = 0; i < ranks.size() && i < kMaxNamed; ++i) {
-    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  if (ranks.size() > kMaxNamed) text += fmt::format(", ... ({} in all)", ranks.size());
-  return text;
-}
 
 std::string join(const std::vector<std::string>& parts, const char* separator) {
   std::string text;

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace tandem::detail {
 
@@ -25,6 +26,18 @@ inline const std::string* find_variable(const std::map<std::string, std::string>
   auto it = vars.find(name);
   if (it == vars.end() || it->second.empty()) return nullptr;
   return &it->second;
+}
+
+// "0, 1, 2": ranks for an error message, the first 16 and then
+// ", ... (N in all)", so that a message stays readable at 1000 ranks.
+inline std::string rank_list(const std::vector<int>& ranks) {
+  constexpr std::size_t kMaxNamed = 16;
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size() && i < kMaxNamed; ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kMaxNamed) text += ", ... (" + std::to_string(ranks.size()) + " in all)";
+  return text;
 }
 
 }  // namespace tandem::detail
