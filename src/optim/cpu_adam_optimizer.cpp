@@ -9,6 +9,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
+#include "core/torch_internals.h"
 #include "tandem/core/error.h"
 #include "tandem/core/torch_types.h"
 #include "tandem/optim/cpu_adam.h"
@@ -120,9 +121,9 @@ void step_param(torch::Tensor& p, const AdamHyperparams& h, int threads, size_t 
   cpu_adam_step(p.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
                 exp_avg_sq.data_ptr<float>(), p.numel(), state.step(), h, threads);
   // What torch's in-place ops do, so autograd notices tensors it saved.
-  p.unsafeGetTensorImpl()->bump_version();
-  exp_avg.unsafeGetTensorImpl()->bump_version();
-  exp_avg_sq.unsafeGetTensorImpl()->bump_version();
+  internals::mark_modified_in_place(p);
+  internals::mark_modified_in_place(exp_avg);
+  internals::mark_modified_in_place(exp_avg_sq);
 }
 
 }  // namespace

@@ -4,11 +4,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
+#include "core/torch_internals.h"
 #include "parallel/bucket_assignment.h"
-#include "parallel/grad_ready_hook.h"
+#include "parallel/flat_grad.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -41,17 +40,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                                static_cast<std::int64_t>(options_.first_bucket_cap_mb * kMiB),
                                static_cast<std::int64_t>(options_.bucket_cap_mb * kMiB)));
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook<Reducer>>(this, i)));
-    // The parameter holds its accumulator weakly: keep it alive, or the next
-    // backward builds a new one without our hook.
-    accumulators_.push_back(std::move(accumulator));
-  }
-}
-
-Reducer::~Reducer() {
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) {
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    grad_hooks_.push_back(
+        internals::add_grad_ready_hook(params_[i], [this, i] { on_grad_ready(i); }));
   }
 }
 
@@ -99,7 +89,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
     at::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;
     const Bucket& bucket = buckets[bucket_of_[i]];
-    at::Tensor view = flat_alias(bucket.flat, offset_of_[i], params_[i].sizes());
+    at::Tensor view = internals::flat_alias(bucket.flat, offset_of_[i], params_[i].sizes());
     view.copy_(grad);
     grad = view;
   }
@@ -107,7 +97,8 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
 }
 
 at::Tensor Reducer::grad_view(std::size_t index) const {
-  return flat_alias(buckets_[bucket_of_[index]].flat, offset_of_[index], params_[index].sizes());
+  return internals::flat_alias(buckets_[bucket_of_[index]].flat, offset_of_[index],
+                               params_[index].sizes());
 }
 
 void Reducer::adopt_grad(std::size_t index) {

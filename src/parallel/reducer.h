@@ -11,9 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/autograd/function.h>
-
-#include "tandem/core/torch_types.h"
+#include "core/torch_internals.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/parallel/ddp.h"
 
@@ -25,7 +23,6 @@ class Reducer {
   // synchronised backward (buffer broadcast).
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroup& pg,
           const DDPOptions& options, std::function<void()> after_sync);
-  ~Reducer();
 
   void set_sync_enabled(bool enabled);
   bool sync_enabled() const;
@@ -65,8 +62,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<std::int64_t> offset_of_;
-  std::vector<compat::GradAccumulatorPtr> accumulators_;
-  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<internals::GradHook> grad_hooks_;  // removed when the reducer goes
 
   mutable std::mutex mutex_;
   bool sync_enabled_ = true;

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
-#include <c10/core/StorageImpl.h>
 
 namespace tandem::detail {
 
@@ -27,17 +26,6 @@ void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int wo
     group.segments.push_back(
         {group.members[k], lo - group.offsets[k], lo - group.shard_begin, hi - lo});
   }
-}
-
-void release_storage(const at::Tensor& tensor) {
-  tensor.storage().unsafeGetStorageImpl()->reset();
-}
-
-void reallocate_storage(const at::Tensor& tensor, int64_t nbytes) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  if (static_cast<int64_t>(storage->nbytes()) == nbytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(static_cast<size_t>(nbytes)));
-  storage->set_nbytes(static_cast<size_t>(nbytes));
 }
 
 int64_t storage_bytes(const at::Tensor& tensor) {

@@ -70,12 +70,8 @@ struct FlatGroup {
 // computes `rank`'s segments.
 void lay_out(FlatGroup& group, const std::vector<int64_t>& member_numels, int world, int rank);
 
-// Frees `tensor`'s storage; tensors aliasing it keep their shapes and see the
-// memory again after reallocate_storage().
-void release_storage(const at::Tensor& tensor);
-// Gives `tensor`'s storage its full size again (contents undefined).
-void reallocate_storage(const at::Tensor& tensor, int64_t nbytes);
-// Bytes the storage holds now.
+// Bytes `tensor`'s storage holds now (0 while internals::release_storage()
+// has freed it).
 int64_t storage_bytes(const at::Tensor& tensor);
 
 }  // namespace tandem::detail

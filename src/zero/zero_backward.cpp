@@ -5,10 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
-#include "parallel/grad_ready_hook.h"
+#include "core/torch_internals.h"
+#include "parallel/flat_grad.h"
 #include "tandem/core/error.h"
 #include "zero/zero_engine.h"
 
@@ -25,11 +24,8 @@ void ZeroEngine::install_hooks() {
   }
   ready_.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook<ZeroEngine>>(this, i)));
-    // The parameter holds its accumulator weakly: keep it alive, or the next
-    // backward builds a new one without our hook.
-    accumulators_.push_back(std::move(accumulator));
+    grad_hooks_.push_back(
+        internals::add_grad_ready_hook(params_[i], [this, i] { on_grad_ready(i); }));
   }
   install_unit_hooks();
 }
@@ -62,7 +58,7 @@ void ZeroEngine::begin_backward() {
 void ZeroEngine::adopt_grad(std::size_t index) {
   const FlatGroup& group = groups_[group_of_[index]];
   adopt_into(params_[index].mutable_grad(),
-             flat_alias(group.grad_full, flat_offset_[index], params_[index].sizes()));
+             internals::flat_alias(group.grad_full, flat_offset_[index], params_[index].sizes()));
 }
 
 void ZeroEngine::prepare(FlatGroup& group) {

@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "parallel/grad_ready_hook.h"
+#include "core/torch_internals.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 #include "tandem/core/parameters.h"
@@ -64,9 +64,6 @@ ZeroEngine::ZeroEngine(std::shared_ptr<torch::nn::Module> model,
 ZeroEngine::~ZeroEngine() {
   for (auto& group : groups_) {
     if (group.unit != nullptr) group.unit->attach_sharding(nullptr);
-  }
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) {
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
   }
 }
 
@@ -205,9 +202,9 @@ void ZeroEngine::finish_group(FlatGroup& group) {
   group.full = at::zeros({group.padded}, first.options().requires_grad(false));
   for (std::size_t k = 0; k < group.members.size(); ++k) {
     at::Tensor& p = params_[group.members[k]];
-    at::Tensor view = flat_alias(group.full, group.offsets[k], p.sizes());
+    at::Tensor view = internals::flat_alias(group.full, group.offsets[k], p.sizes());
     view.copy_(p);
-    p.set_data(view);
+    internals::rebind_parameter_data(p, view);
   }
   pg_->broadcast(group.full, 0);  // every rank starts from rank 0's values
   at::Tensor my_slice = group.full.narrow(0, group.shard_begin, group.shard_numel);
@@ -216,7 +213,7 @@ void ZeroEngine::finish_group(FlatGroup& group) {
     group.param_shard = my_slice.clone();
     if (options_.offload_param) group.param_shard = to_state_device(group.param_shard);
     group.master_is_param = fp32_params && group.param_shard.device() == state_device_;
-    release_storage(group.full);
+    internals::release_storage(group.full);
     group.params_state = ParamsState::kReleased;
   } else {
     group.master_is_param = fp32_params && !options_.offload_optimizer;

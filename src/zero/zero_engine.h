@@ -11,7 +11,7 @@
 
 #include <torch/csrc/autograd/function.h>
 
-#include "tandem/core/torch_types.h"
+#include "core/torch_internals.h"
 #include "tandem/zero/sharded.h"
 #include "tandem/zero/zero_optimizer.h"
 #include "zero/comm_queue.h"
@@ -99,8 +99,7 @@ class ZeroEngine {
   std::vector<std::size_t> group_of_;
   std::vector<int64_t> flat_offset_;  // each parameter's first element in its group
   std::vector<std::unique_ptr<ShardedUnitHooks>> unit_hooks_;
-  std::vector<compat::GradAccumulatorPtr> accumulators_;
-  std::vector<std::uintptr_t> hook_keys_;
+  std::vector<internals::GradHook> grad_hooks_;  // removed when the engine goes
 
   CommQueue queue_;
   std::recursive_mutex mutex_;

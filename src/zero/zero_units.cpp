@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "core/torch_internals.h"
 #include "tandem/core/error.h"
 #include "zero/zero_engine.h"
 
@@ -85,7 +86,8 @@ int ZeroEngine::neighbour_in_forward_order(std::size_t index, int direction) con
 void ZeroEngine::gather(FlatGroup& group, bool wait) {
   if (!group.partitioned_params) return;
   if (group.params_state == ParamsState::kReleased) {
-    reallocate_storage(group.full, group.padded * static_cast<int64_t>(group.full.element_size()));
+    internals::reallocate_storage(group.full,
+                                  group.padded * static_cast<int64_t>(group.full.element_size()));
     at::Tensor full = group.full;
     at::Tensor shard = group.param_shard;
     group.gather_done = queue_.submit([this, full, shard]() mutable {
@@ -103,7 +105,7 @@ void ZeroEngine::gather(FlatGroup& group, bool wait) {
 void ZeroEngine::release(FlatGroup& group) {
   if (!group.partitioned_params || group.params_state == ParamsState::kReleased) return;
   if (group.params_state == ParamsState::kGathering) group.gather_done.get();
-  release_storage(group.full);
+  internals::release_storage(group.full);
   group.params_state = ParamsState::kReleased;
 }
 
