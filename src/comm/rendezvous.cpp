@@ -9,7 +9,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "comm/store_server.h"
+#include "tandem/comm/store_server.h"
 #include "comm/token_store.h"
 #include "tandem/core/error.h"
 

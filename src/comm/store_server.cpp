@@ -1,4 +1,4 @@
-#include "comm/store_server.h"
+#include "tandem/comm/store_server.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -23,9 +23,10 @@
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
-namespace tandem::detail {
+namespace tandem {
 namespace {
 
+using detail::StoreEngine;
 using Clock = StoreEngine::Clock;
 
 constexpr std::uint64_t kListenTag = ~std::uint64_t{0};
@@ -305,4 +306,4 @@ void StoreServer::run() {
   ::close(ep);
 }
 
-}  // namespace tandem::detail
+}  // namespace tandem

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "comm/store_protocol.h"
-#include "comm/store_server.h"
+#include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {

@@ -12,9 +12,11 @@
 
 #include "core/torch_compat.h"
 
-namespace tandem::detail {
-
+namespace tandem {
 class StoreServer;
+}  // namespace tandem
+
+namespace tandem::detail {
 
 class TokenStore : public compat::StoreBase {
  public:

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/store_protocol.h"
-#include "comm/store_server.h"
+#include "tandem/comm/store_server.h"
 #include "comm/token_store.h"
 #include "support/proc_net.h"
 #include "support/reserved_port.h"
@@ -28,8 +28,6 @@
 namespace tandem {
 namespace {
 
-using detail::StoreServer;
-using detail::StoreServerOptions;
 using detail::TokenStore;
 using std::chrono::milliseconds;
 namespace wire = detail::store_wire;
@@ -351,12 +349,12 @@ TEST(Store, WildcardAddressAndBusyPortAreClearErrors) {
 }
 
 TEST(Store, RandomTokensAreLongAndDistinct) {
-  const std::string a = detail::random_store_token();
+  const std::string a = random_store_token();
   EXPECT_EQ(a.size(), 64u);
-  EXPECT_NE(a, detail::random_store_token());
-  EXPECT_TRUE(detail::is_loopback_host("127.0.0.1"));
-  EXPECT_TRUE(detail::is_loopback_host("127.3.4.5"));
-  EXPECT_FALSE(detail::is_loopback_host("10.1.2.3"));
+  EXPECT_NE(a, random_store_token());
+  EXPECT_TRUE(is_loopback_host("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_host("127.3.4.5"));
+  EXPECT_FALSE(is_loopback_host("10.1.2.3"));
 }
 
 TEST(Store, TokensCompareExactly) {

@@ -19,7 +19,8 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
-#include "comm/store_server.h"
+#include "tandem/comm/c10d_store_host.h"
+#include "tandem/comm/store_server.h"
 #include "launch/failure_report.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
@@ -282,7 +283,7 @@ int run_launch_command(int argc, char** argv) {
   if (opts.nnodes == 1) {
     opts.master_addr = "127.0.0.1";
     if (store_token.empty()) {
-      store_token = detail::random_store_token();
+      store_token = random_store_token();
       ::setenv("TANDEM_STORE_TOKEN", store_token.c_str(), 1);
     }
   } else {
@@ -292,22 +293,22 @@ int run_launch_command(int argc, char** argv) {
                      "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
                      "-An -tx1 | tr -d ' \\n')` and export that value on every node");
   }
-  std::unique_ptr<detail::StoreServer> store;
-  std::unique_ptr<PythonStore> python_store;
+  std::unique_ptr<StoreServer> store;
+  std::unique_ptr<C10dStoreHost> python_store;
   int master_port = opts.master_port;
   const bool python = is_python_program(opts.program);
   if (python) {
     // torch.distributed speaks c10d's store protocol, not tandem's.
     if (opts.node_rank == 0) {
-      python_store = std::make_unique<PythonStore>(opts.master_addr, opts.master_port);
+      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
       master_port = python_store->port();
     }
   } else if (opts.node_rank == 0) {
-    detail::StoreServerOptions store_options;
+    StoreServerOptions store_options;
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
-    store = std::make_unique<detail::StoreServer>(store_options);
+    store = std::make_unique<StoreServer>(store_options);
     master_port = store->port();
   }
 
@@ -320,7 +321,7 @@ int run_launch_command(int argc, char** argv) {
       // torch.distributed keys its rendezvous by no attempt number and
       // expects a fresh store per restart, as torchrun's agent gives it.
       python_store.reset();
-      python_store = std::make_unique<PythonStore>(opts.master_addr, master_port);
+      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, master_port);
     }
     WorkerGroup group(opts.program,
                       make_workers(opts, plan, master_port, /*agent_store=*/true, attempt,

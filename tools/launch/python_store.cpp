@@ -1,17 +1,5 @@
 #include "launch/python_store.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-
-#include "core/torch_compat.h"
-#include "tandem/core/error.h"
-
 namespace tandem::cli {
 
 bool is_python_program(const std::vector<std::string>& program) {
@@ -22,64 +10,5 @@ bool is_python_program(const std::vector<std::string>& program) {
   if (base.rfind("python", 0) != 0) return false;
   return base.find_first_not_of("0123456789.", 6) == std::string::npos;
 }
-
-struct PythonStore::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
-};
-
-namespace {
-
-// A listening TCP socket on host:port; returns the fd and sets `bound_port`.
-int listen_on(const std::string& host, int port, int& bound_port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  TANDEM_CHECK_ARG(rc == 0, "tandem launch: cannot resolve --master-addr {}: {}", host,
-                   ::gai_strerror(rc));
-  int fd = -1;
-  int error = 0;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-      error = errno;
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(found);
-  TANDEM_CHECK_ARG(fd >= 0,
-                   "tandem launch: cannot listen on {}:{} for the Python workers' store: {}; pass "
-                   "another --master-port, or 0 for a free one",
-                   host, port, std::strerror(error));
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  bound_port = addr.ss_family == AF_INET6
-                   ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                   : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  return fd;
-}
-
-}  // namespace
-
-PythonStore::PythonStore(const std::string& host, int port) : impl_(std::make_unique<Impl>()) {
-  const int fd = listen_on(host, port, port_);
-  try {
-    impl_->store = compat::make_tcp_store_server(host, port_, fd, std::chrono::minutes(30));
-  } catch (const std::exception& e) {
-    ::close(fd);
-    TANDEM_THROW(Error, "tandem launch: cannot start the c10d store on {}:{}: {}", host, port_,
-                 e.what());
-  }
-}
-
-PythonStore::~PythonStore() = default;
 
 }  // namespace tandem::cli

@@ -4,14 +4,16 @@
 //
 // It binds exactly the address it is given (never the wildcard) and accepts
 // a client only after a hello carrying the shared token (store_protocol.h).
-// Hosted by `tandem launch` on node 0, or by rank 0 when no launcher does.
+// Hosted by `tandem launch` on node 0, or by rank 0 when no launcher does
+// (tandem::ProcessGroup::init). Public for launchers; training programs never
+// need it. Thread-safe: the server runs on its own thread.
 
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
 
-namespace tandem::detail {
+namespace tandem {
 
 struct StoreServerOptions {
   // A numeric address or a host name of this machine; every address it
@@ -55,4 +57,4 @@ bool is_loopback_host(const std::string& host);
 // 32 bytes from the kernel's random source, as 64 hex digits.
 std::string random_store_token();
 
-}  // namespace tandem::detail
+}  // namespace tandem
