@@ -64,11 +64,12 @@ int main(int argc, char** argv) {
   tandem::Accelerator accelerator(options);
   const int64_t rows = 4096;
   auto model = torch::nn::Linear(torch::nn::LinearOptions(rows, params / rows).bias(false));
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto adam = std::make_shared<torch::optim::Adam>(
+      model->parameters(), torch::optim::AdamOptions(1e-3));
   accelerator.prepare_model(model);
   auto optimizer = accelerator.prepare_optimizer(adam);
   accelerator.backward(model->forward(torch::ones({1, rows})).sum());
-  optimizer.step();
+  optimizer->step();
 
   const std::string ckpt = dir + "/ckpt";
   std::vector<double> save_s, load_s, dd_write_s, dd_read_s;

@@ -45,19 +45,20 @@ int main() {
   auto [test_x, test_y] = make_images(1024, 2);
 
   auto model = make_cnn();
-  tandem::convert_sync_batchnorm(model, accelerator.process_group_ptr());
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  tandem::convert_sync_batchnorm(model, accelerator.process_group());
+  auto adam = std::make_shared<torch::optim::Adam>(
+      model->parameters(), torch::optim::AdamOptions(1e-3));
   auto [optimizer, loader] = accelerator.prepare(model, adam, {train_x, train_y}, 32);
 
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
-    loader.set_epoch(epoch);
+    loader->set_epoch(epoch);
     double loss_sum = 0;
     int64_t batches = 0;
-    for (auto& batch : loader) {
-      optimizer.zero_grad();
+    for (auto& batch : *loader) {
+      optimizer->zero_grad();
       auto loss = torch::nn::functional::cross_entropy(model->forward(batch[0]), batch[1]);
       accelerator.backward(loss);
-      optimizer.step();
+      optimizer->step();
       loss_sum += loss.item<double>();
       ++batches;
     }
@@ -71,9 +72,9 @@ int main() {
   tandem::DistributedLoaderOptions eval_options;
   eval_options.batch_size = 128;
   eval_options.shuffle = false;
-  auto eval_loader = accelerator.prepare_data({test_x, test_y}, eval_options);
+  auto eval_loader = accelerator.prepare_data_loader({test_x, test_y}, eval_options);
   std::vector<torch::Tensor> hits;
-  for (auto& batch : eval_loader) {
+  for (auto& batch : *eval_loader) {
     auto correct = (model->forward(batch[0]).argmax(1) == batch[1]).to(torch::kFloat);
     hits.push_back(accelerator.gather_for_metrics(correct));
   }

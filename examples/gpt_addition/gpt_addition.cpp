@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   }
 
   gpt::Gpt model(config);
-  torch::optim::AdamW adamw(model->parameters(),
+  auto adamw = std::make_shared<torch::optim::AdamW>(model->parameters(),
                             torch::optim::AdamWOptions(args.lr).weight_decay(0.1));
   tandem::DistributedLoaderOptions loader_options;
   loader_options.batch_size = args.batch_size;
@@ -181,23 +181,25 @@ int main(int argc, char** argv) {
   schedule.warmup_num_steps = std::max<int64_t>(1, args.warmup_steps);
   schedule.warmup_type = tandem::WarmupType::kLinear;
   schedule.cos_min_ratio = 0.1;
-  tandem::WarmupCosineLR cosine(adamw, schedule);
-  auto scheduler = accelerator.prepare_scheduler(cosine);
+  auto scheduler = accelerator.prepare_scheduler(
+      std::make_shared<tandem::WarmupCosineLR>(*optimizer, schedule));
 
   tandem::DistributedLoaderOptions eval_options;
   eval_options.batch_size = 500;
   eval_options.shuffle = false;
-  auto eval_loader = text ? accelerator.prepare_data({text_test.inputs, text_test.targets}, eval_options)
-                          : accelerator.prepare_data({held_out.prompts, held_out.answers}, eval_options);
+  auto eval_loader = text ? accelerator.prepare_data_loader({text_test.inputs, text_test.targets},
+                                                            eval_options)
+                          : accelerator.prepare_data_loader({held_out.prompts, held_out.answers},
+                                                            eval_options);
   auto evaluate = [&] {
-    return text ? text_accuracy(accelerator, model, eval_loader)
-                : addition_accuracy(accelerator, model, eval_loader, task.answer_length());
+    return text ? text_accuracy(accelerator, model, *eval_loader)
+                : addition_accuracy(accelerator, model, *eval_loader, task.answer_length());
   };
 
   if (!args.checkpoint_dir.empty() && tandem::Accelerator::has_checkpoint(args.checkpoint_dir)) {
     accelerator.load_state(args.checkpoint_dir);
     accelerator.print("resumed from {} at step {} (epoch {})", args.checkpoint_dir,
-                      accelerator.step(), loader.epoch());
+                      accelerator.step(), loader->epoch());
   }
   const int64_t last_step = args.stop_after > 0 ? std::min(args.stop_after, args.max_steps)
                                                 : args.max_steps;
@@ -236,10 +238,10 @@ int main(int argc, char** argv) {
     train_seconds += std::chrono::duration<double>(now - clock).count();
     clock = now;
   };
-  for (int64_t epoch = loader.epoch(); accelerator.step() < last_step; ++epoch) {
-    loader.set_epoch(epoch);
-    for (auto& batch : loader) {
-      optimizer.zero_grad();
+  for (int64_t epoch = loader->epoch(); accelerator.step() < last_step; ++epoch) {
+    loader->set_epoch(epoch);
+    for (auto& batch : *loader) {
+      optimizer->zero_grad();
       torch::Tensor loss;
       {
         auto autocast = accelerator.autocast();  // bf16/fp16 when configured
@@ -249,12 +251,12 @@ int main(int argc, char** argv) {
             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
       }
       accelerator.backward(loss);
-      optimizer.step();
-      scheduler.step();
+      optimizer->step();
+      scheduler->step();
       tokens += tokens_per_micro_step;
       // Micro-steps that only accumulate, and fp16 steps skipped for an
       // overflow, are not optimizer steps.
-      if (!accelerator.sync_gradients() || optimizer.step_was_skipped()) continue;
+      if (!accelerator.sync_gradients() || optimizer->step_was_skipped()) continue;
       const int64_t step = accelerator.step();
       if (step % args.log_every == 0 || step == args.max_steps) {
         loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
@@ -262,7 +264,7 @@ int main(int argc, char** argv) {
         const double rate = static_cast<double>(tokens) / train_seconds;
         bar.update(step - bar.count(), fmt::format("loss {:.4f} | {:.0f} tok/s", loss_value, rate));
         accelerator.log({{"loss", loss_value}, {"tokens_per_s", rate},
-                         {"lr", adamw.param_groups()[0].options().get_lr()},
+                         {"lr", adamw->param_groups()[0].options().get_lr()},
                          {"loss_scale", accelerator.loss_scale()},
                          {"skipped_steps", static_cast<double>(accelerator.skipped_steps())},
                          {"train_s", train_seconds}},

@@ -13,6 +13,8 @@
 #include <torch/utils.h>
 
 #include "accelerate/consistency_check.h"
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
@@ -65,27 +67,20 @@ Accelerator::Accelerator(AcceleratorOptions options) {
   init_state(options);
 }
 
-Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config file_config,
-                         AcceleratorOptions options, ConfigEnv env, int local_rank,
-                         int local_world_size)
-    : file_config_(std::move(file_config)), env_(std::move(env)),
+Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config config,
+                         AcceleratorOptions options, LauncherEnv launcher)
+    : file_config_(std::move(config)), env_(std::move(launcher.config)),
       process_group_(std::move(process_group)) {
   TANDEM_CHECK_ARG(process_group_ != nullptr, "Accelerator: the process group is null");
-  local_rank_ = local_rank >= 0 ? local_rank : process_group_->rank();
-  local_world_size_ = local_world_size > 0 ? local_world_size : process_group_->world_size();
+  local_rank_ = launcher.local_rank >= 0 ? launcher.local_rank : process_group_->rank();
+  local_world_size_ = launcher.local_world_size > 0 ? launcher.local_world_size
+                                                    : process_group_->world_size();
   init_state(options);
 }
 
-Accelerator::~Accelerator() {
-  // Hooks of the DDP wrapper point into state_ and the reducer; drop them
-  // before the rest.
-  if (state_) {
-    state_->ddp = nullptr;
-    state_->zero = nullptr;
-  }
-  ddp_.reset();
-  zero_.reset();
-}
+// The prepared objects share what they need (the controller, the DDP
+// wrapper, the ZeRO optimizer); the join hooks hold the controller weakly.
+Accelerator::~Accelerator() = default;
 
 void Accelerator::init_state(const AcceleratorOptions& options) {
   for (const auto& tracker : options.log_with) {
@@ -100,7 +95,7 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   overrides_.mixed_precision = options.mixed_precision;
   overrides_.gradient_accumulation_steps = options.gradient_accumulation_steps;
   overrides_.gradient_clipping = options.gradient_clipping;
-  state_ = std::make_shared<GradientState>();
+  controller_ = std::make_shared<detail::StepController>();
   resolve(0);
   detail::check_config_consistency(*process_group_, config_);
   if (is_main_process()) {
@@ -143,17 +138,32 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
 void Accelerator::resolve(int64_t micro_batch) {
   if (micro_batch > 0) overrides_.train_micro_batch_size_per_gpu = micro_batch;
   config_ = resolve_config(file_config_, env_, overrides_, process_group_->world_size());
-  state_->accumulation_steps = config_.gradient_accumulation_steps.value_or(1);
-  TANDEM_CHECK_ARG(state_->accumulation_steps >= 1,
-                   "Accelerator: gradient_accumulation_steps must be >= 1, got {}",
-                   state_->accumulation_steps);
+  controller_->set_accumulation_steps(config_.gradient_accumulation_steps.value_or(1));
+}
+
+int64_t Accelerator::gradient_accumulation_steps() const {
+  return controller_->state().accumulation_steps;
+}
+
+GradientState Accelerator::gradient_state() const { return controller_->state(); }
+
+bool Accelerator::sync_gradients() const { return controller_->state().sync_gradients; }
+
+int64_t Accelerator::step() const { return controller_->state().optimizer_steps; }
+
+bool Accelerator::is_shadow_batch() const { return controller_->state().shadow_batch; }
+
+int64_t Accelerator::ranks_with_data() const {
+  const GradientState& state = controller_->state();
+  return state.joining ? state.ranks_with_data : num_processes();
 }
 
 int Accelerator::process_index() const { return process_group_->rank(); }
 int Accelerator::local_process_index() const { return local_rank_; }
 int Accelerator::num_processes() const { return process_group_->world_size(); }
 
-void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
+std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
+    std::shared_ptr<torch::nn::Module> model) {
   TANDEM_CHECK_ARG(model != nullptr, "Accelerator::prepare_model: the model is null");
   TANDEM_CHECK_ARG(model_ == nullptr,
                    "Accelerator::prepare_model: a model was already prepared; one Accelerator "
@@ -166,24 +176,40 @@ void Accelerator::prepare_model(std::shared_ptr<torch::nn::Module> model) {
   // wrap at num_processes == 1).
   // ZeRO shards when the optimizer is prepared: it needs both.
   if (num_processes() > 1 && config_.zero.stage == 0) {
-    ddp_ = std::make_unique<DistributedDataParallel>(model, process_group_, *ddp_options_);
-    state_->ddp = ddp_.get();
+    ddp_ = std::make_shared<DistributedDataParallel>(model, process_group_, *ddp_options_);
+    controller_->attach(ddp_);
   }
-  model_ = std::move(model);
+  model_ = model;
+  return model;
 }
 
-AcceleratedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& optimizer) {
-  TANDEM_CHECK_ARG(optimizer_core_ == nullptr,
+std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
+    std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  TANDEM_CHECK_ARG(optimizer != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
+  TANDEM_CHECK_ARG(optimizer_ == nullptr,
                    "Accelerator::prepare_optimizer: an optimizer was already prepared; this "
                    "version of tandem steps one optimizer per Accelerator (put all parameter "
                    "groups in one optimizer)");
-  warn_if_listed_twice(optimizer, model_.get(), config_.zero.stage > 0);
-  if (config_.zero.stage > 0) {
-    TANDEM_CHECK_ARG(model_ != nullptr,
-                     "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
-                     "with its optimizer; prepare the model first (or use prepare(model, "
-                     "optimizer, data))",
-                     config_.zero.stage);
+  TANDEM_CHECK_ARG(dynamic_cast<AcceleratedOptimizer*>(optimizer.get()) == nullptr,
+                   "Accelerator::prepare_optimizer: the optimizer is already prepared");
+  const bool sharded = config_.zero.stage > 0;
+  TANDEM_CHECK_ARG(!sharded || model_ != nullptr,
+                   "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
+                   "with its optimizer; prepare the model first (or use prepare(model, "
+                   "optimizer, data))",
+                   config_.zero.stage);
+  warn_if_listed_twice(*optimizer, model_.get(), sharded);
+  detail::OptimizerCore::Parts parts;
+  parts.wrapped = optimizer;
+  parts.controller = controller_;
+  parts.scaler = scaler_;
+  parts.gradient_clipping = config_.gradient_clipping;
+  parts.group = process_group_;
+  auto core = std::make_unique<detail::OptimizerCore>(std::move(parts));
+  detail::OptimizerCore& core_ref = *core;
+  auto prepared = std::shared_ptr<AcceleratedOptimizer>(
+      new AcceleratedOptimizer(std::move(optimizer), std::move(core), sharded));
+  if (sharded) {
     ZeroOptions zero;
     zero.stage = config_.zero.stage;
     zero.reduce_bucket_size = config_.zero.reduce_bucket_size;
@@ -191,65 +217,81 @@ AcceleratedOptimizer Accelerator::prepare_optimizer(torch::optim::Optimizer& opt
     zero.offload_param = config_.zero.offload_param == OffloadDevice::kCpu;
     zero.pin_memory = config_.zero.offload_pin_memory;
     zero.prefetch = config_.zero.stage3_prefetch_bucket_size != 0;
-    zero_ = std::make_unique<ZeroOptimizer>(model_, optimizer, process_group_, zero);
-    state_->zero = zero_.get();
+    zero_ = std::make_shared<ZeroOptimizer>(model_, *prepared, process_group_, zero);
+    core_ref.attach_zero(zero_);
+    controller_->attach(zero_);
   }
-  optimizer_core_ = std::make_shared<detail::OptimizerCore>(
-      optimizer, state_, scaler_, config_.gradient_clipping, process_group_.get(), zero_.get());
-  return AcceleratedOptimizer(optimizer_core_);
+  optimizer_ = prepared;
+  return prepared;
 }
 
-AcceleratedOptimizer Accelerator::prepare_optimizer_from_config(double default_lr) {
+std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config(
+    double default_lr) {
   TANDEM_CHECK_ARG(model_ != nullptr, "Accelerator::prepare_optimizer_from_config: prepare the "
                    "model first; the optimizer is built over its parameters");
-  TANDEM_CHECK_ARG(owned_optimizer_ == nullptr && optimizer_core_ == nullptr,
+  TANDEM_CHECK_ARG(optimizer_ == nullptr,
                    "Accelerator::prepare_optimizer_from_config: an optimizer was already "
                    "prepared (one optimizer per Accelerator)");
   // Over each tensor once, as Python's parameters() gives them: a tied
   // weight listed twice would be stepped twice.
-  owned_optimizer_ = make_optimizer(config_.optimizer, unique_parameters(*model_), default_lr);
-  return prepare_optimizer(*owned_optimizer_);
+  std::shared_ptr<torch::optim::Optimizer> optimizer =
+      make_optimizer(config_.optimizer, unique_parameters(*model_), default_lr);
+  return prepare_optimizer(std::move(optimizer));
 }
 
-AcceleratedScheduler Accelerator::prepare_scheduler(LRScheduler& scheduler) {
+namespace {
+
+std::shared_ptr<detail::SchedulerCore> scheduler_core(
+    std::shared_ptr<AcceleratedOptimizer> optimizer,
+    std::shared_ptr<const detail::StepController> controller) {
   auto core = std::make_shared<detail::SchedulerCore>();
-  core->step_fn = [&scheduler] { scheduler.step(); };
-  core->state_dict = [&scheduler] { return scheduler.state_dict(); };
-  core->load_state_dict = [&scheduler](const std::map<std::string, double>& state) {
-    scheduler.load_state_dict(state);
+  core->optimizer = std::move(optimizer);
+  core->controller = std::move(controller);
+  return core;
+}
+
+}  // namespace
+
+std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
+    std::shared_ptr<LRScheduler> scheduler) {
+  TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
+  auto core = scheduler_core(optimizer_, controller_);
+  LRScheduler* s = scheduler.get();
+  core->owned = std::move(scheduler);
+  core->step_fn = [s] { s->step(); };
+  core->state_dict = [s] { return s->state_dict(); };
+  core->load_state_dict = [s](const std::map<std::string, double>& state) {
+    s->load_state_dict(state);
   };
   schedulers_.push_back(core);
-  return AcceleratedScheduler(core, state_);
+  return std::shared_ptr<AcceleratedScheduler>(new AcceleratedScheduler(core));
 }
 
-AcceleratedScheduler Accelerator::prepare_scheduler(torch::optim::LRScheduler& scheduler) {
-  auto core = std::make_shared<detail::SchedulerCore>();
-  core->step_fn = [&scheduler] { scheduler.step(); };
+std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
+    std::shared_ptr<torch::optim::LRScheduler> scheduler) {
+  TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
+  auto core = scheduler_core(optimizer_, controller_);
+  torch::optim::LRScheduler* s = scheduler.get();
+  core->owned = std::move(scheduler);
+  core->step_fn = [s] { s->step(); };
   schedulers_.push_back(core);
-  return AcceleratedScheduler(core, state_);
+  return std::shared_ptr<AcceleratedScheduler>(new AcceleratedScheduler(core));
 }
 
-AcceleratedScheduler Accelerator::prepare_scheduler_from_config(AcceleratedOptimizer& optimizer,
-                                                                int64_t total_num_steps) {
+std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config(
+    const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps) {
   TANDEM_CHECK_ARG(!config_.scheduler.type.empty(),
                    "Accelerator::prepare_scheduler_from_config: the config has no `scheduler` "
                    "block. Add one (e.g. {{\"type\": \"WarmupLR\", \"params\": {{...}}}}) or build "
                    "a scheduler in code and pass it to prepare_scheduler()");
-  auto& groups = optimizer.param_groups();
+  TANDEM_CHECK_ARG(optimizer != nullptr,
+                   "Accelerator::prepare_scheduler_from_config: the optimizer is null");
+  auto& groups = optimizer->param_groups();
   TANDEM_CHECK_ARG(!groups.empty(), "prepare_scheduler_from_config: the optimizer has no groups");
   const double lr = groups.front().options().get_lr();
   std::map<std::string, double> auto_values = {{"warmup_max_lr", lr}, {"cycle_max_lr", lr}};
   if (total_num_steps > 0) auto_values["total_num_steps"] = static_cast<double>(total_num_steps);
-  std::shared_ptr<LRScheduler> scheduler =
-      make_lr_scheduler(config_.scheduler, optimizer.optimizer(), auto_values);
-  auto core = std::make_shared<detail::SchedulerCore>();
-  core->step_fn = [scheduler] { scheduler->step(); };
-  core->state_dict = [scheduler] { return scheduler->state_dict(); };
-  core->load_state_dict = [scheduler](const std::map<std::string, double>& state) {
-    scheduler->load_state_dict(state);
-  };
-  schedulers_.push_back(core);
-  return AcceleratedScheduler(core, state_);
+  return prepare_scheduler(make_lr_scheduler(config_.scheduler, *optimizer, auto_values));
 }
 
 DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions options) {
@@ -262,21 +304,22 @@ DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions opti
   return options;
 }
 
-PreparedLoader Accelerator::prepare_data(std::vector<at::Tensor> tensors,
-                                         DistributedLoaderOptions options) {
+std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at::Tensor> tensors,
+                                                                 DistributedLoaderOptions options) {
   options = data_options(options);
   return wrap_loader(DistributedLoader(std::move(tensors), *process_group_, options));
 }
 
-PreparedLoader Accelerator::wrap_loader(DistributedLoader loader) {
+std::shared_ptr<PreparedLoader> Accelerator::wrap_loader(DistributedLoader loader) {
   auto cursor = std::make_shared<detail::LoaderCursor>();
   // The first loader prepared is the training data: checkpoints keep its
   // position (evaluation loaders restart every pass anyway).
   if (train_cursor_ == nullptr) train_cursor_ = cursor;
-  return PreparedLoader(std::move(loader), state_, std::move(cursor), process_group_.get());
+  return std::shared_ptr<PreparedLoader>(
+      new PreparedLoader(std::move(loader), controller_, std::move(cursor), process_group_));
 }
 
-PreparedLoader Accelerator::prepare_data_loader(DistributedLoader loader) {
+std::shared_ptr<PreparedLoader> Accelerator::prepare_local_loader(DistributedLoader loader) {
   if (!training_data_prepared_) resolve(loader.options().batch_size);
   training_data_prepared_ = true;
   return wrap_loader(std::move(loader));
@@ -286,35 +329,46 @@ void Accelerator::backward(const at::Tensor& loss) {
   TANDEM_CHECK_ARG(loss.defined() && loss.numel() == 1,
                    "Accelerator::backward: the loss must be a scalar tensor, got shape {}",
                    loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
-  if (!state_->in_accumulate_guard) state_->begin_micro_step();
+  if (optimizer_) optimizer_->core_->check_wrapped(*optimizer_);
+  controller_->before_backward();
   // A loss computed under autocast may be bf16/fp16; backward starts in fp32
   // (Accelerate casts model outputs back to fp32 for the same reason).
   at::Tensor scaled = to_fp32(loss);
-  double factor = 1.0 / static_cast<double>(state_->accumulation_steps);
-  if (state_->joining) factor *= join_gradient_weight();
+  const GradientState& state = controller_->state();
+  double factor = 1.0 / static_cast<double>(state.accumulation_steps);
+  if (state.joining) factor *= join_gradient_weight();
   if (scaler_->enabled()) factor *= scaler_->scale();
   if (factor != 1.0) scaled = scaled * factor;
   scaled.backward();
-  state_->gradients_pending = true;
+  controller_->after_backward();
 }
 
-Accelerator::AccumulateGuard::AccumulateGuard(GradientState& state)
-    : state_(state), previous_(state.in_accumulate_guard) {
-  // A nested guard belongs to the micro-step the outer one began.
-  if (!previous_) state_.begin_micro_step();
-  state_.in_accumulate_guard = true;
+Accelerator::AccumulateGuard::AccumulateGuard(std::shared_ptr<detail::StepController> controller)
+    : controller_(std::move(controller)), outer_was_open_(controller_->enter_accumulate_guard()) {}
+
+Accelerator::AccumulateGuard::~AccumulateGuard() {
+  controller_->leave_accumulate_guard(outer_was_open_);
 }
 
-Accelerator::AccumulateGuard::~AccumulateGuard() { state_.in_accumulate_guard = previous_; }
+Accelerator::AccumulateGuard Accelerator::accumulate() { return AccumulateGuard(controller_); }
+
+Accelerator::AccumulateGuard Accelerator::accumulate(
+    const std::shared_ptr<torch::nn::Module>& model) {
+  TANDEM_CHECK_ARG(model != nullptr && model == model_,
+                   "Accelerator::accumulate(model): {} is not the model this Accelerator "
+                   "prepared; pass the prepared model (or call accumulate() without one)",
+                   model == nullptr ? "a null model" : "the model given");
+  return AccumulateGuard(controller_);
+}
 
 double Accelerator::clip_grad_norm(double max_norm, double norm_type) {
-  TANDEM_CHECK_ARG(optimizer_core_ != nullptr,
+  TANDEM_CHECK_ARG(optimizer_ != nullptr,
                    "Accelerator::clip_grad_norm: prepare the optimizer first (prepare() or "
                    "prepare_optimizer()); tandem clips the parameters it holds");
-  if (!state_->sync_gradients) return std::numeric_limits<double>::quiet_NaN();
+  if (!controller_->state().sync_gradients) return std::numeric_limits<double>::quiet_NaN();
   // DDP gradients are identical on every rank after the all-reduce, so the
   // local norm is the global one.
-  return optimizer_core_->clip(max_norm, norm_type);
+  return optimizer_->core_->clip(*optimizer_, max_norm, norm_type);
 }
 
 void Accelerator::print_line(const std::string& line) const {

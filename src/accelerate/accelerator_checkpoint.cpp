@@ -14,6 +14,8 @@
 #include <torch/cuda.h>
 
 #include "accelerate/optimizer_state.h"
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
 #include "checkpoint/checkpoint_fs.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/checkpoint.h"
@@ -116,7 +118,7 @@ bool Accelerator::has_checkpoint(const std::string& dir) {
 
 nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json meta;
-  meta["step"] = state_->optimizer_steps;
+  meta["step"] = step();
   meta["strategy"] = zero_ ? "zero" : (num_processes() > 1 ? "ddp" : "single");
   meta["zero_stage"] = zero_ ? zero_->stage() : 0;
   meta["mixed_precision"] = precision_name(config_.mixed_precision);
@@ -136,8 +138,8 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
-  if (optimizer_core_) {
-    auto& optimizer = optimizer_core_->optimizer();
+  if (optimizer_) {
+    auto& optimizer = *optimizer_;
     nlohmann::json opt;
     opt["type"] = detail::optimizer_type(optimizer);
     opt["param_groups"] = detail::param_group_options(optimizer);
@@ -148,7 +150,7 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
       opt["state_names"] = zero_->state_names();
     } else {
       const TensorNames names =
-          optimizer_tensor_names(*model_, optimizer_core_->master_weights());
+          optimizer_tensor_names(*model_, optimizer_->core_->master_weights());
       std::vector<std::string> state_names;
       for (const auto& p : unique_optimizer_parameters(optimizer)) {
         const std::string& name = name_of(names, p, "save_state");
@@ -182,7 +184,7 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
                       {"epoch_set", c.epoch_set}, {"skip", c.skip},
                       {"size", c.size}};
   }
-  meta["gradient_state"] = {{"optimizer_steps", state_->optimizer_steps}};
+  meta["gradient_state"] = {{"optimizer_steps", step()}};
   meta["client_state"] = options.client_state;
   return meta;
 }
@@ -213,9 +215,9 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
       for (const auto& [name, b] : unique_named_buffers(*model_)) out.emplace_back("buffer/" + name, b);
     }
   }
-  if (rank0 && optimizer_core_ && !zero_) {
-    auto& optimizer = optimizer_core_->optimizer();
-    const MasterWeights* master = optimizer_core_->master_weights();
+  if (rank0 && optimizer_ && !zero_) {
+    auto& optimizer = *optimizer_;
+    const MasterWeights* master = optimizer_->core_->master_weights();
     const TensorNames names = optimizer_tensor_names(*model_, master);
     if (master != nullptr) {
       for (std::size_t i = 0; i < master->model_params().size(); ++i) {
@@ -241,14 +243,14 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
 }
 
 void Accelerator::save_state(const std::string& dir, const SaveStateOptions& options) {
-  TANDEM_CHECK_ARG(!state_->gradients_pending,
+  TANDEM_CHECK_ARG(!controller_->state().gradients_pending,
                    "save_state() was called in the middle of gradient accumulation (after "
                    "backward(), before the optimizer step that consumes the gradients). A "
                    "checkpoint holds no partial gradients, so resuming would lose them: call "
-                   "save_state() after optimizer.step() on a step where sync_gradients() is "
+                   "save_state() after optimizer->step() on a step where sync_gradients() is "
                    "true");
   const std::string tag =
-      options.tag.empty() ? "global_step" + std::to_string(state_->optimizer_steps) : options.tag;
+      options.tag.empty() ? "global_step" + std::to_string(step()) : options.tag;
   nlohmann::json meta = is_main_process() ? state_meta(options) : nlohmann::json::object();
   CheckpointCommitOptions commit;
   commit.total_limit = options.total_limit;
@@ -316,7 +318,7 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
                    "none); pass load_optimizer_states = false to load the rest",
                    checkpoint.path());
   const nlohmann::json& saved = meta["optimizer"];
-  auto& optimizer = optimizer_core_->optimizer();
+  auto& optimizer = *optimizer_;
   const std::string type = detail::optimizer_type(optimizer);
   if (saved.at("type").get<std::string>() != type) {
     TANDEM_THROW(UsageError,
@@ -326,7 +328,7 @@ void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
   }
   if (zero_) return;  // restore_model() loaded the shards with the weights
   torch::NoGradGuard no_grad;
-  const MasterWeights* master = optimizer_core_->master_weights();
+  const MasterWeights* master = optimizer_->core_->master_weights();
   const TensorNames names = optimizer_tensor_names(*model_, master);
   if (master != nullptr) {
     for (std::size_t i = 0; i < master->model_params().size(); ++i) {
@@ -388,17 +390,13 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
     core.steps = target;
     core.seen_optimizer_steps = optimizer_steps;
   }
-  if (options.load_optimizer_states && optimizer_core_ && meta.contains("optimizer")) {
+  if (options.load_optimizer_states && optimizer_ && meta.contains("optimizer")) {
     // After the scheduler replay, so the saved learning rates win.
-    detail::load_param_group_options(optimizer_core_->optimizer(),
+    detail::load_param_group_options(*optimizer_,
                                      meta["optimizer"].at("param_groups"));
   }
   scaler_->load_state_dict(meta.at("scaler").get<std::map<std::string, double>>());
-  state_->optimizer_steps = optimizer_steps;
-  state_->micro_step = 0;
-  state_->micro_steps_since_step = 0;
-  state_->gradients_pending = false;
-  state_->clipped_this_step = false;
+  controller_->restore(optimizer_steps);
   if (train_cursor_ && meta.contains("loader")) {
     const nlohmann::json& l = meta["loader"];
     auto& c = *train_cursor_;
@@ -449,7 +447,7 @@ nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOp
                    "the checkpoint is loaded into the prepared objects");
   CheckpointReader checkpoint(dir, options.tag);
   restore_model(checkpoint);
-  if (options.load_optimizer_states && optimizer_core_) restore_optimizer(checkpoint);
+  if (options.load_optimizer_states && optimizer_) restore_optimizer(checkpoint);
   restore_progress(checkpoint, options);
   wait_for_everyone();
   return checkpoint.meta().value("client_state", nlohmann::json::object());

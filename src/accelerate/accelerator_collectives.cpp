@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "tandem/accelerate/accelerator.h"
+
+#include "accelerate/step_controller.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
@@ -99,20 +101,21 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   const auto sizes = sizes_across(*process_group_, tensor, 0);
   // Rows are the current batch's samples when the row count matches it on
   // this rank; every rank sees the same loader state, so all agree.
-  const bool from_batch = !state_->real_rows_per_rank.empty() &&
-                          static_cast<int>(state_->real_rows_per_rank.size()) == num_processes() &&
-                          tensor.size(0) == state_->batch_rows;
+  const GradientState& state = controller_->state();
+  const bool from_batch = !state.real_rows_per_rank.empty() &&
+                          static_cast<int>(state.real_rows_per_rank.size()) == num_processes() &&
+                          tensor.size(0) == state.batch_rows;
   at::Tensor mine = pad_across_processes(tensor, 0);
   auto parts = num_processes() == 1 ? std::vector<at::Tensor>{mine}
                                     : process_group_->all_gather(mine.contiguous());
   // In a joined pass a shadow rank's outputs are repeats of its last batch:
   // every rank knows which ranks those are, so all drop the same rows.
-  const bool joined = state_->joining &&
-                      static_cast<int>(state_->shadow_ranks.size()) == num_processes();
+  const bool joined = state.joining &&
+                      static_cast<int>(state.shadow_ranks.size()) == num_processes();
   for (size_t r = 0; r < parts.size(); ++r) {
     int64_t keep = sizes[r];
-    if (from_batch) keep = std::min(keep, state_->real_rows_per_rank[r]);
-    if (joined && state_->shadow_ranks[r] != 0) keep = 0;
+    if (from_batch) keep = std::min(keep, state.real_rows_per_rank[r]);
+    if (joined && state.shadow_ranks[r] != 0) keep = 0;
     parts[r] = parts[r].narrow(0, 0, keep);
   }
   return at::cat(parts);

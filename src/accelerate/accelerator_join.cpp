@@ -13,60 +13,43 @@
 // changes; with W / K a power of two the weighting is exact.
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "tandem/accelerate/accelerator.h"
+
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
+#include "core/torch_internals.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 
 namespace tandem {
-namespace {
 
-// Runs before AccumulateGrad: on a shadow step the incoming gradient is
-// replaced by zeros, so the reducer hooks that fire after accumulation still
-// run (and launch the same collectives) with a zero contribution.
-class ShadowGradientHook : public torch::autograd::FunctionPreHook {
- public:
-  explicit ShadowGradientHook(std::shared_ptr<const GradientState> state)
-      : state_(std::move(state)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (!state_->shadow_batch) return grads;
-    torch::autograd::variable_list zeros;
-    zeros.reserve(grads.size());
-    for (const auto& g : grads) zeros.push_back(g.defined() ? at::zeros_like(g) : g);
-    return zeros;
-  }
-
- private:
-  std::shared_ptr<const GradientState> state_;
-};
-
-}  // namespace
-
-Accelerator::JoinGuard::JoinGuard(GradientState& state) : state_(state) {
-  state_.join_requested = true;
+Accelerator::JoinGuard::JoinGuard(std::shared_ptr<detail::StepController> controller)
+    : controller_(std::move(controller)) {
+  controller_->begin_join();
 }
 
-Accelerator::JoinGuard::~JoinGuard() { state_.join_requested = false; }
+Accelerator::JoinGuard::~JoinGuard() { controller_->end_join(); }
 
-Accelerator::JoinGuard Accelerator::join_uneven_inputs() {
-  TANDEM_CHECK_ARG(!state_->join_requested,
-                   "Accelerator::join_uneven_inputs: a guard is already alive. Keep one guard "
-                   "around the training loop (it covers every epoch started inside it)");
-  return JoinGuard(*state_);
-}
+Accelerator::JoinGuard Accelerator::join_uneven_inputs() { return JoinGuard(controller_); }
 
 void Accelerator::install_shadow_hooks() {
-  // Installed once, after DDP/ZeRO took hold of the same accumulators (the
-  // parameter itself holds its accumulator only weakly: keep ours alive too).
+  // Installed once, after DDP/ZeRO took hold of the same accumulators. Each
+  // runs before AccumulateGrad: on a shadow step the incoming gradient is
+  // replaced by zeros, so the reducer hooks that fire after accumulation
+  // still run (and launch the same collectives) with a zero contribution.
+  // The controller is held weakly: DDP's reducer keeps these accumulators
+  // alive, and the controller keeps the reducer alive.
+  join_hooks_ = std::make_unique<detail::JoinHooks>();
+  const std::weak_ptr<const detail::StepController> weak = controller_;
   for (const auto& param : unique_parameters(*model_)) {
     if (!param.requires_grad()) continue;
-    auto accumulator = torch::autograd::impl::grad_accumulator(param);
-    TANDEM_CHECK(accumulator != nullptr, "join: parameter without a gradient accumulator");
-    accumulator->add_pre_hook(std::make_unique<ShadowGradientHook>(state_));
-    join_accumulators_.push_back(std::move(accumulator));
+    join_hooks_->hooks.push_back(
+        internals::add_grad_pre_hook(param, [weak](const at::Tensor& grad) {
+          const auto controller = weak.lock();
+          const bool shadow = controller != nullptr && controller->state().shadow_batch;
+          return shadow && grad.defined() ? at::zeros_like(grad) : grad;
+        }));
   }
 }
 
@@ -76,9 +59,10 @@ double Accelerator::join_gradient_weight() {
                    "steps cannot be made to contribute zero gradient. Prepare the model "
                    "(prepare() or prepare_model()) before training under "
                    "join_uneven_inputs()");
-  if (join_accumulators_.empty()) install_shadow_hooks();
-  if (state_->shadow_batch) return 1.0;  // the hooks zero it anyway
-  const int64_t k = state_->ranks_with_data;
+  if (join_hooks_ == nullptr) install_shadow_hooks();
+  const GradientState& state = controller_->state();
+  if (state.shadow_batch) return 1.0;  // the hooks zero it anyway
+  const int64_t k = state.ranks_with_data;
   TANDEM_CHECK(k >= 1 && k <= num_processes(), "join: {} ranks with data out of {}", k,
                num_processes());
   return static_cast<double>(num_processes()) / static_cast<double>(k);

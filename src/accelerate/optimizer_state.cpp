@@ -108,11 +108,14 @@ at::Tensor find_or_zeros(const ParamState& state, const std::string& name,
 }  // namespace
 
 std::string optimizer_type(torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return "AdamW";
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return "Adam";
-  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return "SGD";
-  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer)) return "Adagrad";
-  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer)) return "RMSprop";
+  // By the options type, which names the update rule whatever object runs
+  // it (a prepared optimizer, tandem::CpuAdam).
+  const torch::optim::OptimizerOptions* o = &optimizer.defaults();
+  if (dynamic_cast<const torch::optim::AdamWOptions*>(o)) return "AdamW";
+  if (dynamic_cast<const torch::optim::AdamOptions*>(o)) return "Adam";
+  if (dynamic_cast<const torch::optim::SGDOptions*>(o)) return "SGD";
+  if (dynamic_cast<const torch::optim::AdagradOptions*>(o)) return "Adagrad";
+  if (dynamic_cast<const torch::optim::RMSpropOptions*>(o)) return "RMSprop";
   TANDEM_THROW(UsageError,
                "checkpoints store the state of torch::optim Adam, AdamW, SGD, Adagrad and "
                "RMSprop; this optimizer is none of them (LBFGS and custom optimizers have no "

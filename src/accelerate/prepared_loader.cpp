@@ -1,24 +1,31 @@
 #include <algorithm>
 
 #include "tandem/accelerate/prepared.h"
+
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
 
-PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state)
-    : PreparedLoader(std::move(loader), std::move(state),
-                     std::make_shared<detail::LoaderCursor>()) {}
-
-PreparedLoader::PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
-                               std::shared_ptr<detail::LoaderCursor> cursor, ProcessGroup* group)
+PreparedLoader::PreparedLoader(DistributedLoader loader,
+                               std::shared_ptr<detail::StepController> controller,
+                               std::shared_ptr<detail::LoaderCursor> cursor,
+                               std::shared_ptr<ProcessGroup> group)
     : loader_(std::move(loader)),
-      state_(std::move(state)),
+      controller_(std::move(controller)),
       cursor_(std::move(cursor)),
-      group_(group),
+      group_(std::move(group)),
       even_batches_(loader_.options().even_batches) {
   cursor_->size = loader_.size();
   cursor_->epoch = loader_.epoch();
 }
+
+PreparedLoader::~PreparedLoader() = default;
+
+int64_t PreparedLoader::epoch() const { return cursor_->epoch; }
+
+int64_t PreparedLoader::position() const { return cursor_->position; }
 
 void PreparedLoader::set_loader_epoch(int64_t epoch) {
   loader_.set_epoch(epoch);
@@ -68,10 +75,11 @@ std::optional<DistributedLoader::Batch> PreparedLoader::next() {
     }
     // A joined pass never pads; other passes keep the loader's own setting.
     // Switching keeps a pending skip.
-    const bool even = !state_->join_requested && even_batches_;
+    const bool join = controller_->state().join_requested;
+    const bool even = !join && even_batches_;
     if (loader_.options().even_batches != even) loader_.set_even_batches(even);
     c.size = loader_.size();
-    if (state_->join_requested) {
+    if (join) {
       begin_joined_pass();  // sets c.position and c.size
     } else {
       joined_ = JoinedPass();
@@ -96,13 +104,7 @@ void PreparedLoader::end_of_pass() {
   c.in_pass = false;
   c.completed_passes = loader_.epoch() + 1;
   c.epoch_set = false;
-  state_->end_of_dataloader = false;
-  state_->real_rows_per_rank.clear();
-  state_->batch_rows = 0;
-  state_->joining = false;
-  state_->shadow_batch = false;
-  state_->ranks_with_data = 0;
-  state_->shadow_ranks.clear();
+  controller_->end_of_pass();
   if (joined_.active) {
     joined_ = JoinedPass();
     // A short rank's loader may still be mid-pass (shadow steps never drain
@@ -114,33 +116,29 @@ void PreparedLoader::end_of_pass() {
 
 void PreparedLoader::note_batch(const DistributedLoader::Batch& batch) {
   const int64_t index = cursor_->position;
-  state_->end_of_dataloader = index == loader_.size() - 1;
   const auto& sampler = loader_.sampler();
   const auto& options = loader_.options();
-  const int64_t rows = batch.empty() ? 0 : batch[0].size(0);
-  const int64_t world = sampler.num_replicas();
-  state_->batch_rows = rows;
-  state_->joining = false;
-  state_->shadow_batch = false;
-  state_->ranks_with_data = 0;
-  state_->shadow_ranks.clear();
-  if (!options.even_batches || sampler.drop_last()) {
-    // No padding to remove, and ranks may hold different row counts: keep
-    // every row gather_for_metrics receives.
-    state_->real_rows_per_rank.clear();
-    return;
+  detail::BatchReport report;
+  report.last_of_pass = index == loader_.size() - 1;
+  report.rows = batch.empty() ? 0 : batch[0].size(0);
+  // Without even-batch padding (or with drop_last) there is nothing to
+  // remove, and ranks may hold different row counts: gather_for_metrics
+  // keeps every row it receives.
+  if (options.even_batches && !sampler.drop_last()) {
+    // Padding takes the last positions p >= n of the padded list; position p
+    // is entry p / world of rank p % world. So rank r's entry j is real iff
+    // j * world + r < n, and its real entries are a prefix of its list.
+    const int64_t world = sampler.num_replicas();
+    const int64_t n = sampler.dataset_size();
+    const int64_t first = index * options.batch_size;
+    report.real_rows_per_rank.resize(static_cast<size_t>(world));
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t real_entries = n > r ? (n - r + world - 1) / world : 0;
+      report.real_rows_per_rank[static_cast<size_t>(r)] =
+          std::clamp<int64_t>(real_entries - first, 0, report.rows);
+    }
   }
-  state_->real_rows_per_rank.assign(static_cast<size_t>(world), rows);
-  // Padding takes the last positions p >= n of the padded list; position p
-  // is entry p / world of rank p % world. So rank r's entry j is real iff
-  // j * world + r < n, and its real entries are a prefix of its list.
-  const int64_t n = sampler.dataset_size();
-  const int64_t first = index * options.batch_size;
-  for (int64_t r = 0; r < world; ++r) {
-    const int64_t real_entries = n > r ? (n - r + world - 1) / world : 0;
-    state_->real_rows_per_rank[static_cast<size_t>(r)] =
-        std::clamp<int64_t>(real_entries - first, 0, rows);
-  }
+  controller_->next_batch(std::move(report));
 }
 
 PreparedLoader::Iterator::Iterator(PreparedLoader* loader)

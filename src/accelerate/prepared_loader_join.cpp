@@ -15,6 +15,9 @@
 #include <ATen/ATen.h>
 
 #include "tandem/accelerate/prepared.h"
+
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 
@@ -83,21 +86,16 @@ DistributedLoader::Batch PreparedLoader::stand_in_batch() {
 }
 
 void PreparedLoader::note_joined_batch(const DistributedLoader::Batch& batch, int64_t index) {
-  state_->end_of_dataloader = index == joined_.length - 1;
-  state_->batch_rows = batch.empty() ? 0 : batch[0].size(0);
-  state_->real_rows_per_rank.clear();  // no padding in a joined pass
-  state_->joining = true;
-  state_->shadow_ranks.assign(joined_.sizes.size(), 0);
-  int64_t with_data = 0;
+  detail::BatchReport report;
+  report.last_of_pass = index == joined_.length - 1;
+  report.rows = batch.empty() ? 0 : batch[0].size(0);
+  // No padding in a joined pass: real_rows_per_rank stays empty.
+  report.shadow_ranks.assign(joined_.sizes.size(), 0);
   for (size_t r = 0; r < joined_.sizes.size(); ++r) {
-    if (index < joined_.sizes[r]) {
-      ++with_data;
-    } else {
-      state_->shadow_ranks[r] = 1;
-    }
+    if (index >= joined_.sizes[r]) report.shadow_ranks[r] = 1;
   }
-  state_->ranks_with_data = with_data;
-  state_->shadow_batch = state_->shadow_ranks[static_cast<size_t>(group_->rank())] != 0;
+  report.rank = group_->rank();
+  controller_->next_batch(std::move(report));
 }
 
 }  // namespace tandem

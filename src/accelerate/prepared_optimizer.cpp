@@ -1,5 +1,6 @@
 // AcceleratedOptimizer, AcceleratedScheduler and gradient clipping.
 
+
 #include <cmath>
 #include <limits>
 
@@ -7,6 +8,9 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "tandem/accelerate/prepared.h"
+
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
 #include "tandem/amp/unscale.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
@@ -67,32 +71,135 @@ bool has_low_precision_params(torch::optim::Optimizer& optimizer) {
   return false;
 }
 
-}  // namespace
-
-OptimizerCore::OptimizerCore(torch::optim::Optimizer& optimizer,
-                             std::shared_ptr<GradientState> state,
-                             std::shared_ptr<LossScaler> scaler, double gradient_clipping,
-                             ProcessGroup* group, ZeroOptimizer* zero)
-    : optimizer_(&optimizer),
-      state_(std::move(state)),
-      scaler_(std::move(scaler)),
-      gradient_clipping_(gradient_clipping),
-      group_(group),
-      zero_(zero) {
-  if (zero_ != nullptr) return;  // ZeRO keeps fp32 master shards itself
-  // A bf16/fp16 model trains through fp32 copies (DeepSpeed's fp16/bf16
-  // optimizers): updates smaller than the low-precision spacing would
-  // otherwise round away.
-  if (has_low_precision_params(optimizer)) master_ = std::make_unique<MasterWeights>(optimizer);
+// NaN for options without a learning rate (a custom optimizer's).
+double learning_rate(const torch::optim::OptimizerParamGroup& group) {
+  if (!group.has_options()) return std::numeric_limits<double>::quiet_NaN();
+  try {
+    return group.options().get_lr();
+  } catch (const c10::Error&) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
 }
 
-void OptimizerCore::unscale_gradients() {
+// Swaps the live param groups and state between two optimizers for a scope.
+class SwapGroups {
+ public:
+  SwapGroups(torch::optim::Optimizer& a, torch::optim::Optimizer& b) : a_(a), b_(b) { swap(); }
+  ~SwapGroups() { swap(); }
+  SwapGroups(const SwapGroups&) = delete;
+  SwapGroups& operator=(const SwapGroups&) = delete;
+
+ private:
+  void swap() {
+    a_.param_groups().swap(b_.param_groups());
+    a_.state().swap(b_.state());
+  }
+  torch::optim::Optimizer& a_;
+  torch::optim::Optimizer& b_;
+};
+
+}  // namespace
+
+OptimizerCore::OptimizerCore(Parts parts)
+    : wrapped_(std::move(parts.wrapped)),
+      controller_(std::move(parts.controller)),
+      scaler_(std::move(parts.scaler)),
+      gradient_clipping_(parts.gradient_clipping),
+      group_(std::move(parts.group)),
+      zero_(std::move(parts.zero)) {
+  TANDEM_CHECK_ARG(wrapped_ != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
+}
+
+void OptimizerCore::adopt(AcceleratedOptimizer& self, bool sharded) {
+  self.param_groups().swap(wrapped_->param_groups());
+  self.state().swap(wrapped_->state());
+  // The decoy: one parameter with a gradient of ones, in a group per live
+  // group (same options, so a scheduler built over the wrapped optimizer
+  // still finds its groups and its learning rates can be carried over).
+  decoy_ = at::zeros({1}, at::kFloat).requires_grad_(true);
+  decoy_.mutable_grad() = at::ones({1}, at::kFloat);
+  std::vector<torch::optim::OptimizerParamGroup> decoy_groups;
+  for (const auto& group : self.param_groups()) {
+    decoy_groups.emplace_back(std::vector<at::Tensor>{}, group.options().clone());
+    synced_lr_.push_back(learning_rate(group));
+  }
+  if (decoy_groups.empty()) {
+    decoy_groups.emplace_back(std::vector<at::Tensor>{}, wrapped_->defaults().clone());
+  }
+  decoy_groups.front().params().push_back(decoy_);
+  wrapped_->param_groups() = std::move(decoy_groups);
+  // A bf16/fp16 model trains through fp32 copies (DeepSpeed's fp16/bf16
+  // optimizers): updates smaller than the low-precision spacing would
+  // otherwise round away. ZeRO keeps fp32 master shards itself.
+  if (!sharded && has_low_precision_params(self)) master_ = std::make_unique<MasterWeights>(self);
+}
+
+void OptimizerCore::check_wrapped(AcceleratedOptimizer& self) {
+  auto& groups = wrapped_->param_groups();
+  const char* what = nullptr;
+  if (groups.empty() || groups.front().params().size() != 1 ||
+      !groups.front().params().front().is_same(decoy_)) {
+    what = "given other parameters";
+  } else if (!wrapped_->state().empty() || decoy_.item<float>() != 0.0f) {
+    what = "stepped directly (its step() was called)";
+  } else if (!decoy_.grad().defined() || decoy_.grad().item<float>() != 1.0f) {
+    what = "zeroed directly (its zero_grad() was called)";
+  } else {
+    for (std::size_t i = 1; i < groups.size() && what == nullptr; ++i) {
+      if (!groups[i].params().empty()) what = "given other parameters";
+    }
+  }
+  TANDEM_CHECK_ARG(what == nullptr,
+                   "the optimizer passed to Accelerator::prepare_optimizer() was {} after it was "
+                   "prepared. Its parameter groups and state now belong to the "
+                   "AcceleratedOptimizer that prepare returned, so that call changed no "
+                   "parameter and no gradient. Call step() and zero_grad() on the returned "
+                   "optimizer (optimizer->step()): it applies gradient accumulation, loss "
+                   "scaling and clipping",
+                   what);
+  sync_learning_rates(self);
+}
+
+void OptimizerCore::sync_learning_rates(AcceleratedOptimizer& self) {
+  auto& live = self.param_groups();
+  auto& decoys = wrapped_->param_groups();
+  // Groups added to the prepared optimizer since: give them decoys too.
+  for (std::size_t i = synced_lr_.size(); i < live.size(); ++i) {
+    if (i >= decoys.size()) {
+      decoys.emplace_back(std::vector<at::Tensor>{}, live[i].options().clone());
+    }
+    synced_lr_.push_back(learning_rate(live[i]));
+  }
+  for (std::size_t i = 0; i < live.size() && i < decoys.size(); ++i) {
+    const double last = synced_lr_[i];
+    if (std::isnan(last)) continue;
+    double lr = learning_rate(live[i]);
+    const double decoy_lr = learning_rate(decoys[i]);
+    // A scheduler (or code) set it on the wrapped optimizer: carry it over.
+    // When both changed, the prepared optimizer's value wins.
+    if (lr == last && decoy_lr != last) {
+      live[i].options().set_lr(decoy_lr);
+      lr = decoy_lr;
+    } else if (decoy_lr != lr) {
+      decoys[i].options().set_lr(lr);
+    }
+    synced_lr_[i] = lr;
+  }
+}
+
+void OptimizerCore::with_wrapped(AcceleratedOptimizer& self,
+                                 const std::function<void(torch::optim::Optimizer&)>& fn) {
+  SwapGroups swap(self, *wrapped_);
+  fn(*wrapped_);
+}
+
+void OptimizerCore::unscale_gradients(AcceleratedOptimizer& self) {
   if (unscaled_) return;
   const bool scaling = scaler_ != nullptr && scaler_->enabled();
-  TANDEM_CHECK_ARG(!scaling || state_->micro_steps_since_step > 0,
+  TANDEM_CHECK_ARG(!scaling || controller_->state().micro_steps_since_step > 0,
                    "unscaling gradients: no backward ran since the last optimizer step, so "
                    "there is nothing to unscale (clip_grad_norm must come after "
-                   "accelerator.backward(loss) and before optimizer.step())");
+                   "accelerator.backward(loss) and before optimizer->step())");
   const double inv_scale = scaling ? scaler_->inv_scale() : 1.0;
   bool found_inf = false;
   if (zero_ != nullptr) {
@@ -108,7 +215,7 @@ void OptimizerCore::unscale_gradients() {
   } else if (scaling) {
     std::vector<at::Tensor> grads;
     // A tied tensor listed twice: unscale_and_find_inf() scales it once.
-    for (auto& group : optimizer_->param_groups()) {
+    for (auto& group : self.param_groups()) {
       for (auto& p : group.params()) grads.push_back(p.grad());
     }
     found_inf = unscale_and_find_inf(grads, inv_scale);
@@ -123,8 +230,8 @@ void OptimizerCore::unscale_gradients() {
   unscaled_ = true;
 }
 
-double OptimizerCore::clip(double max_norm, double norm_type) {
-  unscale_gradients();
+double OptimizerCore::clip(AcceleratedOptimizer& self, double max_norm, double norm_type) {
+  unscale_gradients(self);
   if (found_inf_) return std::numeric_limits<double>::infinity();
   double norm = 0;
   if (zero_ != nullptr) {
@@ -132,63 +239,67 @@ double OptimizerCore::clip(double max_norm, double norm_type) {
                      "(norm_type 2), got norm_type {}", norm_type);
     norm = zero_->clip_grad_norm(max_norm);
   } else {
-    norm = clip_gradients(*optimizer_, max_norm, norm_type, nullptr);
+    norm = clip_gradients(self, max_norm, norm_type, nullptr);
   }
-  state_->clipped_this_step = true;
+  controller_->note_clipped();
   return norm;
 }
 
-void OptimizerCore::step() {
-  if (!state_->sync_gradients) {
-    state_->last_step_skipped = true;
-    return;
+at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
+                               torch::optim::Optimizer::LossClosure closure) {
+  check_wrapped(self);
+  const GradientState& state = controller_->state();
+  if (!state.sync_gradients) {
+    controller_->step_deferred();
+    return {};
   }
   TANDEM_CHECK_ARG(
-      state_->accumulation_steps == 1 || state_->micro_steps_since_step > 0,
-      "optimizer.step(): gradient_accumulation_steps is {} but no micro-step was begun since the "
-      "last step, so tandem cannot tell which backward passes belong together. Call "
+      state.accumulation_steps == 1 || state.micro_steps_since_step > 0,
+      "optimizer->step(): gradient_accumulation_steps is {} but no micro-step was begun since "
+      "the last step, so tandem cannot tell which backward passes belong together. Call "
       "accelerator.backward(loss) instead of loss.backward(), or wrap the step in "
       "`auto guard = accelerator.accumulate(model);`",
-      state_->accumulation_steps);
+      state.accumulation_steps);
+  TANDEM_CHECK_ARG(closure == nullptr || zero_ == nullptr,
+                   "optimizer->step(closure): ZeRO steps from the gradients of the last "
+                   "backward and takes no closure; call step() without one");
   // Whatever happens below, the step's per-step flags end with it.
   struct EndStep {
     OptimizerCore* core;
-    ~EndStep() { core->end_step(); }
+    ~EndStep() {
+      core->controller_->end_step();
+      core->unscaled_ = false;
+      core->found_inf_ = false;
+    }
   } end_step_guard{this};
-  unscale_gradients();
+  unscale_gradients(self);
   const bool skip = found_inf_;
+  at::Tensor loss;
   if (!skip) {
-    if (gradient_clipping_ > 0 && !state_->clipped_this_step) {
+    if (gradient_clipping_ > 0 && !state.clipped_this_step) {
       if (zero_ != nullptr) {
         zero_->clip_grad_norm(gradient_clipping_);
       } else {
-        clip_gradients(*optimizer_, gradient_clipping_, 2.0, nullptr);
+        clip_gradients(self, gradient_clipping_, 2.0, nullptr);
       }
     }
     if (zero_ != nullptr) {
       zero_->step();
     } else {
-      optimizer_->step();
+      with_wrapped(self, [&](torch::optim::Optimizer& wrapped) { loss = wrapped.step(closure); });
     }
     if (master_) master_->copy_master_to_model();
-    ++state_->optimizer_steps;
   }
-  state_->last_step_skipped = skip;
   // The step consumed the accumulated gradients (or discarded them).
-  state_->gradients_pending = false;
+  controller_->optimizer_step(!skip);
   // Last: a collapse error leaves the step already accounted for.
   if (scaler_ != nullptr) scaler_->update(skip);
+  return loss;
 }
 
-void OptimizerCore::end_step() {
-  state_->micro_steps_since_step = 0;
-  state_->clipped_this_step = false;
-  unscaled_ = false;
-  found_inf_ = false;
-}
-
-void OptimizerCore::zero_grad() {
-  if (state_->gradients_pending) return;
+void OptimizerCore::zero_grad(AcceleratedOptimizer& self) {
+  check_wrapped(self);
+  if (controller_->state().gradients_pending) return;
   if (zero_ != nullptr) {
     zero_->zero_grad();
     return;
@@ -199,7 +310,7 @@ void OptimizerCore::zero_grad() {
   auto zero = [](at::Tensor& p) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   };
-  for (auto& group : optimizer_->param_groups()) {
+  for (auto& group : self.param_groups()) {
     for (auto& p : group.params()) zero(p);
   }
   if (master_) {
@@ -209,30 +320,54 @@ void OptimizerCore::zero_grad() {
 
 }  // namespace detail
 
-AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<detail::OptimizerCore> core)
-    : core_(std::move(core)) {}
-
-void AcceleratedOptimizer::step() { core_->step(); }
-
-void AcceleratedOptimizer::zero_grad() { core_->zero_grad(); }
-
-AcceleratedScheduler::AcceleratedScheduler(std::function<void()> step_fn,
-                                           std::shared_ptr<GradientState> state)
-    : AcceleratedScheduler(std::make_shared<detail::SchedulerCore>(), std::move(state)) {
-  core_->step_fn = std::move(step_fn);
+AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
+                                           std::unique_ptr<detail::OptimizerCore> core,
+                                           bool sharded)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              wrapped->defaults().clone()),
+      core_(std::move(core)) {
+  core_->adopt(*this, sharded);
 }
 
-AcceleratedScheduler::AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core,
-                                           std::shared_ptr<GradientState> state)
-    : core_(std::move(core)), state_(std::move(state)) {
-  core_->seen_optimizer_steps = state_->optimizer_steps;
+AcceleratedOptimizer::~AcceleratedOptimizer() = default;
+
+at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
+  return core_->step(*this, std::move(closure));
 }
+
+void AcceleratedOptimizer::zero_grad() { core_->zero_grad(*this); }
+
+bool AcceleratedOptimizer::step_was_skipped() const {
+  return core_->controller().state().last_step_skipped;
+}
+
+void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  auto& self = const_cast<AcceleratedOptimizer&>(*this);
+  core_->with_wrapped(self, [&](torch::optim::Optimizer& wrapped) { wrapped.save(archive); });
+}
+
+void AcceleratedOptimizer::load(torch::serialize::InputArchive& archive) {
+  core_->with_wrapped(*this, [&](torch::optim::Optimizer& wrapped) { wrapped.load(archive); });
+}
+
+AcceleratedScheduler::AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core)
+    : core_(std::move(core)) {
+  core_->seen_optimizer_steps = core_->controller->state().optimizer_steps;
+}
+
+AcceleratedScheduler::~AcceleratedScheduler() = default;
 
 void AcceleratedScheduler::step() {
-  if (state_->optimizer_steps == core_->seen_optimizer_steps) return;
-  core_->seen_optimizer_steps = state_->optimizer_steps;
+  const int64_t steps = core_->controller->state().optimizer_steps;
+  if (steps == core_->seen_optimizer_steps) return;
+  core_->seen_optimizer_steps = steps;
   core_->step_fn();
   ++core_->steps;
+  // A scheduler built over the optimizer passed to prepare: its new rates
+  // show in the prepared optimizer at once.
+  if (core_->optimizer != nullptr) core_->optimizer->core_->sync_learning_rates(*core_->optimizer);
 }
+
+int64_t AcceleratedScheduler::steps() const { return core_->steps; }
 
 }  // namespace tandem

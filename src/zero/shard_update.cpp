@@ -13,14 +13,16 @@
 namespace tandem::detail {
 
 UpdateRule update_rule_of(torch::optim::Optimizer& optimizer) {
-  // AdamW first: it is not an Adam in LibTorch's hierarchy, but be explicit.
-  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) return UpdateRule::kAdamW;
-  if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) return UpdateRule::kAdam;
-  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) return UpdateRule::kSgd;
+  // By the options type, which names the update rule whatever object runs
+  // it (an Accelerator's prepared optimizer, tandem::CpuAdam).
+  const torch::optim::OptimizerOptions* o = &optimizer.defaults();
+  if (dynamic_cast<const torch::optim::AdamWOptions*>(o) != nullptr) return UpdateRule::kAdamW;
+  if (dynamic_cast<const torch::optim::AdamOptions*>(o) != nullptr) return UpdateRule::kAdam;
+  if (dynamic_cast<const torch::optim::SGDOptions*>(o) != nullptr) return UpdateRule::kSgd;
   TANDEM_THROW(UsageError,
-               "ZeRO shards torch::optim::Adam, AdamW and SGD; this optimizer is none of them. "
-               "Build one of those over the model's parameters (tandem::CpuAdam users: pass a "
-               "torch::optim::Adam or AdamW; ZeRO runs tandem's CPU Adam kernel on the shards)");
+               "ZeRO shards torch::optim::Adam, AdamW and SGD (and tandem::CpuAdam); this "
+               "optimizer is none of them. Build one of those over the model's parameters "
+               "(ZeRO runs tandem's CPU Adam kernel on the shards when offloading)");
 }
 
 std::vector<UpdateHyper> read_hyper(torch::optim::Optimizer& optimizer, UpdateRule rule) {

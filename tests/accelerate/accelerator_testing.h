@@ -1,9 +1,10 @@
 #pragma once
-// The MLP shape and initial values that the Accelerator tests share.
+// The MLP shape, initial values and data that the Accelerator tests share.
 
 #include <torch/torch.h>
 
 #include "parallel/ddp_test_models.h"
+#include "tandem/config/config.h"
 
 namespace tandem::testing {
 
@@ -14,6 +15,23 @@ inline constexpr int kIn = 6, kHidden = 16, kOut = 3;
 inline Mlp reference_init() {
   torch::manual_seed(5);
   return Mlp(kIn, kHidden, kOut);
+}
+
+// Inputs and targets for the MLP above, drawn from the global generator:
+// call before rank threads start.
+struct Dataset {
+  torch::Tensor x, y;
+};
+
+inline Dataset make_dataset(int64_t n, uint64_t seed = 11) {
+  torch::manual_seed(seed);
+  return {torch::randn({n, kIn}), torch::randn({n, kOut})};
+}
+
+inline Config config_with_accumulation(int64_t steps) {
+  Config config;
+  config.gradient_accumulation_steps = steps;
+  return config;
 }
 
 }  // namespace tandem::testing

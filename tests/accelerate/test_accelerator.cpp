@@ -25,21 +25,9 @@ using testing::kIn;
 using testing::kOut;
 using testing::reference_init;
 
-struct Dataset {
-  torch::Tensor x, y;
-};
-
-Dataset make_dataset(int64_t n) {
-  torch::manual_seed(11);
-  return {torch::randn({n, kIn}), torch::randn({n, kOut})};
-}
-
-
-Config config_with_accumulation(int64_t steps) {
-  Config config;
-  config.gradient_accumulation_steps = steps;
-  return config;
-}
+using testing::config_with_accumulation;
+using testing::Dataset;
+using testing::make_dataset;
 
 // Single process: each optimizer step sees the samples that all ranks' k
 // micro-batches hold together. With shuffle off, rank r's entry j is sample
@@ -48,14 +36,15 @@ Mlp train_reference(const Dataset& data, int world, int64_t batch, int64_t accum
                     int64_t steps) {
   Mlp model(kIn, kHidden, kOut);
   copy_state(*model, *reference_init());
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const int64_t per_step = world * batch * accumulation;
   for (int64_t s = 0; s < steps; ++s) {
     auto x = data.x.narrow(0, s * per_step, per_step);
     auto y = data.y.narrow(0, s * per_step, per_step);
-    opt.zero_grad();
+    opt->zero_grad();
     torch::mse_loss(model(x), y).backward();
-    opt.step();
+    opt->step();
   }
   return model;
 }
@@ -73,16 +62,17 @@ TEST_P(AcceleratorParity, AccumulatedDistributedStepsEqualOneBigBatch) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(accumulation));
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     DistributedLoaderOptions options;
     options.batch_size = kBatch;
     options.shuffle = false;
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, options);
     ASSERT_EQ(accelerator.gradient_accumulation_steps(), accumulation);
-    for (auto& batch : loader) {
-      optimizer.zero_grad();
+    for (auto& batch : *loader) {
+      optimizer->zero_grad();
       accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
-      optimizer.step();
+      optimizer->step();
     }
     EXPECT_EQ(accelerator.step(), kSteps);
     EXPECT_LT(max_relative_diff(*model, *reference), 1e-5) << "rank " << pg.rank() << "/" << world;
@@ -106,18 +96,19 @@ TEST(Accelerator, AccumulateGuardGivesTheSameTrainingAsBackwardAlone) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(kAccumulation));
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     DistributedLoaderOptions options;
     options.batch_size = kBatch;
     options.shuffle = false;
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, options);
     std::vector<bool> syncs;
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       auto guard = accelerator.accumulate(model);
       syncs.push_back(accelerator.sync_gradients());
       accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
-      optimizer.step();
-      optimizer.zero_grad();
+      optimizer->step();
+      optimizer->zero_grad();
     }
     EXPECT_EQ(syncs, (std::vector<bool>{false, true, false, true}));
     EXPECT_LT(max_relative_diff(*model, *reference), 1e-5);
@@ -135,17 +126,18 @@ TEST(Accelerator, ZeroGradAtTheTopOfAGuardedStepKeepsTheAccumulatedGradients) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(kAccumulation));
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     DistributedLoaderOptions options;
     options.batch_size = kBatch;
     options.shuffle = false;
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, options);
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       auto guard = accelerator.accumulate(model);
       auto nested = accelerator.accumulate(model);  // same micro-step
-      optimizer.zero_grad();  // on a boundary step too: must not erase the sum
+      optimizer->zero_grad();  // on a boundary step too: must not erase the sum
       accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
-      optimizer.step();
+      optimizer->step();
     }
     EXPECT_EQ(accelerator.step(), kSteps);
     EXPECT_LT(max_relative_diff(*model, *reference), 1e-5);
@@ -159,16 +151,17 @@ TEST(Accelerator, LastBatchOfAPassAlwaysSynchronises) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, 1);
     for (int epoch = 0; epoch < 2; ++epoch) {
-      loader.set_epoch(epoch);
+      loader->set_epoch(epoch);
       std::vector<bool> syncs;
-      for (auto& batch : loader) {
-        optimizer.zero_grad();
+      for (auto& batch : *loader) {
+        optimizer->zero_grad();
         accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
         syncs.push_back(accelerator.sync_gradients());
-        optimizer.step();
+        optimizer->step();
       }
       EXPECT_EQ(syncs, (std::vector<bool>{false, true, false, true, true})) << "epoch " << epoch;
     }
@@ -181,26 +174,28 @@ TEST(Accelerator, SchedulerStepsOncePerOptimizerStepNotPerRankOrMicroBatch) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
-    torch::optim::StepLR step_lr(sgd, /*step_size=*/1, /*gamma=*/0.5);
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(1.0));
+    auto step_lr = std::make_shared<torch::optim::StepLR>(*sgd, /*step_size=*/1, /*gamma=*/0.5);
     auto [optimizer, loader, scheduler] =
         accelerator.prepare(model, sgd, {data.x, data.y}, 1, step_lr);
-    for (auto& batch : loader) {
-      optimizer.zero_grad();
+    for (auto& batch : *loader) {
+      optimizer->zero_grad();
       accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
-      optimizer.step();
-      scheduler.step();  // called every micro-batch, as loops usually do
+      optimizer->step();
+      scheduler->step();  // called every micro-batch, as loops usually do
     }
     EXPECT_EQ(accelerator.step(), 4);
-    EXPECT_EQ(scheduler.steps(), 4);
+    EXPECT_EQ(scheduler->steps(), 4);
     // The same scheduler stepped exactly 4 times by hand.
     auto probe = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD probe_sgd(probe->parameters(), torch::optim::SGDOptions(1.0));
-    torch::optim::StepLR probe_lr(probe_sgd, 1, 0.5);
-    for (int i = 0; i < 4; ++i) probe_lr.step();
-    EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(),
-                     probe_sgd.param_groups()[0].options().get_lr());
-    EXPECT_LT(sgd.param_groups()[0].options().get_lr(), 0.5);
+    auto probe_sgd = std::make_shared<torch::optim::SGD>(
+        probe->parameters(), torch::optim::SGDOptions(1.0));
+    auto probe_lr = std::make_shared<torch::optim::StepLR>(*probe_sgd, 1, 0.5);
+    for (int i = 0; i < 4; ++i) probe_lr->step();
+    EXPECT_DOUBLE_EQ(sgd->param_groups()[0].options().get_lr(),
+                     probe_sgd->param_groups()[0].options().get_lr());
+    EXPECT_LT(sgd->param_groups()[0].options().get_lr(), 0.5);
   });
 }
 
@@ -208,12 +203,13 @@ TEST(Accelerator, StepWithoutAcceleratorBackwardUnderAccumulationIsAnError) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     torch::mse_loss(model(torch::randn({2, kIn})), torch::randn({2, kOut})).backward();
     try {
-      optimizer.step();
+      optimizer->step();
       FAIL() << "expected UsageError";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("accelerator.backward(loss)"), std::string::npos)
@@ -239,12 +235,13 @@ TEST(Accelerator, ClipGradNormUsesTheGlobalNormAndSkipsPartialSums) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(1));
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     DistributedLoaderOptions options;
     options.batch_size = 4;
     options.shuffle = false;
     auto [optimizer, loader] = accelerator.prepare(model, sgd, {data.x, data.y}, options);
-    auto batch = *loader.next();
+    auto batch = *loader->next();
     accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
     const double norm = accelerator.clip_grad_norm(expected / 4);
     EXPECT_NEAR(norm, expected, 1e-5 * expected);
@@ -255,7 +252,8 @@ TEST(Accelerator, ClipGradNormUsesTheGlobalNormAndSkipsPartialSums) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     accelerator.backward(torch::mse_loss(model(data.x), data.y));
@@ -272,11 +270,12 @@ TEST(Accelerator, ConfigGradientClippingIsAppliedByTheOptimizerStep) {
     Accelerator accelerator(pg.shared_from_this(), config);
     auto model = torch::nn::Linear(kIn, kOut);
     auto before = model->weight.detach().clone();
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(1.0));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     accelerator.backward(torch::mse_loss(model(torch::randn({8, kIn}) * 100), torch::zeros({8, kOut})));
-    optimizer.step();
+    optimizer->step();
     // With lr 1 the whole update is the clipped gradient: norm <= 1e-3 (up
     // to float32 rounding of weight - before).
     const double moved = (model->weight - before).norm().item<double>();
@@ -287,8 +286,8 @@ TEST(Accelerator, ConfigGradientClippingIsAppliedByTheOptimizerStep) {
 
 TEST(Accelerator, CodeOverridesBeatEnvironmentWhichBeatsTheFile) {
   run_ranks(1, [&](ProcessGroup& pg) {
-    ConfigEnv env;
-    env.gradient_accumulation_steps = 3;
+    LauncherEnv env;
+    env.config.gradient_accumulation_steps = 3;
     {
       Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(4), {}, env);
       EXPECT_EQ(accelerator.gradient_accumulation_steps(), 3);
@@ -306,7 +305,7 @@ TEST(Accelerator, PerProcessBatchCompletesTheDeepSpeedBatchTriple) {
     Config config;
     config.train_batch_size = 32;
     Accelerator accelerator(pg.shared_from_this(), config);
-    accelerator.prepare_data(std::vector<torch::Tensor>{data.x, data.y}, 4);
+    accelerator.prepare_data_loader(std::vector<torch::Tensor>{data.x, data.y}, 4);
     EXPECT_EQ(accelerator.gradient_accumulation_steps(), 4);  // 32 = 4 * 4 * 2
     EXPECT_EQ(accelerator.config().train_micro_batch_size_per_gpu, 4);
   });
@@ -318,7 +317,7 @@ TEST(Accelerator, ZeroStageThreeWithoutShardedUnitsSaysHowToDeclareThem) {
     zero.zero.stage = 3;
     Accelerator accelerator(pg.shared_from_this(), zero);
     Mlp model(kIn, kHidden, kOut);
-    torch::optim::Adam adam(model->parameters());
+    auto adam = std::make_shared<torch::optim::Adam>(model->parameters());
     accelerator.prepare_model(model);
     try {
       accelerator.prepare_optimizer(adam);

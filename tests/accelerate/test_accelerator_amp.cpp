@@ -48,7 +48,8 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     Accelerator accelerator(pg.shared_from_this(), Config{}, scaled());
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     // A generator of its own: rank threads share torch's global one.
@@ -56,16 +57,16 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     auto step = [&](bool poison) {
       auto x = torch::randn({4, kIn}, gen);
       if (poison) x[0][0] = pg.rank() == 1 ? INFINITY : 1.0f;  // rank 1 only
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       accelerator.backward(torch::mse_loss(model->forward(x), torch::zeros({4, kOut})));
-      optimizer.step();
+      optimizer->step();
     };
     step(false);
     ASSERT_EQ(accelerator.step(), 1);
     ASSERT_EQ(accelerator.loss_scale(), 65536.0);
     const auto before = snapshot(*model);
     step(true);
-    EXPECT_TRUE(optimizer.step_was_skipped());
+    EXPECT_TRUE(optimizer->step_was_skipped());
     EXPECT_EQ(accelerator.step(), 1);
     EXPECT_EQ(accelerator.skipped_steps(), 1);
     EXPECT_EQ(accelerator.loss_scale(), 32768.0);
@@ -75,7 +76,7 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     }
     step(false);  // training resumes at the lower scale
     EXPECT_EQ(accelerator.step(), 2);
-    EXPECT_FALSE(optimizer.step_was_skipped());
+    EXPECT_FALSE(optimizer->step_was_skipped());
   });
 }
 
@@ -85,20 +86,21 @@ TEST(AcceleratorScaler, TheSchedulerDoesNotStepWhenAnOverflowSkippedTheStep) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{}, scaled());
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
-    torch::optim::StepLR step_lr(sgd, 1, 0.5);
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(1.0));
+    auto step_lr = std::make_shared<torch::optim::StepLR>(*sgd, 1, 0.5);
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     auto scheduler = accelerator.prepare_scheduler(step_lr);
     for (bool poison : {false, true, false}) {
       auto x = torch::ones({2, kIn}) * (poison ? INFINITY : 1.0f);
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       accelerator.backward(model(x).sum());
-      optimizer.step();
-      scheduler.step();
+      optimizer->step();
+      scheduler->step();
     }
     EXPECT_EQ(accelerator.step(), 2);
-    EXPECT_EQ(scheduler.steps(), 2);
+    EXPECT_EQ(scheduler->steps(), 2);
   });
 }
 
@@ -117,15 +119,16 @@ TEST(AcceleratorScaler, ScaledTrainingAndClippingEqualUnscaledTraining) {
                               with_scaling ? scaled() : AcceleratorOptions{});
       Mlp model(kIn, kHidden, kOut);
       copy_state(*model, *init);
-      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5));
+      auto sgd = std::make_shared<torch::optim::SGD>(
+          model->parameters(), torch::optim::SGDOptions(0.5));
       accelerator.prepare_model(model);
       auto optimizer = accelerator.prepare_optimizer(sgd);
       for (int s = 0; s < kSteps; ++s) {
-        optimizer.zero_grad();
+        optimizer->zero_grad();
         auto xs = x[s].narrow(0, pg.rank() * 4, 4), ys = y[s].narrow(0, pg.rank() * 4, 4);
         accelerator.backward(torch::mse_loss(model->forward(xs), ys));
         const double norm = accelerator.clip_grad_norm(0.05);
-        optimizer.step();
+        optimizer->step();
         if (pg.rank() == 0) norms[with_scaling].push_back(norm);
       }
       if (pg.rank() == 0) trained[with_scaling] = model;
@@ -142,15 +145,16 @@ TEST(AcceleratorScaler, ACollapsedScaleStopsWithTheKnobsToTurn) {
     AcceleratorOptions options = scaled(65536.0);
     Accelerator accelerator(pg.shared_from_this(), Config{}, options);
     auto model = torch::nn::Linear(kIn, kOut);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     auto x = torch::full({2, kIn}, INFINITY);
     try {
       for (int s = 0; s < 100; ++s) {
-        optimizer.zero_grad();
+        optimizer->zero_grad();
         accelerator.backward(model(x).sum());
-        optimizer.step();
+        optimizer->step();
       }
       FAIL() << "expected ScaleCollapseError";
     } catch (const ScaleCollapseError& e) {
@@ -172,7 +176,8 @@ TEST(AcceleratorAutocast, Bf16RunsTheForwardInBf16AndBackwardInFp32) {
     EXPECT_EQ(accelerator.loss_scale(), 1.0);
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
-    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto sgd = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(sgd);
     torch::Tensor out, loss;
@@ -185,7 +190,7 @@ TEST(AcceleratorAutocast, Bf16RunsTheForwardInBf16AndBackwardInFp32) {
     EXPECT_FALSE(is_autocast_enabled(c10::kCPU)) << "the guard must restore the state";
     accelerator.backward(loss);
     for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
-    optimizer.step();
+    optimizer->step();
     EXPECT_EQ(accelerator.step(), 1);
   });
 }
@@ -219,12 +224,13 @@ TEST(AcceleratorAmp, Bf16ModelTrainsThroughFp32MasterWeights) {
       Mlp model(kIn, kHidden, kOut);
       copy_state(*model, *init);
       if (bf16_model) model->to(torch::kBFloat16);
-      torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-4));
+      auto adam = std::make_shared<torch::optim::Adam>(
+          model->parameters(), torch::optim::AdamOptions(1e-4));
       accelerator.prepare_model(model);
       auto optimizer = accelerator.prepare_optimizer(adam);
       auto xs = x.narrow(0, pg.rank() * 8, 8), ys = y.narrow(0, pg.rank() * 8, 8);
       for (int s = 0; s < 30; ++s) {
-        optimizer.zero_grad();
+        optimizer->zero_grad();
         torch::Tensor loss;
         {
           auto autocast = accelerator.autocast();
@@ -232,7 +238,7 @@ TEST(AcceleratorAmp, Bf16ModelTrainsThroughFp32MasterWeights) {
                                  ys.to(model->fc1->weight.scalar_type()));
         }
         accelerator.backward(loss);
-        optimizer.step();
+        optimizer->step();
       }
       if (pg.rank() == 0) {
         model->to(torch::kFloat);

@@ -31,11 +31,12 @@ TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
   const auto x = torch::randn({4, 8, kIn}), y = torch::randn({4, 8, kOut});
   Mlp reference(kIn, kHidden, kOut);
   copy_state(*reference, *init);
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1));
+  auto reference_sgd = std::make_shared<torch::optim::SGD>(
+      reference->parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < 4; ++s) {
-    reference_sgd.zero_grad();
+    reference_sgd->zero_grad();
     torch::mse_loss(reference(x[s]), y[s]).backward();
-    reference_sgd.step();
+    reference_sgd->step();
   }
   ProcessGroupOptions options;
   options.cuda_backend = CudaBackend::kGloo;
@@ -46,15 +47,16 @@ TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
         ASSERT_TRUE(accelerator.device().is_cuda());
         Mlp model(kIn, kHidden, kOut);
         copy_state(*model, *init);
-        torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+        auto sgd = std::make_shared<torch::optim::SGD>(
+            model->parameters(), torch::optim::SGDOptions(0.1));
         accelerator.prepare_model(model);
         auto optimizer = accelerator.prepare_optimizer(sgd);
         for (int s = 0; s < 4; ++s) {
           auto xs = x[s].narrow(0, pg.rank() * 4, 4).to(accelerator.device());
           auto ys = y[s].narrow(0, pg.rank() * 4, 4).to(accelerator.device());
-          optimizer.zero_grad();
+          optimizer->zero_grad();
           accelerator.backward(torch::mse_loss(model->forward(xs), ys));
-          optimizer.step();
+          optimizer->step();
         }
         model->to(torch::kCPU);
         EXPECT_LT(max_relative_diff(*model, *reference), 1e-4);
@@ -71,14 +73,15 @@ TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {
     EXPECT_EQ(accelerator.loss_scale(), 65536.0);
     torch::manual_seed(1);
     Mlp model(kIn, kHidden, kOut);
-    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     auto x = torch::randn({32, kIn}).to(accelerator.device());
     auto y = x.narrow(1, 0, kOut).clone();
     double first = 0, last = 0;
     for (int s = 0; s < 200; ++s) {
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       torch::Tensor out, loss;
       {
         auto autocast = accelerator.autocast();
@@ -87,7 +90,7 @@ TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {
       }
       EXPECT_EQ(out.scalar_type(), torch::kHalf);
       accelerator.backward(loss);
-      optimizer.step();
+      optimizer->step();
       (s == 0 ? first : last) = loss.item<double>();
     }
     EXPECT_LT(last, 0.5 * first);

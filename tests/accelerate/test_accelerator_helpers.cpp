@@ -85,9 +85,9 @@ TEST_P(AcceleratorHelpers, GatherForMetricsCountsEverySampleExactlyOnce) {
   run_ranks(world, [&](ProcessGroup& pg) {
     auto accelerator = make_accelerator(pg);
     auto ids = torch::arange(kSamples, torch::kLong);
-    auto loader = accelerator->prepare_data(std::vector<torch::Tensor>{ids}, 2);
+    auto loader = accelerator->prepare_data_loader(std::vector<torch::Tensor>{ids}, 2);
     std::vector<int64_t> seen;
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       auto all = accelerator->gather_for_metrics(batch[0]);
       for (int64_t i = 0; i < all.size(0); ++i) seen.push_back(all[i].item<int64_t>());
     }
@@ -107,13 +107,14 @@ TEST_P(AcceleratorHelpers, GatherForMetricsKeepsEverySampleWithoutEvenBatches) {
     options.batch_size = 4;
     options.shuffle = false;
     options.even_batches = false;  // ranks may hold different row counts
-    auto loader = accelerator->prepare_data({torch::arange(kSamples, torch::kLong)}, options);
+    auto loader =
+        accelerator->prepare_data_loader({torch::arange(kSamples, torch::kLong)}, options);
     std::vector<int64_t> seen;
     // Ranks may have different batch counts here: drive every rank through
     // the longest pass, gathering an empty tensor where a rank has no batch.
     const int64_t passes = (kSamples + world * 4 - 1) / (world * 4);
     for (int64_t i = 0; i < passes; ++i) {
-      auto batch = loader.next();
+      auto batch = loader->next();
       auto rows = batch ? (*batch)[0] : torch::empty({0}, torch::kLong);
       auto all = accelerator->gather_for_metrics(rows);
       for (int64_t k = 0; k < all.size(0); ++k) seen.push_back(all[k].item<int64_t>());
@@ -149,11 +150,11 @@ TEST(AcceleratorHelpers, MainProcessFirstReleasesTheOthersWhenRankZeroThrows) {
 TEST(AcceleratorHelpers, ChangingTheEpochInsideALoopIsAnErrorNotASilentRestart) {
   run_ranks(1, [&](ProcessGroup& pg) {
     auto accelerator = make_accelerator(pg);
-    auto loader = accelerator->prepare_data({torch::arange(8, torch::kLong)}, 2);
+    auto loader = accelerator->prepare_data_loader({torch::arange(8, torch::kLong)}, 2);
     auto loop = [&] {
-      for (auto& batch : loader) {
+      for (auto& batch : *loader) {
         (void)batch;
-        loader.set_epoch(3);
+        loader->set_epoch(3);
       }
     };
     EXPECT_THROW(loop(), UsageError);
@@ -163,13 +164,13 @@ TEST(AcceleratorHelpers, ChangingTheEpochInsideALoopIsAnErrorNotASilentRestart) 
 TEST(AcceleratorHelpers, EpochAdvancesByItselfAfterAFullPass) {
   run_ranks(1, [&](ProcessGroup& pg) {
     auto accelerator = make_accelerator(pg);
-    auto loader = accelerator->prepare_data({torch::arange(16, torch::kLong)}, 16);
-    auto first = (*loader.begin())[0].clone();
-    for (auto& batch : loader) (void)batch;  // pass 1 (epoch 0 again: begin() restarted it)
-    EXPECT_EQ(loader.epoch(), 0);
+    auto loader = accelerator->prepare_data_loader({torch::arange(16, torch::kLong)}, 16);
+    auto first = (*loader->begin())[0].clone();
+    for (auto& batch : *loader) (void)batch;  // pass 1 (epoch 0 again: begin() restarted it)
+    EXPECT_EQ(loader->epoch(), 0);
     std::vector<torch::Tensor> second;
-    for (auto& batch : loader) second.push_back(batch[0].clone());  // epoch 1
-    EXPECT_EQ(loader.epoch(), 1);
+    for (auto& batch : *loader) second.push_back(batch[0].clone());  // epoch 1
+    EXPECT_EQ(loader->epoch(), 1);
     EXPECT_FALSE(torch::equal(first, second.at(0))) << "epoch 1 must reshuffle";
   });
 }
@@ -190,8 +191,10 @@ TEST(AcceleratorHelpers, MainProcessFirstRunsRankZeroBeforeTheOthers) {
 
 TEST(AcceleratorHelpers, ProcessIndicesComeFromTheGroup) {
   run_ranks(3, [&](ProcessGroup& pg) {
-    Accelerator accelerator(pg.shared_from_this(), Config{}, {}, {}, /*local_rank=*/pg.rank() % 2,
-                            /*local_world_size=*/2);
+    LauncherEnv launcher;
+    launcher.local_rank = pg.rank() % 2;
+    launcher.local_world_size = 2;
+    Accelerator accelerator(pg.shared_from_this(), Config{}, {}, launcher);
     EXPECT_EQ(accelerator.process_index(), pg.rank());
     EXPECT_EQ(accelerator.num_processes(), 3);
     EXPECT_EQ(accelerator.is_main_process(), pg.rank() == 0);

@@ -54,25 +54,26 @@ Result train(int world, int stage, Variant v = {}) {
     Accelerator accelerator(pg.shared_from_this(), config, accelerator_options);
     testing::Stack model = testing::make_model(r);
     if (v.bf16_params) model->to(torch::kBFloat16);
-    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto adamw = std::make_shared<torch::optim::AdamW>(
+        model->parameters(), torch::optim::AdamWOptions(1e-2));
     DistributedLoaderOptions options;
     options.batch_size = 4;
     options.shuffle = false;
     accelerator.prepare_model(model);
-    auto loader = accelerator.prepare_data({x, y}, options);
+    auto loader = accelerator.prepare_data_loader({x, y}, options);
     auto optimizer = v.optimizer_from_config ? accelerator.prepare_optimizer_from_config()
                                              : accelerator.prepare_optimizer(adamw);
     EXPECT_EQ(accelerator.zero_optimizer() != nullptr, stage > 0);
     int micro = 0;
-    for (auto& batch : loader) {
-      optimizer.zero_grad();
+    for (auto& batch : *loader) {
+      optimizer->zero_grad();
       auto logits = model->forward(batch[0].to(v.bf16_params ? torch::kBFloat16 : torch::kFloat));
       auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat), batch[1]);
       if (pg.rank() == 1 && micro / 2 == v.inf_loss_on_rank1_at_step) {
         loss = loss * std::numeric_limits<double>::infinity();
       }
       accelerator.backward(loss);
-      optimizer.step();
+      optimizer->step();
       ++micro;
     }
     std::optional<ZeroOptimizer::GatheredParameters> whole;

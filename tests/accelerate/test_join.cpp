@@ -95,14 +95,15 @@ Outcome train_joined(const JoinRun& run) {
     const int rank = pg.rank();
     Accelerator accelerator(pg.shared_from_this(), config, options);
     testing::Stack model = testing::make_model(recipe());
-    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto [x, y] = rank_data(rank, run.batches[static_cast<size_t>(rank)]);
     DistributedLoaderOptions loader_options;
     loader_options.batch_size = kRows;
     loader_options.shuffle = false;
     // This rank's own data, not resharded: counts differ across ranks.
-    auto loader = accelerator.prepare_data_loader(DistributedLoader({x, y}, 1, 0, loader_options));
+    auto loader = accelerator.prepare_local_loader(DistributedLoader({x, y}, 1, 0, loader_options));
     auto optimizer = accelerator.prepare_optimizer(adam);
     if (!run.load_dir.empty()) accelerator.load_state(run.load_dir);
     int64_t iterations = 0;
@@ -111,10 +112,10 @@ Outcome train_joined(const JoinRun& run) {
       auto join = accelerator.join_uneven_inputs();
       bool stopped = false;
       for (int epoch = 0; epoch < run.epochs && !stopped; ++epoch) {
-        for (auto& batch : loader) {
-          optimizer.zero_grad();
+        for (auto& batch : *loader) {
+          optimizer->zero_grad();
           accelerator.backward(loss_of(model, batch));
-          optimizer.step();
+          optimizer->step();
           ++iterations;
           shadows += accelerator.is_shadow_batch() ? 1 : 0;
           if (iterations == run.stop_after) {
@@ -143,7 +144,8 @@ Outcome train_joined(const JoinRun& run) {
 Params reference(const JoinRun& run) {
   const testing::Recipe r = recipe();
   testing::Stack model = testing::make_model(r);
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto adam = std::make_shared<torch::optim::Adam>(
+      model->parameters(), torch::optim::AdamOptions(1e-2));
   const int world = static_cast<int>(run.batches.size());
   std::vector<std::pair<at::Tensor, at::Tensor>> data;
   for (int rank = 0; rank < world; ++rank) data.push_back(rank_data(rank, run.batches[rank]));
@@ -174,7 +176,7 @@ Params reference(const JoinRun& run) {
         torch::NoGradGuard no_grad;
         for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = step_grad[i].clone();
         if (run.clip > 0) torch::nn::utils::clip_grad_norm_(params, run.clip);
-        adam.step();
+        adam->step();
         for (auto& g : step_grad) g.zero_();
         in_cycle = 0;
       }
@@ -277,13 +279,13 @@ PassLog log_passes(bool even_batches) {
     options.batch_size = 1;
     options.shuffle = false;
     options.even_batches = even_batches;
-    auto loader = accelerator.prepare_data({ids}, options);
+    auto loader = accelerator.prepare_data_loader({ids}, options);
     std::vector<int64_t> k, last;
     std::vector<int> shadow, end;
     std::vector<int64_t> gathered;
     {
       auto join = accelerator.join_uneven_inputs();
-      for (auto& batch : loader) {
+      for (auto& batch : *loader) {
         k.push_back(accelerator.ranks_with_data());
         shadow.push_back(accelerator.is_shadow_batch() ? 1 : 0);
         end.push_back(accelerator.gradient_state().end_of_dataloader ? 1 : 0);
@@ -292,7 +294,7 @@ PassLog log_passes(bool even_batches) {
       }
     }
     int64_t plain = 0;
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       (void)batch;
       EXPECT_FALSE(accelerator.is_shadow_batch());
       ++plain;
@@ -334,14 +336,14 @@ TEST(Join, ResumingPastARanksDataRunsShadowStepsOnItsLastBatch) {
     DistributedLoaderOptions options;
     options.batch_size = 1;
     options.shuffle = false;
-    auto loader = accelerator.prepare_data({ids}, options);
+    auto loader = accelerator.prepare_data_loader({ids}, options);
     auto join = accelerator.join_uneven_inputs();
-    loader.skip_first_batches(3);  // rank 1 has 3 batches: none left
+    loader->skip_first_batches(3);  // rank 1 has 3 batches: none left
     std::vector<int64_t> mine;
-    while (auto batch = loader.next()) {
+    while (auto batch = loader->next()) {
       mine.push_back((*batch)[0].item<int64_t>());
       EXPECT_EQ(accelerator.is_shadow_batch(), pg.rank() == 1);
-      EXPECT_EQ(loader.position(), 4);
+      EXPECT_EQ(loader->position(), 4);
     }
     std::lock_guard<std::mutex> lock(mutex);
     seen[pg.rank()] = mine;
@@ -359,9 +361,9 @@ TEST(Join, WithoutJoinUnevenLoadersKeepTheirExactShares) {
     DistributedLoaderOptions options;
     options.batch_size = 1;
     options.even_batches = false;
-    auto loader = accelerator.prepare_data({ids}, options);
+    auto loader = accelerator.prepare_data_loader({ids}, options);
     int64_t n = 0;
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       (void)batch;
       EXPECT_FALSE(accelerator.gradient_state().joining);
       EXPECT_EQ(accelerator.ranks_with_data(), 2);
@@ -388,17 +390,17 @@ TEST(Join, MisuseGivesAClearError) {
     // throws at the start of the pass, none hangs.
     DistributedLoaderOptions options;
     options.batch_size = 1;
-    auto tiny = accelerator.prepare_data({ids.narrow(0, 0, 1)}, options);
+    auto tiny = accelerator.prepare_data_loader({ids.narrow(0, 0, 1)}, options);
     try {
-      tiny.next();
+      tiny->next();
       ADD_FAILURE() << "a joined pass with an empty rank started";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("rank(s) 1 of 2 have no batch"), std::string::npos)
           << e.what();
     }
     // Backward in a joined pass needs the prepared model.
-    auto loader = accelerator.prepare_data({ids.to(torch::kFloat)}, options);
-    auto batch = loader.next();
+    auto loader = accelerator.prepare_data_loader({ids.to(torch::kFloat)}, options);
+    auto batch = loader->next();
     auto w = torch::ones({1}, torch::requires_grad());
     try {
       accelerator.backward(((*batch)[0] * w).sum());

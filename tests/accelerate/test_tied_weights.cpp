@@ -43,13 +43,14 @@ Snapshot train_single(int global_batch, const Variant& v) {
   TiedLmOptions o;
   o.head_in_unit = v.head_in_unit;
   TiedLm model = testing::make_tied_lm(o);
-  torch::optim::AdamW opt(optimizer_params(model, v), torch::optim::AdamWOptions(1e-2));
+  auto opt = std::make_shared<torch::optim::AdamW>(
+      optimizer_params(model, v), torch::optim::AdamWOptions(1e-2));
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = testing::tied_lm_batch(o, s, global_batch);
-    opt.zero_grad();
+    opt->zero_grad();
     torch::nn::functional::cross_entropy(model(x), y).backward();
     torch::nn::utils::clip_grad_norm_(unique_parameters(*model), kClip);
-    opt.step();
+    opt->step();
   }
   return testing::tied_snapshot(*model);
 }
@@ -78,17 +79,18 @@ TrainRun train_accelerated(int world, const Variant& v) {
     TiedLmOptions o;
     o.head_in_unit = v.head_in_unit;
     TiedLm model = testing::make_tied_lm(o);
-    torch::optim::AdamW adamw(optimizer_params(model, v), torch::optim::AdamWOptions(1e-2));
+    auto adamw = std::make_shared<torch::optim::AdamW>(
+        optimizer_params(model, v), torch::optim::AdamWOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adamw);
     for (int s = 0; s < kSteps; ++s) {
       auto [x, y] = testing::tied_lm_batch(o, s, world * kPerRank);
       x = x.narrow(0, pg.rank() * kPerRank, kPerRank);
       y = y.narrow(0, pg.rank() * kPerRank * x.size(1), kPerRank * x.size(1));
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       accelerator.backward(torch::nn::functional::cross_entropy(model(x), y));
       const double norm = accelerator.clip_grad_norm(kClip);
-      optimizer.step();
+      optimizer->step();
       if (pg.rank() == 0) run.norms.push_back(norm);
     }
     std::optional<ZeroOptimizer::GatheredParameters> whole;
@@ -173,20 +175,21 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
   ddp.cache_cpu_allocations = false;
   options.ddp = ddp;
   std::vector<Snapshot> saved(2), restored(2), continued(2), resumed(2);
-  auto step = [](Accelerator& accelerator, AcceleratedOptimizer& optimizer, TiedLm& model,
-                 int s, int rank) {
+  auto step = [](Accelerator& accelerator, const std::shared_ptr<AcceleratedOptimizer>& optimizer,
+                 TiedLm& model, int s, int rank) {
     TiedLmOptions o;
     auto [x, y] = testing::tied_lm_batch(o, s, 2 * kPerRank);
     x = x.narrow(0, rank * kPerRank, kPerRank);
     y = y.narrow(0, rank * kPerRank * x.size(1), kPerRank * x.size(1));
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     accelerator.backward(torch::nn::functional::cross_entropy(model(x), y));
-    optimizer.step();
+    optimizer->step();
   };
   testing::run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config, options);
     TiedLm model = testing::make_tied_lm();
-    torch::optim::Adam adam(unique_parameters(*model), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        unique_parameters(*model), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     for (int s = 0; s < 2; ++s) step(accelerator, optimizer, model, s, pg.rank());
@@ -202,7 +205,8 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
       torch::NoGradGuard no_grad;  // other values: the checkpoint must overwrite them
       for (auto& p : unique_parameters(*model)) p.add_(1.0);
     }
-    torch::optim::Adam adam(unique_parameters(*model), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        unique_parameters(*model), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     accelerator.load_state(dir.string());

@@ -15,10 +15,6 @@ allowed=(
   src/core/torch_internals.h
   src/core/torch_internals.cpp
   src/core/torch_compat.h
-  # Until compat::GradAccumulatorPtr goes (include/tandem/accelerate/accelerator.h holds one).
-  include/tandem/core/torch_types.h
-  # Until accelerator_join.cpp uses internals::add_grad_pre_hook: delete this line then.
-  src/accelerate/ include/tandem/accelerate/
 )
 
 allowed_line() {

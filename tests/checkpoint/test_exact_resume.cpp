@@ -47,29 +47,30 @@ void train(const Segment& s, const std::string& dir) {
     Accelerator accelerator(pg.shared_from_this(), config, options);
     testing::Stack model = testing::make_model(r);
     if (s.bf16) model->to(torch::kBFloat16);
-    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
-    torch::optim::StepLR step_lr(adamw, /*step_size=*/2, /*gamma=*/0.5);
+    auto adamw = std::make_shared<torch::optim::AdamW>(
+        model->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto step_lr = std::make_shared<torch::optim::StepLR>(*adamw, /*step_size=*/2, /*gamma=*/0.5);
     DistributedLoaderOptions loader_options;
     loader_options.batch_size = 4;
     loader_options.seed = 11;
     accelerator.prepare_model(model);
-    auto loader = accelerator.prepare_data({x, y}, loader_options);
+    auto loader = accelerator.prepare_data_loader({x, y}, loader_options);
     auto optimizer = accelerator.prepare_optimizer(adamw);
     auto scheduler = accelerator.prepare_scheduler(step_lr);
     if (s.resume) {
       const auto client = accelerator.load_state(dir);
       EXPECT_EQ(client.value("note", ""), "mid-epoch");
     }
-    for (int64_t epoch = loader.epoch(); accelerator.step() < s.stop_at; ++epoch) {
-      loader.set_epoch(epoch);
-      for (auto& batch : loader) {
-        optimizer.zero_grad();
+    for (int64_t epoch = loader->epoch(); accelerator.step() < s.stop_at; ++epoch) {
+      loader->set_epoch(epoch);
+      for (auto& batch : *loader) {
+        optimizer->zero_grad();
         auto input = batch[0].to(s.bf16 ? torch::kBFloat16 : torch::kFloat);
         auto loss = torch::nn::functional::cross_entropy(model->forward(input).to(torch::kFloat),
                                                          batch[1]);
         accelerator.backward(loss);
-        optimizer.step();
-        scheduler.step();
+        optimizer->step();
+        scheduler->step();
         if (!accelerator.sync_gradients()) continue;
         if (accelerator.step() == s.save_at) {
           SaveStateOptions save;
@@ -128,11 +129,11 @@ TEST(ExactResume, SaveInTheMiddleOfAccumulationIsRefused) {
     Accelerator accelerator(pg.shared_from_this(), config);
     testing::Recipe r;
     testing::Stack model = testing::make_model(r);
-    torch::optim::Adam adam(model->parameters());
+    auto adam = std::make_shared<torch::optim::Adam>(model->parameters());
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
-    optimizer.step();  // micro-step 1 of 2: no step
+    optimizer->step();  // micro-step 1 of 2: no step
     EXPECT_THROW(accelerator.save_state(dir.path()), UsageError);
     EXPECT_FALSE(Accelerator::has_checkpoint(dir.path()));
   });
@@ -147,22 +148,22 @@ TEST(ExactResume, AnOptimizerTensorOutsideTheModelIsNamedOnSaveAndLoad) {
     {
       Accelerator accelerator(pg.shared_from_this(), Config{});
       testing::Stack model = testing::make_model(r);
-      torch::optim::Adam adam(model->parameters());
+      auto adam = std::make_shared<torch::optim::Adam>(model->parameters());
       accelerator.prepare_model(model);
       auto optimizer = accelerator.prepare_optimizer(adam);
       accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
-      optimizer.step();
+      optimizer->step();
       accelerator.save_state(dir.path());
     }
     Accelerator accelerator(pg.shared_from_this(), Config{});
     testing::Stack model = testing::make_model(r);
     auto params = model->parameters();
     params.push_back(torch::zeros({3, 7}, torch::requires_grad()));
-    torch::optim::Adam adam(params);
+    auto adam = std::make_shared<torch::optim::Adam>(params);
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
-    optimizer.step();
+    optimizer->step();
     try {
       accelerator.load_state(dir.path());
       ADD_FAILURE() << "load_state accepted an optimizer tensor outside the model";

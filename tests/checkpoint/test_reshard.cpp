@@ -31,19 +31,20 @@ void run(int world, int stage, int steps, const std::string& load_from,
   testing::run_ranks(world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config);
     testing::Stack model = testing::make_model(r);
-    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    auto adam = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     DistributedLoaderOptions options;
     options.batch_size = 8 / world;
-    auto loader = accelerator.prepare_data({x, y}, options);
+    auto loader = accelerator.prepare_data_loader({x, y}, options);
     auto optimizer = accelerator.prepare_optimizer(adam);
     if (!load_from.empty()) accelerator.load_state(load_from);
     int done = 0;
-    for (auto& batch : loader) {
+    for (auto& batch : *loader) {
       if (done == steps) break;
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       accelerator.backward(torch::nn::functional::cross_entropy(model->forward(batch[0]), batch[1]));
-      optimizer.step();
+      optimizer->step();
       if (++done == steps) break;  // the loader's position: exactly `steps` batches
     }
     accelerator.save_state(save_to);

@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
   accelerator.set_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(32, 64), torch::nn::Tanh(),
                                      torch::nn::Linear(64, 1));
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto adam = std::make_shared<torch::optim::Adam>(
+      model->parameters(), torch::optim::AdamOptions(1e-2));
   // The last batch of each epoch reaches rank 0 alone in the uneven runs.
   const int64_t samples = args.uneven_epochs > 0 ? 2 * 16 * 8 + 1 : 512;
   auto x = torch::randn({samples, 32});
@@ -141,34 +142,34 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d hangs at step %ld\n", rank, static_cast<long>(s));
       for (;;) ::pause();
     }
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     auto loss = torch::mse_loss(model->forward(batch[0]), batch[1]);
     if (armed && s == args.nan_at && !nan_injected) {
       nan_injected = true;
       loss = loss * std::nan("");
     }
     accelerator.backward(loss);
-    optimizer.step();
+    optimizer->step();
     if (args.save_every > 0 && accelerator.sync_gradients() &&
-        accelerator.step() % args.save_every == 0 && !optimizer.step_was_skipped()) {
+        accelerator.step() % args.save_every == 0 && !optimizer->step_was_skipped()) {
       save();
     }
   };
 
   if (args.uneven_epochs > 0) {
     for (int64_t epoch = 0; epoch < args.uneven_epochs; ++epoch) {
-      loader.set_epoch(epoch);
+      loader->set_epoch(epoch);
       if (args.join) {
         auto join = accelerator.join_uneven_inputs();
-        for (auto& batch : loader) train_step(batch);
+        for (auto& batch : *loader) train_step(batch);
       } else {
-        for (auto& batch : loader) train_step(batch);
+        for (auto& batch : *loader) train_step(batch);
       }
     }
   } else {
-    for (int64_t epoch = loader.epoch(); accelerator.step() < args.steps; ++epoch) {
-      loader.set_epoch(epoch);
-      for (auto& batch : loader) {
+    for (int64_t epoch = loader->epoch(); accelerator.step() < args.steps; ++epoch) {
+      loader->set_epoch(epoch);
+      for (auto& batch : *loader) {
         train_step(batch);
         if (accelerator.step() >= args.steps) break;
       }

@@ -2,12 +2,12 @@
 // Accelerator: a plain LibTorch training loop, distributed in a few lines.
 //
 //   tandem::Accelerator accelerator;                    // joins the job
-//   torch::optim::Adam adam(model->parameters(), 1e-3);
+//   auto adam = std::make_shared<torch::optim::Adam>(model->parameters(), 1e-3);
 //   auto [optimizer, loader] = accelerator.prepare(model, adam, {x, y}, 64);
-//   for (auto& batch : loader) {
-//     optimizer.zero_grad();
+//   for (auto& batch : *loader) {
+//     optimizer->zero_grad();
 //     accelerator.backward(torch::mse_loss(model->forward(batch[0]), batch[1]));
-//     optimizer.step();
+//     optimizer->step();
 //   }
 //
 // Construction resolves the config (file, then environment, then the code
@@ -18,9 +18,11 @@
 // loader that follow the accumulation rules (see tandem/accelerate/prepared.h).
 //
 // Every collective method (prepare, wait_for_everyone, gather, reduce, ...)
-// must be called by every rank in the same order. One training thread; the
-// Accelerator must outlive what prepare() returns and any backward through
-// a prepared model.
+// must be called by every rank in the same order. One training thread.
+//
+// Ownership: everything prepare() returns is a std::shared_ptr that shares
+// ownership of what it wraps and of the micro-step state, so the returned
+// objects, the Accelerator and the model may be destroyed in any order.
 
 #include <cstdint>
 #include <functional>
@@ -50,7 +52,6 @@
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/config/config.h"
-#include "tandem/core/torch_types.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/data/distributed_loader.h"
 #include "tandem/parallel/ddp.h"
@@ -61,6 +62,11 @@ struct Node;
 }
 
 namespace tandem {
+
+namespace detail {
+struct JoinHooks;
+class StepController;
+}  // namespace detail
 
 class LRScheduler;
 class CheckpointReader;
@@ -114,6 +120,14 @@ struct AcceleratorOptions {
   std::string project_dir;
 };
 
+// What a launcher exports to each worker, for the Accelerator constructor
+// that reads no environment.
+struct LauncherEnv {
+  ConfigEnv config;  // TANDEM_* config overrides
+  int local_rank = -1;        // -1: the rank in the group
+  int local_world_size = -1;  // -1: the group's size
+};
+
 class Accelerator {
  public:
   // Reads the rank environment and the config environment once, loads the
@@ -121,12 +135,14 @@ class Accelerator {
   // config or a setting that is not available (the message says which).
   explicit Accelerator(AcceleratorOptions options = {});
 
-  // Joins through an existing process group with an already loaded config
-  // (tests run ranks as threads this way). `env` gives the overrides a
-  // launcher would have exported.
-  Accelerator(std::shared_ptr<ProcessGroup> process_group, Config file_config,
-              AcceleratorOptions options = {}, ConfigEnv env = {}, int local_rank = -1,
-              int local_world_size = -1);
+  // Joins through a process group the program already has (from
+  // tandem::ProcessGroup::init, or ranks as threads over one store) with a
+  // config it loaded itself; reads no environment. `launcher` stands in for
+  // what a launcher would have exported (TANDEM_* overrides, LOCAL_RANK,
+  // LOCAL_WORLD_SIZE); by default there are no overrides and the node is
+  // the whole group.
+  Accelerator(std::shared_ptr<ProcessGroup> process_group, Config config,
+              AcceleratorOptions options = {}, LauncherEnv launcher = {});
 
   ~Accelerator();
   Accelerator(const Accelerator&) = delete;
@@ -135,11 +151,10 @@ class Accelerator {
   // ---- What the job is -----------------------------------------------------
   // The resolved config; the batch triple is final after prepare() of data.
   const Config& config() const { return config_; }
-  ProcessGroup& process_group() const { return *process_group_; }
-  std::shared_ptr<ProcessGroup> process_group_ptr() const { return process_group_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
   c10::Device device() const { return device_; }
   MixedPrecision mixed_precision() const { return config_.mixed_precision; }
-  int64_t gradient_accumulation_steps() const { return state_->accumulation_steps; }
+  int64_t gradient_accumulation_steps() const;
 
   int process_index() const;        // global rank
   int local_process_index() const;  // rank on this node
@@ -148,130 +163,126 @@ class Accelerator {
   bool is_local_main_process() const { return local_process_index() == 0; }
 
   // ---- prepare -------------------------------------------------------------
+  // Every prepare method returns a std::shared_ptr (a ModuleHolder for the
+  // model) that shares ownership of what it wraps.
+
   // Moves `model` to the device and wraps it (DDP: broadcast from rank 0,
   // hooks for overlapped bucketed all-reduce). The module object is the same
-  // one afterwards: keep calling model->forward(). Once per model.
+  // one afterwards, and so is the returned holder: keep calling
+  // model->forward(). Once per model.
   template <typename ModuleImpl>
-  void prepare_model(const torch::nn::ModuleHolder<ModuleImpl>& model) {
+  torch::nn::ModuleHolder<ModuleImpl> prepare_model(
+      const torch::nn::ModuleHolder<ModuleImpl>& model) {
     prepare_model(std::static_pointer_cast<torch::nn::Module>(model.ptr()));
+    return model;
   }
-  void prepare_model(std::shared_ptr<torch::nn::Module> model);
+  std::shared_ptr<torch::nn::Module> prepare_model(std::shared_ptr<torch::nn::Module> model);
 
-  // Wraps `optimizer` (which must outlive the result) so that step() and
-  // zero_grad() follow the micro-step rules, loss scaling and clipping from
-  // the config. Call it after prepare_model() and before the first step:
-  // when the model's parameters are bf16/fp16 it replaces them in
-  // `optimizer`'s param groups with fp32 master copies (on the model's
-  // device). One optimizer per Accelerator: a second call throws UsageError.
-  AcceleratedOptimizer prepare_optimizer(torch::optim::Optimizer& optimizer);
+  // Takes over `optimizer` and returns the optimizer to step from now on: a
+  // torch::optim::Optimizer whose step() and zero_grad() follow the
+  // micro-step rules, loss scaling and clipping from the config (see
+  // AcceleratedOptimizer). `optimizer`'s param groups and state move into
+  // it; stepping `optimizer` itself afterwards is refused (UsageError). Call
+  // it after prepare_model() and before the first step: when the model's
+  // parameters are bf16/fp16 it replaces them in the param groups with fp32
+  // master copies (on the model's device). One optimizer per Accelerator: a
+  // second call throws UsageError.
+  std::shared_ptr<AcceleratedOptimizer> prepare_optimizer(
+      std::shared_ptr<torch::optim::Optimizer> optimizer);
 
   // Builds the optimizer that the config's `optimizer` block describes
   // (DeepSpeed's {"type": "AdamW", "params": {...}}; Adam, AdamW or SGD)
-  // over the prepared model's parameters, and prepares it. The Accelerator
-  // owns it. `default_lr` stands in for a missing or "auto" lr. Call after
-  // prepare_model(); UsageError without an optimizer block.
-  AcceleratedOptimizer prepare_optimizer_from_config(double default_lr = 0.0);
+  // over the prepared model's parameters, and prepares it. `default_lr`
+  // stands in for a missing or "auto" lr. Call after prepare_model();
+  // UsageError without an optimizer block.
+  std::shared_ptr<AcceleratedOptimizer> prepare_optimizer_from_config(double default_lr = 0.0);
 
-  // Wraps a scheduler so that it steps once per real optimizer step.
-  AcceleratedScheduler prepare_scheduler(LRScheduler& scheduler);
-  AcceleratedScheduler prepare_scheduler(torch::optim::LRScheduler& scheduler);
+  // Wraps a scheduler (built over the prepared optimizer, or over the one
+  // passed to prepare_optimizer()) so that it steps once per real optimizer
+  // step. The result owns the scheduler and keeps the prepared optimizer
+  // alive.
+  std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<LRScheduler> scheduler);
+  std::shared_ptr<AcceleratedScheduler> prepare_scheduler(
+      std::shared_ptr<torch::optim::LRScheduler> scheduler);
   // Builds the config's `scheduler` block (DeepSpeed's WarmupLR, ...) over
   // `optimizer`, filling "auto" values: warmup_max_lr/cycle_max_lr from the
   // optimizer's lr, total_num_steps from `total_num_steps` (0: not known).
-  // The returned object owns the scheduler. Throws UsageError when the config
-  // has no scheduler block.
-  AcceleratedScheduler prepare_scheduler_from_config(AcceleratedOptimizer& optimizer,
-                                                     int64_t total_num_steps = 0);
+  // Throws UsageError when the config has no scheduler block.
+  std::shared_ptr<AcceleratedScheduler> prepare_scheduler_from_config(
+      const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps = 0);
 
   // Shards tensors (one per field, rows in dim 0) or a torch::data dataset
   // across ranks, with `options.batch_size` samples per process per batch
-  // (even batches by default). The first loader prepared is the training
-  // data: its batch size becomes the config's train_micro_batch_size_per_gpu
-  // and completes the batch triple; later ones (evaluation) change nothing.
-  PreparedLoader prepare_data(std::vector<at::Tensor> tensors, DistributedLoaderOptions options);
-  PreparedLoader prepare_data(std::vector<at::Tensor> tensors, int64_t batch_size) {
+  // (even batches by default), as Accelerate's prepare_data_loader. The
+  // first loader prepared is the training data: its batch size becomes the
+  // config's train_micro_batch_size_per_gpu and completes the batch triple;
+  // later ones (evaluation) change nothing.
+  std::shared_ptr<PreparedLoader> prepare_data_loader(std::vector<at::Tensor> tensors,
+                                                      DistributedLoaderOptions options);
+  std::shared_ptr<PreparedLoader> prepare_data_loader(std::vector<at::Tensor> tensors,
+                                                      int64_t batch_size) {
     DistributedLoaderOptions options;
     options.batch_size = batch_size;
-    return prepare_data(std::move(tensors), options);
+    return prepare_data_loader(std::move(tensors), options);
   }
   // A torch::data dataset (size() and get(i) returning Example<>) gives a
-  // loader of stacked Example<> batches (batch.data, batch.target), behind a
-  // unique_ptr as torch::data::make_data_loader returns it.
+  // loader of stacked Example<> batches (batch.data, batch.target).
   template <typename Dataset>
-  auto prepare_data(Dataset dataset, DistributedLoaderOptions options) {
+  auto prepare_data_loader(Dataset dataset, DistributedLoaderOptions options) {
     using ExampleType = decltype(dataset.get(size_t{0}));
     using Target = typename ExampleType::TargetType;
     options = data_options(options);
     auto [fetch, size] = detail::dataset_fetch(std::move(dataset));
-    return std::make_unique<ExampleLoader<Target>>(
+    return std::make_shared<ExampleLoader<Target>>(
         wrap_loader(DistributedLoader(std::move(fetch), size, *process_group_, options)));
   }
   template <typename Dataset>
-  auto prepare_data(Dataset dataset, int64_t batch_size) {
+  auto prepare_data_loader(Dataset dataset, int64_t batch_size) {
     DistributedLoaderOptions options;
     options.batch_size = batch_size;
-    return prepare_data(std::move(dataset), options);
+    return prepare_data_loader(std::move(dataset), options);
   }
 
-  // Wraps a loader built in code, as it is (no resharding): e.g. over this
-  // rank's own files, DistributedLoader(tensors, 1, 0, options), whose batch
-  // counts may differ across ranks (train it under join_uneven_inputs()).
-  // Like prepare_data(), the first loader prepared is the training data.
-  PreparedLoader prepare_data_loader(DistributedLoader loader);
+  // Wraps a loader built in code as it is, without resharding: e.g. over
+  // this rank's own files, DistributedLoader(tensors, 1, 0, options), whose
+  // batch counts may differ across ranks (train it under
+  // join_uneven_inputs()). Like prepare_data_loader(), the first loader
+  // prepared is the training data.
+  std::shared_ptr<PreparedLoader> prepare_local_loader(DistributedLoader loader);
 
   // Everything at once: the model, its optimizer and the training data
   // (tensors, or a torch::data dataset, with a batch size per process or
-  // loader options). Returns {optimizer, loader} to use in place of the
-  // originals; the optimizer must outlive them.
-  template <typename Model>
-  std::tuple<AcceleratedOptimizer, PreparedLoader> prepare(const Model& model,
-                                                           torch::optim::Optimizer& optimizer,
-                                                           std::vector<at::Tensor> tensors,
-                                                           DistributedLoaderOptions options) {
+  // loader options), and optionally a scheduler. Returns {optimizer, loader}
+  // or {optimizer, loader, scheduler}, to use in place of the originals.
+  template <typename Model, typename Data, typename Batch>
+  auto prepare(const Model& model, std::shared_ptr<torch::optim::Optimizer> optimizer, Data data,
+               Batch batch) {
     prepare_model(model);
-    auto loader = prepare_data(std::move(tensors), options);
-    return {prepare_optimizer(optimizer), std::move(loader)};
+    auto loader = prepare_data_loader(std::move(data), batch);
+    return std::make_tuple(prepare_optimizer(std::move(optimizer)), std::move(loader));
   }
-  template <typename Model>
-  std::tuple<AcceleratedOptimizer, PreparedLoader> prepare(const Model& model,
-                                                           torch::optim::Optimizer& optimizer,
-                                                           std::vector<at::Tensor> tensors,
-                                                           int64_t batch_size) {
-    DistributedLoaderOptions options;
-    options.batch_size = batch_size;
-    return prepare(model, optimizer, std::move(tensors), options);
-  }
-  template <typename Model, typename Dataset>
-  auto prepare(const Model& model, torch::optim::Optimizer& optimizer, Dataset dataset,
-               DistributedLoaderOptions options) {
+  template <typename Model, typename Batch>
+  auto prepare(const Model& model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+               std::vector<at::Tensor> tensors, Batch batch) {
     prepare_model(model);
-    auto loader = prepare_data(std::move(dataset), options);
-    return std::make_tuple(prepare_optimizer(optimizer), std::move(loader));
+    auto loader = prepare_data_loader(std::move(tensors), batch);
+    return std::make_tuple(prepare_optimizer(std::move(optimizer)), std::move(loader));
   }
-  template <typename Model, typename Dataset>
-  auto prepare(const Model& model, torch::optim::Optimizer& optimizer, Dataset dataset,
-               int64_t batch_size) {
-    DistributedLoaderOptions options;
-    options.batch_size = batch_size;
-    return prepare(model, optimizer, std::move(dataset), options);
-  }
-
-  // The same with a scheduler (tandem::LRScheduler or a LibTorch one) that
-  // must outlive the result: returns {optimizer, loader, scheduler}, the
-  // scheduler stepping once per real optimizer step.
   template <typename Model, typename Data, typename Batch, typename Scheduler>
-  auto prepare(const Model& model, torch::optim::Optimizer& optimizer, Data data, Batch batch,
-               Scheduler& scheduler) {
-    auto [prepared_optimizer, loader] = prepare(model, optimizer, std::move(data), batch);
+  auto prepare(const Model& model, std::shared_ptr<torch::optim::Optimizer> optimizer, Data data,
+               Batch batch, std::shared_ptr<Scheduler> scheduler) {
+    auto [prepared_optimizer, loader] =
+        prepare(model, std::move(optimizer), std::move(data), batch);
     return std::make_tuple(std::move(prepared_optimizer), std::move(loader),
-                           prepare_scheduler(scheduler));
+                           prepare_scheduler(std::move(scheduler)));
   }
   template <typename Model, typename Batch, typename Scheduler>
-  auto prepare(const Model& model, torch::optim::Optimizer& optimizer,
-               std::vector<at::Tensor> tensors, Batch batch, Scheduler& scheduler) {
-    auto [prepared_optimizer, loader] = prepare(model, optimizer, std::move(tensors), batch);
+  auto prepare(const Model& model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+               std::vector<at::Tensor> tensors, Batch batch, std::shared_ptr<Scheduler> scheduler) {
+    auto [prepared_optimizer, loader] =
+        prepare(model, std::move(optimizer), std::move(tensors), batch);
     return std::make_tuple(std::move(prepared_optimizer), std::move(loader),
-                           prepare_scheduler(scheduler));
+                           prepare_scheduler(std::move(scheduler)));
   }
 
   // ---- Stepping ------------------------------------------------------------
@@ -294,27 +305,30 @@ class Accelerator {
   // accumulation boundaries and on the last batch of a pass.
   class AccumulateGuard {
    public:
-    explicit AccumulateGuard(GradientState& state);
     ~AccumulateGuard();
     AccumulateGuard(const AccumulateGuard&) = delete;
     AccumulateGuard& operator=(const AccumulateGuard&) = delete;
 
    private:
-    GradientState& state_;
-    bool previous_;
+    friend class Accelerator;
+    explicit AccumulateGuard(std::shared_ptr<detail::StepController> controller);
+    std::shared_ptr<detail::StepController> controller_;
+    bool outer_was_open_;
   };
-  // Begins a micro-step. `model` names the prepared model, as in Accelerate.
-  template <typename ModuleHolder>
-  [[nodiscard]] AccumulateGuard accumulate(const ModuleHolder& /*model*/) {
-    return AccumulateGuard(*state_);
+  // Begins a micro-step. `model` is the prepared model, as in Accelerate
+  // (UsageError for another one).
+  template <typename ModuleImpl>
+  [[nodiscard]] AccumulateGuard accumulate(const torch::nn::ModuleHolder<ModuleImpl>& model) {
+    return accumulate(std::static_pointer_cast<torch::nn::Module>(model.ptr()));
   }
-  [[nodiscard]] AccumulateGuard accumulate() { return AccumulateGuard(*state_); }
+  [[nodiscard]] AccumulateGuard accumulate(const std::shared_ptr<torch::nn::Module>& model);
+  [[nodiscard]] AccumulateGuard accumulate();
 
   // True when the current micro-step synchronises gradients (an optimizer
   // step will happen).
-  bool sync_gradients() const { return state_->sync_gradients; }
+  bool sync_gradients() const;
   // Real optimizer steps taken so far.
-  int64_t step() const { return state_->optimizer_steps; }
+  int64_t step() const;
 
   // Clips the gradients of the prepared optimizer's parameters to a global
   // norm of `max_norm` and returns the norm before clipping. Gradients are
@@ -341,29 +355,30 @@ class Accelerator {
   // and optimizer state stay identical on every rank. See
   // docs/architecture.md ("Uneven inputs").
   //   auto join = accelerator.join_uneven_inputs();
-  //   for (auto& batch : loader) { ...same loop body... }
+  //   for (auto& batch : *loader) { ...same loop body... }
   // Call on every rank, after prepare_model() and outside a pass of the
   // training loader; one guard at a time (UsageError otherwise).
   class JoinGuard {
    public:
-    explicit JoinGuard(GradientState& state);
     ~JoinGuard();
     JoinGuard(const JoinGuard&) = delete;
     JoinGuard& operator=(const JoinGuard&) = delete;
 
    private:
-    GradientState& state_;
+    friend class Accelerator;
+    explicit JoinGuard(std::shared_ptr<detail::StepController> controller);
+    std::shared_ptr<detail::StepController> controller_;
   };
   [[nodiscard]] JoinGuard join_uneven_inputs();
   // True when this rank's current batch is a shadow one (joined pass, this
   // rank out of data): its outputs are not real samples, so skip logging.
-  bool is_shadow_batch() const { return state_->shadow_batch; }
+  bool is_shadow_batch() const;
   // The current step's ranks with a real batch: num_processes() outside a
   // joined pass.
-  int64_t ranks_with_data() const {
-    return state_->joining ? state_->ranks_with_data : num_processes();
-  }
-  const GradientState& gradient_state() const { return *state_; }
+  int64_t ranks_with_data() const;
+  // A snapshot of the micro-step state (a copy: it does not follow later
+  // steps).
+  GradientState gradient_state() const;
 
   // ---- Helpers -------------------------------------------------------------
   // Prints on the main process only.
@@ -378,7 +393,6 @@ class Accelerator {
   // Runs `fn` on the main process first, then on the others (downloads,
   // data preparation, cache building).
   void main_process_first(const std::function<void()>& fn);
-  void rank0_first(const std::function<void()>& fn) { main_process_first(fn); }
   // Same per node: local rank 0 first.
   void local_main_process_first(const std::function<void()>& fn);
 
@@ -404,7 +418,7 @@ class Accelerator {
   // zero_optimization.stage is 1-3 (after prepare_optimizer), else nullptr.
   // Stage 3: wrap reads of the whole parameters in
   // ZeroOptimizer::GatheredParameters.
-  ZeroOptimizer* zero_optimizer() const { return zero_.get(); }
+  const std::shared_ptr<ZeroOptimizer>& zero_optimizer() const { return zero_; }
   // Parameters and buffers by module path, cloned to the CPU.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict() const;
 
@@ -415,7 +429,7 @@ class Accelerator {
   // and `options.client_state`, as DIR/<tag> (safetensors + JSON, no
   // pickle), then points DIR/latest at it. Atomic: either every rank's part
   // is written, fsynced and committed, or nothing changes and every rank
-  // throws CheckpointError. Call after optimizer.step() (not between the
+  // throws CheckpointError. Call after optimizer->step() (not between the
   // micro-steps of an accumulation cycle, whose partial gradients a
   // checkpoint does not hold: UsageError). Collective.
   void save_state(const std::string& dir, const SaveStateOptions& options = {});
@@ -461,7 +475,7 @@ class Accelerator {
  private:
   void init_state(const AcceleratorOptions& options);
   DistributedLoaderOptions data_options(DistributedLoaderOptions options);
-  PreparedLoader wrap_loader(DistributedLoader loader);
+  std::shared_ptr<PreparedLoader> wrap_loader(DistributedLoader loader);
   void install_shadow_hooks();
   double join_gradient_weight();
   void resolve(int64_t micro_batch);
@@ -482,17 +496,17 @@ class Accelerator {
   c10::Device device_ = c10::Device(c10::kCPU);
   std::optional<DDPOptions> ddp_options_;
   bool training_data_prepared_ = false;
-  std::shared_ptr<GradientState> state_;
+  std::shared_ptr<detail::StepController> controller_;
   std::shared_ptr<torch::nn::Module> model_;
-  std::unique_ptr<DistributedDataParallel> ddp_;
-  std::unique_ptr<ZeroOptimizer> zero_;
-  std::unique_ptr<torch::optim::Optimizer> owned_optimizer_;  // from the config
+  std::shared_ptr<DistributedDataParallel> ddp_;
+  std::shared_ptr<ZeroOptimizer> zero_;
   std::shared_ptr<LossScaler> scaler_;
-  std::shared_ptr<detail::OptimizerCore> optimizer_core_;
+  std::shared_ptr<AcceleratedOptimizer> optimizer_;
   std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
   std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;
-  // Gradient accumulators carrying the shadow-step hooks (accelerator_join.cpp).
-  std::vector<compat::GradAccumulatorPtr> join_accumulators_;
+  // The shadow-step gradient hooks, installed at the first joined backward
+  // (accelerator_join.cpp).
+  std::unique_ptr<detail::JoinHooks> join_hooks_;
   MetricsLogger metrics_;
   bool log_tensorboard_ = false;
   std::string project_dir_;

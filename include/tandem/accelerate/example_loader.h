@@ -2,8 +2,9 @@
 // ExampleLoader: a prepared loader over a torch::data dataset whose batches
 // are torch::data::Example<> (batch.data, batch.target), the type LibTorch's
 // own DataLoader yields with the Stack<> transform. Accelerator::prepare()
-// returns it behind a std::unique_ptr, as torch::data::make_data_loader
-// does, so a loop written for LibTorch's loader runs unchanged:
+// returns it behind a pointer (a std::shared_ptr; torch::data::make_data_loader
+// returns a std::unique_ptr), so a loop written for LibTorch's loader runs
+// unchanged:
 //
 //   for (auto& batch : *loader) { ... batch.data ... batch.target ... }
 //
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -27,18 +29,18 @@ class ExampleLoader {
  public:
   using ExampleType = torch::data::Example<at::Tensor, Target>;
 
-  explicit ExampleLoader(PreparedLoader loader) : loader_(std::move(loader)) {}
+  explicit ExampleLoader(std::shared_ptr<PreparedLoader> loader) : loader_(std::move(loader)) {}
 
-  int64_t size() const { return loader_.size(); }
-  void set_epoch(int64_t epoch) { loader_.set_epoch(epoch); }
-  int64_t epoch() const { return loader_.epoch(); }
-  void skip_first_batches(int64_t num_batches) { loader_.skip_first_batches(num_batches); }
+  int64_t size() const { return loader_->size(); }
+  void set_epoch(int64_t epoch) { loader_->set_epoch(epoch); }
+  int64_t epoch() const { return loader_->epoch(); }
+  void skip_first_batches(int64_t num_batches) { loader_->skip_first_batches(num_batches); }
   std::optional<ExampleType> next() {
-    auto batch = loader_.next();
+    auto batch = loader_->next();
     if (!batch) return std::nullopt;
     return to_example(std::move(*batch));
   }
-  PreparedLoader& prepared() { return loader_; }
+  PreparedLoader& prepared() { return *loader_; }
 
   class Iterator {
    public:
@@ -66,7 +68,7 @@ class ExampleLoader {
   };
   // Starts a new pass (ending one in progress).
   Iterator begin() {
-    loader_.start_new_pass();
+    loader_->start_new_pass();
     return Iterator(this);
   }
   Iterator end() { return Iterator(); }
@@ -80,7 +82,7 @@ class ExampleLoader {
     }
   }
 
-  PreparedLoader loader_;
+  std::shared_ptr<PreparedLoader> loader_;
 };
 
 }  // namespace tandem

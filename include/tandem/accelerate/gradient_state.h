@@ -1,18 +1,17 @@
 #pragma once
-// GradientState: what the Accelerator, its prepared optimizer, scheduler and
-// loader agree on about the current micro-step. Shared by all of them (the
-// objects prepare() hands back keep it alive), so they stay consistent
-// however the loop is written.
+// GradientState: a read-only snapshot of what the Accelerator, its prepared
+// optimizer, scheduler and loaders agree on about the current micro-step
+// (Accelerate's GradientState). Accelerator::gradient_state() returns a copy;
+// only the Accelerator's private micro-step controller changes the live
+// state, through named transitions (src/accelerate/step_controller.h).
 //
-// Not thread-safe: one training thread, as for the loop itself.
+// A plain value: copy it, keep it, compare it. It does not follow later
+// steps.
 
 #include <cstdint>
 #include <vector>
 
 namespace tandem {
-
-class DistributedDataParallel;
-class ZeroOptimizer;
 
 struct GradientState {
   // Micro-batches per optimizer step (gradient_accumulation_steps).
@@ -66,14 +65,6 @@ struct GradientState {
   int64_t ranks_with_data = 0;
   // Per rank: 1 when its current batch is a shadow one.
   std::vector<uint8_t> shadow_ranks;
-
-  // The DDP wrapper whose gradient sync follows sync_gradients (may be null).
-  DistributedDataParallel* ddp = nullptr;
-  // The ZeRO optimizer, likewise (stage 1 honours the switch).
-  ZeroOptimizer* zero = nullptr;
-
-  // Starts a micro-step: decides sync_gradients and sets the DDP switch.
-  void begin_micro_step();
 };
 
 }  // namespace tandem

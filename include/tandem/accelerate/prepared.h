@@ -1,7 +1,8 @@
 #pragma once
-// The objects Accelerator::prepare() hands back: an optimizer, a scheduler
-// and a data loader that the training loop keeps using as before, and that
-// follow the Accelerator's micro-step (gradient accumulation) rules:
+// The objects Accelerator::prepare() hands back, each as a std::shared_ptr
+// that shares ownership of what it wraps and of the Accelerator's micro-step
+// state: no object needs to outlive another. They follow the Accelerator's
+// micro-step (gradient accumulation) rules:
 //
 //   * the optimizer's step() and zero_grad() act only when the current
 //     micro-step synchronises gradients (every gradient_accumulation_steps
@@ -12,31 +13,32 @@
 //   * the loader yields this rank's shard and tells the Accelerator when it
 //     hands out the last batch of a pass.
 //
-// Each object refers to the wrapped torch object (which must outlive it) and
-// shares the Accelerator's GradientState. One training thread.
+// Not thread-safe: one training thread, as for the loop itself.
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include <map>
-#include <string>
-
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
-#include "tandem/accelerate/gradient_state.h"
-#include "tandem/amp/loss_scaler.h"
-#include "tandem/amp/master_weights.h"
-#include "tandem/config/config.h"
 #include "tandem/data/distributed_loader.h"
 
 namespace tandem {
 
-class ZeroOptimizer;
-
+class Accelerator;
 class ProcessGroup;
+
+namespace detail {
+class OptimizerCore;
+class StepController;
+struct LoaderCursor;
+struct SchedulerCore;
+}  // namespace detail
 
 // Gradient-norm clipping over every parameter the optimizer holds.
 // Returns the total norm before clipping (as torch's clip_grad_norm_).
@@ -46,136 +48,81 @@ class ProcessGroup;
 double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
                       ProcessGroup* sharded_over);
 
-namespace detail {
-
-// What the prepared optimizer and the Accelerator share for one optimizer:
-// the loss scaler, the fp32 master weights (when the model's parameters are
-// bf16/fp16), and whether the current step's gradients are already
-// unscaled. Used from the training thread only.
-class OptimizerCore {
+// The prepared optimizer: a torch::optim::Optimizer, so it goes wherever one
+// is expected (LibTorch and tandem schedulers, torch::save, your own code).
+// Preparing moves the parameter groups and the state of the optimizer you
+// passed into this object, which owns that optimizer from then on and runs
+// its update rule:
+//
+//   * param_groups() and state() are the live ones: change the learning
+//     rate here, or through a scheduler built over either object (learning
+//     rates set on the optimizer you passed are carried over at the next
+//     step(), and by a prepared scheduler's step());
+//   * the optimizer you passed keeps no parameters. Calling its step() or
+//     zero_grad() changes nothing, and the next step(), zero_grad() or
+//     Accelerator::backward() throws UsageError saying so, instead of
+//     training silently without accumulation or loss scaling.
+//
+// LibTorch's Optimizer::zero_grad() is not virtual: call zero_grad() on this
+// type (the shared_ptr prepare() returns), not through a
+// torch::optim::Optimizer&, or accumulated gradients are lost.
+class AcceleratedOptimizer final : public torch::optim::Optimizer {
  public:
-  // `group`: the ranks that must agree on skipping an overflowing step.
-  // `zero`: the ZeRO optimizer that owns the update (nullptr: `optimizer`
-  // steps itself); it keeps its own fp32 master shards.
-  OptimizerCore(torch::optim::Optimizer& optimizer, std::shared_ptr<GradientState> state,
-                std::shared_ptr<LossScaler> scaler, double gradient_clipping,
-                ProcessGroup* group, ZeroOptimizer* zero = nullptr);
-
-  // Unscales the current step's gradients once (into the fp32 masters when
-  // there are any) and records whether any is inf/NaN. Later calls in the
-  // same step do nothing.
-  void unscale_gradients();
-  void step();
-  void zero_grad();
-
-  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
-  const GradientState& state() const { return *state_; }
-  bool has_master_weights() const { return master_ != nullptr; }
-  // The fp32 masters of a bf16/fp16 model (nullptr otherwise).
-  const MasterWeights* master_weights() const { return master_.get(); }
-  double clip(double max_norm, double norm_type);
-
- private:
-  void end_step();
-
-  torch::optim::Optimizer* optimizer_;
-  std::shared_ptr<GradientState> state_;
-  std::shared_ptr<LossScaler> scaler_;
-  std::unique_ptr<MasterWeights> master_;
-  double gradient_clipping_;
-  ProcessGroup* group_;
-  ZeroOptimizer* zero_;
-  bool unscaled_ = false;
-  bool found_inf_ = false;
-};
-
-}  // namespace detail
-
-class AcceleratedOptimizer {
- public:
-  explicit AcceleratedOptimizer(std::shared_ptr<detail::OptimizerCore> core);
+  ~AcceleratedOptimizer() override;
 
   // Steps the wrapped optimizer when the current micro-step synchronises
   // gradients: unscales them (loss scaling), skips the step when any is
   // inf/NaN (the scaler then backs off), clips to the config's
   // gradient_clipping unless clip_grad_norm() already ran, steps, and copies
   // fp32 master weights back into a bf16/fp16 model. A no-op on micro-steps
-  // that do not synchronise. step_was_skipped() tells either case.
+  // that do not synchronise (returns an undefined tensor). step_was_skipped()
+  // tells either case. `closure` is passed to the wrapped optimizer (not
+  // under ZeRO, which refuses one).
   // Throws UsageError when accumulation is on and no micro-step was begun
   // with Accelerator::backward() or accumulate() since the last step, and
   // ScaleCollapseError when fp16 loss scaling cannot recover.
-  void step();
+  at::Tensor step(LossClosure closure = nullptr) override;
   // Zeroes the gradients in place, unless backward() has added gradients
   // that no synchronising step() has consumed yet (they are being
   // accumulated). Keyed on what happened rather than on the current
   // micro-step, so it is right at the top or the bottom of the loop body,
-  // inside or outside an accumulate() guard.
+  // inside or outside an accumulate() guard. In place (DDP's gradients are
+  // views of its buckets), so it takes no set_to_none.
   void zero_grad();
   // True when the last step() changed nothing.
-  bool step_was_skipped() const { return core_->state().last_step_skipped; }
+  bool step_was_skipped() const;
 
-  torch::optim::Optimizer& optimizer() const { return core_->optimizer(); }
-  std::vector<torch::optim::OptimizerParamGroup>& param_groups() {
-    return core_->optimizer().param_groups();
-  }
+  // LibTorch serialisation of the wrapped optimizer (torch::save/load).
+  // tandem checkpoints (Accelerator::save_state) do not use it.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 
  private:
-  std::shared_ptr<detail::OptimizerCore> core_;
+  friend class Accelerator;
+  friend class AcceleratedScheduler;
+  AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
+                       std::unique_ptr<detail::OptimizerCore> core, bool sharded);
+
+  std::unique_ptr<detail::OptimizerCore> core_;
 };
 
-namespace detail {
-
-// A prepared scheduler's state, shared with the Accelerator so that
-// save_state()/load_state() can reach it however the loop holds the
-// AcceleratedScheduler.
-struct SchedulerCore {
-  std::function<void()> step_fn;
-  // tandem::LRScheduler's state_dict()/load_state_dict(); empty for LibTorch
-  // schedulers, which load_state() restores by replaying step_fn.
-  std::function<std::map<std::string, double>()> state_dict;
-  std::function<void(const std::map<std::string, double>&)> load_state_dict;
-  int64_t seen_optimizer_steps = 0;
-  int64_t steps = 0;
-};
-
-}  // namespace detail
-
+// The prepared scheduler: owns the wrapped one (and the prepared optimizer
+// it reads), and steps it once per real optimizer step.
 class AcceleratedScheduler {
  public:
-  // `step_fn` advances the wrapped scheduler by one step.
-  AcceleratedScheduler(std::function<void()> step_fn, std::shared_ptr<GradientState> state);
-  AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core,
-                       std::shared_ptr<GradientState> state);
-
+  ~AcceleratedScheduler();
   // Advances the wrapped scheduler once if the optimizer really stepped since
-  // the last call; a no-op otherwise. Call it right after optimizer.step().
+  // the last call; a no-op otherwise. Call it right after optimizer->step().
   void step();
   // Wrapped-scheduler steps taken.
-  int64_t steps() const { return core_->steps; }
+  int64_t steps() const;
 
  private:
+  friend class Accelerator;
+  explicit AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core);
+
   std::shared_ptr<detail::SchedulerCore> core_;
-  std::shared_ptr<GradientState> state_;
 };
-
-namespace detail {
-
-// Where a PreparedLoader is in its data: shared with the Accelerator, which
-// saves it in checkpoints and restores it on load_state().
-struct LoaderCursor {
-  int64_t skip = 0;              // batches the next pass skips
-  int64_t position = 0;          // batches handed out in the current pass
-  bool in_pass = false;
-  int64_t completed_passes = 0;  // the epoch an un-set next pass takes
-  bool epoch_set = false;        // set_epoch() was called since the last pass
-  int64_t epoch = 0;             // the loader's epoch, mirrored
-  int64_t size = 0;              // batches per pass
-  // load_state() rewrote the fields above: apply them to the loader before
-  // the next batch.
-  bool restore_pending = false;
-};
-
-}  // namespace detail
 
 // A DistributedLoader that reports its position to the Accelerator.
 // Iterate it exactly like DistributedLoader (range-for, or next()). Unlike
@@ -191,25 +138,26 @@ struct LoaderCursor {
 // last real batch again, GradientState::shadow_batch set) that contribute
 // zero gradient. Every rank ends the pass at the same batch, so collectives
 // stay matched.
+//
+// Built by Accelerator::prepare_data_loader() and prepare_local_loader().
 class PreparedLoader {
  public:
-  PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state);
-  // `group`: the ranks a joined pass agrees with (needed for join mode only).
-  PreparedLoader(DistributedLoader loader, std::shared_ptr<GradientState> state,
-                 std::shared_ptr<detail::LoaderCursor> cursor, ProcessGroup* group = nullptr);
+  ~PreparedLoader();
+  PreparedLoader(const PreparedLoader&) = delete;
+  PreparedLoader& operator=(const PreparedLoader&) = delete;
 
   int64_t size() const { return loader_.size(); }
   // Selects the epoch of the next pass (ends a pass in progress).
   void set_epoch(int64_t epoch);
   // The epoch of the pass in progress, or of the next one after
   // load_state() restored a position.
-  int64_t epoch() const { return cursor_->epoch; }
+  int64_t epoch() const;
   // Ends a pass in progress; the next batch starts a new one.
   void start_new_pass();
   void skip_first_batches(int64_t num_batches);
   std::optional<DistributedLoader::Batch> next();
   // Batches handed out in the current pass, skipped ones included.
-  int64_t position() const { return cursor_->position; }
+  int64_t position() const;
 
   DistributedLoader& loader() { return loader_; }
   const DistributedLoader& loader() const { return loader_; }
@@ -243,6 +191,12 @@ class PreparedLoader {
   Iterator end() { return Iterator(); }
 
  private:
+  friend class Accelerator;
+  // `group`: the ranks a joined pass agrees with.
+  PreparedLoader(DistributedLoader loader, std::shared_ptr<detail::StepController> controller,
+                 std::shared_ptr<detail::LoaderCursor> cursor,
+                 std::shared_ptr<ProcessGroup> group);
+
   // A joined pass (prepared_loader_join.cpp).
   struct JoinedPass {
     bool active = false;
@@ -261,9 +215,9 @@ class PreparedLoader {
   void note_joined_batch(const DistributedLoader::Batch& batch, int64_t index);
 
   DistributedLoader loader_;
-  std::shared_ptr<GradientState> state_;
+  std::shared_ptr<detail::StepController> controller_;
   std::shared_ptr<detail::LoaderCursor> cursor_;
-  ProcessGroup* group_ = nullptr;
+  std::shared_ptr<ProcessGroup> group_;
   bool even_batches_ = true;  // the loader's own setting, outside joined passes
   JoinedPass joined_;
   uint64_t pass_id_ = 0;  // changes whenever a pass is ended from outside

@@ -3,16 +3,9 @@
 // changed across LibTorch releases. Named by what the API returns, so this
 // file needs no version test; src/core/torch_compat.h includes it.
 
-#include <utility>
-
-#include <torch/csrc/autograd/variable.h>
+#include <ATen/core/Tensor.h>
 
 namespace tandem::compat {
-
-// What torch::autograd::impl::grad_accumulator() returns: a
-// c10::intrusive_ptr<Node> in 2.x (a std::shared_ptr in 1.x).
-using GradAccumulatorPtr =
-    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 // Key of torch::optim::Optimizer::state(): the parameter's TensorImpl
 // pointer (1.x printed that address into a string).

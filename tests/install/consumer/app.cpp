@@ -27,15 +27,16 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
                                      torch::nn::Linear(16, 1));
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05));
+  auto sgd = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.05));
   auto [optimizer, loader] = accelerator.prepare(model, sgd, Lines(), batch);
   double last = 0;
   for (int epoch = 0; epoch < 3; ++epoch) {
     for (auto& b : *loader) {
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       auto loss = torch::mse_loss(model->forward(b.data), b.target);
       accelerator.backward(loss);
-      optimizer.step();
+      optimizer->step();
       last = loss.item<double>();
     }
   }

@@ -1,0 +1,130 @@
+#pragma once
+// What the prepared objects share with the Accelerator, private to it: the
+// optimizer's loss scaling, master weights and wrapped-optimizer guard, a
+// scheduler's state access, a loader's position, and the join hooks.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include "core/torch_internals.h"
+#include "tandem/amp/loss_scaler.h"
+#include "tandem/amp/master_weights.h"
+
+namespace tandem {
+
+class AcceleratedOptimizer;
+class ProcessGroup;
+class ZeroOptimizer;
+
+namespace detail {
+
+class StepController;
+
+// The prepared optimizer's machinery. `self` (the AcceleratedOptimizer)
+// holds the live param groups and state; `wrapped` (the optimizer the user
+// passed) holds a decoy group between steps, and gets the live ones back
+// only while its update rule runs.
+class OptimizerCore {
+ public:
+  struct Parts {
+    std::shared_ptr<torch::optim::Optimizer> wrapped;
+    std::shared_ptr<StepController> controller;
+    std::shared_ptr<LossScaler> scaler;
+    double gradient_clipping = 0;
+    // The ranks that must agree on skipping an overflowing step.
+    std::shared_ptr<ProcessGroup> group;
+    // The ZeRO optimizer that owns the update (null: `wrapped` steps); it
+    // keeps its own fp32 master shards.
+    std::shared_ptr<ZeroOptimizer> zero;
+  };
+  explicit OptimizerCore(Parts parts);
+  void attach_zero(std::shared_ptr<ZeroOptimizer> zero) { zero_ = std::move(zero); }
+
+  // Takes `self`'s param groups and state from the wrapped optimizer (which
+  // gets the decoy), and makes fp32 masters for a bf16/fp16 model.
+  void adopt(AcceleratedOptimizer& self, bool sharded);
+
+  // Unscales the current step's gradients once (into the fp32 masters when
+  // there are any) and records whether any is inf/NaN. Later calls in the
+  // same step do nothing.
+  void unscale_gradients(AcceleratedOptimizer& self);
+  double clip(AcceleratedOptimizer& self, double max_norm, double norm_type);
+  at::Tensor step(AcceleratedOptimizer& self, torch::optim::Optimizer::LossClosure closure);
+  void zero_grad(AcceleratedOptimizer& self);
+  // Runs `fn` on the wrapped optimizer holding the live groups and state.
+  void with_wrapped(AcceleratedOptimizer& self,
+                    const std::function<void(torch::optim::Optimizer&)>& fn);
+  // UsageError when the wrapped optimizer was stepped or zeroed directly;
+  // carries learning rates set on it (a scheduler built over it) over.
+  void check_wrapped(AcceleratedOptimizer& self);
+
+  // Carries learning rates set on the wrapped optimizer's decoy groups over
+  // to the live ones (and live ones to the decoys).
+  void sync_learning_rates(AcceleratedOptimizer& self);
+
+  const StepController& controller() const { return *controller_; }
+  const MasterWeights* master_weights() const { return master_.get(); }
+  ZeroOptimizer* zero() const { return zero_.get(); }
+
+ private:
+
+  std::shared_ptr<torch::optim::Optimizer> wrapped_;
+  std::shared_ptr<StepController> controller_;
+  std::shared_ptr<LossScaler> scaler_;
+  std::unique_ptr<MasterWeights> master_;
+  double gradient_clipping_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ZeroOptimizer> zero_;
+  bool unscaled_ = false;
+  bool found_inf_ = false;
+  // The decoy parameter left in the wrapped optimizer: a step moves it, a
+  // zero_grad clears its gradient of ones.
+  at::Tensor decoy_;
+  // Per param group: the learning rate both objects held at the last sync
+  // (NaN: the options have no learning rate).
+  std::vector<double> synced_lr_;
+};
+
+// A prepared scheduler's wrapped object, kept alive here.
+struct SchedulerCore {
+  std::shared_ptr<void> owned;                      // the scheduler
+  std::shared_ptr<AcceleratedOptimizer> optimizer;  // what it reads, kept alive
+  std::shared_ptr<const StepController> controller;
+  std::function<void()> step_fn;
+  // tandem::LRScheduler's state_dict()/load_state_dict(); empty for LibTorch
+  // schedulers, which load_state() restores by replaying step_fn.
+  std::function<std::map<std::string, double>()> state_dict;
+  std::function<void(const std::map<std::string, double>&)> load_state_dict;
+  int64_t seen_optimizer_steps = 0;
+  int64_t steps = 0;
+};
+
+// The Accelerator's join_uneven_inputs() gradient hooks, removed with it.
+struct JoinHooks {
+  std::vector<internals::GradHook> hooks;
+};
+
+// Where a PreparedLoader is in its data: shared with the Accelerator, which
+// saves it in checkpoints and restores it on load_state().
+struct LoaderCursor {
+  int64_t skip = 0;              // batches the next pass skips
+  int64_t position = 0;          // batches handed out in the current pass
+  bool in_pass = false;
+  int64_t completed_passes = 0;  // the epoch an un-set next pass takes
+  bool epoch_set = false;        // set_epoch() was called since the last pass
+  int64_t epoch = 0;             // the loader's epoch, mirrored
+  int64_t size = 0;              // batches per pass
+  // load_state() rewrote the fields above: apply them to the loader before
+  // the next batch.
+  bool restore_pending = false;
+};
+
+}  // namespace detail
+}  // namespace tandem

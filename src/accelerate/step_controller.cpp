@@ -1,0 +1,96 @@
+#include "accelerate/step_controller.h"
+
+#include "tandem/core/error.h"
+#include "tandem/parallel/ddp.h"
+#include "tandem/zero/zero_optimizer.h"
+
+namespace tandem::detail {
+
+StepController::StepController(int64_t accumulation_steps) {
+  set_accumulation_steps(accumulation_steps);
+}
+
+void StepController::set_accumulation_steps(int64_t steps) {
+  TANDEM_CHECK_ARG(steps >= 1, "Accelerator: gradient_accumulation_steps must be >= 1, got {}",
+                   steps);
+  state_.accumulation_steps = steps;
+}
+
+void StepController::begin_micro_step() {
+  ++state_.micro_step;
+  ++state_.micro_steps_since_step;
+  // The last batch of a pass always synchronises, so an epoch whose length
+  // is not a multiple of the accumulation steps never leaks partial sums
+  // into the next epoch (Accelerate's sync_with_dataloader).
+  state_.sync_gradients =
+      state_.end_of_dataloader || state_.micro_step % state_.accumulation_steps == 0;
+  if (state_.sync_gradients) state_.micro_step = 0;
+  if (ddp_ != nullptr) ddp_->set_gradient_sync(state_.sync_gradients);
+  if (zero_ != nullptr) zero_->set_gradient_sync(state_.sync_gradients);
+}
+
+bool StepController::enter_accumulate_guard() {
+  const bool outer = state_.in_accumulate_guard;
+  // A nested guard belongs to the micro-step the outer one began.
+  if (!outer) begin_micro_step();
+  state_.in_accumulate_guard = true;
+  return outer;
+}
+
+void StepController::before_backward() {
+  if (!state_.in_accumulate_guard) begin_micro_step();
+}
+
+void StepController::optimizer_step(bool taken) {
+  if (taken) ++state_.optimizer_steps;
+  state_.last_step_skipped = !taken;
+  state_.gradients_pending = false;
+}
+
+void StepController::end_step() {
+  state_.micro_steps_since_step = 0;
+  state_.clipped_this_step = false;
+}
+
+void StepController::clear_batch() {
+  state_.end_of_dataloader = false;
+  state_.real_rows_per_rank.clear();
+  state_.batch_rows = 0;
+  state_.joining = false;
+  state_.shadow_batch = false;
+  state_.ranks_with_data = 0;
+  state_.shadow_ranks.clear();
+}
+
+void StepController::next_batch(BatchReport report) {
+  clear_batch();
+  state_.end_of_dataloader = report.last_of_pass;
+  state_.batch_rows = report.rows;
+  state_.real_rows_per_rank = std::move(report.real_rows_per_rank);
+  if (report.shadow_ranks.empty()) return;
+  int64_t with_data = 0;
+  for (uint8_t shadow : report.shadow_ranks) with_data += shadow == 0 ? 1 : 0;
+  state_.joining = true;
+  state_.ranks_with_data = with_data;
+  state_.shadow_batch = report.shadow_ranks.at(static_cast<size_t>(report.rank)) != 0;
+  state_.shadow_ranks = std::move(report.shadow_ranks);
+}
+
+void StepController::end_of_pass() { clear_batch(); }
+
+void StepController::begin_join() {
+  TANDEM_CHECK_ARG(!state_.join_requested,
+                   "Accelerator::join_uneven_inputs: a guard is already alive. Keep one guard "
+                   "around the training loop (it covers every epoch started inside it)");
+  state_.join_requested = true;
+}
+
+void StepController::restore(int64_t optimizer_steps) {
+  state_.optimizer_steps = optimizer_steps;
+  state_.micro_step = 0;
+  state_.micro_steps_since_step = 0;
+  state_.gradients_pending = false;
+  state_.clipped_this_step = false;
+}
+
+}  // namespace tandem::detail
