@@ -2,8 +2,9 @@
 # Compiles and links every tandem target (library, CLI, tests, benchmarks,
 # examples) against PyTorch's CUDA LibTorch, torch==2.14.1 (CUDA 13.0), with
 # the NCCL backend on. Needs no GPU; it runs `tandem env` and the
-# gpu-labelled tests, which skip without a device: the CUDA paths are only
-# compiled here (scripts/gpu_check.sh runs them on a GPU machine). torch
+# gpu-labelled tests, which skip without a device, and the LibTorch-internals
+# tests (on the CPU): the CUDA paths are only compiled here
+# (scripts/gpu_check.sh runs them on a GPU machine). torch
 # goes into its own virtual environment, .venv-cuda/ (or $TANDEM_CUDA_VENV);
 # about 5.5 GB. Needs a CUDA toolkit for LibTorch's CMake ($CUDA_HOME).
 #   scripts/cuda_build_check.sh [BUILD_DIR]      (default build-cuda)
@@ -69,6 +70,13 @@ ctest --test-dir "$build" -L gpu -V > "$build/ctest-gpu.log" 2>&1 || {
   exit 1; }
 echo "cuda_build_check: gpu-labelled tests: $(grep -c 'SKIPPED \].*ms)' "$build/ctest-gpu.log") skipped," \
      "$(grep -c '  OK \].*ms)' "$build/ctest-gpu.log") passed (details: $build/ctest-gpu.log)"
+# The LibTorch-internals tests run against this LibTorch too (on the CPU):
+# src/core/torch_internals.* is where a LibTorch upgrade breaks first.
+"$build/bin/tandem_core_tests" --gtest_filter='TorchInternals.*' > "$build/internals.log" 2>&1 || {
+  tail -40 "$build/internals.log"; echo "cuda_build_check: FAIL: TorchInternals.* on LibTorch" \
+    "$torch_version" >&2; exit 1; }
+echo "cuda_build_check: TorchInternals.* on LibTorch $torch_version:" \
+     "$(grep -c '  OK \].*ms)' "$build/internals.log") passed"
 targets=$(find "$build/bin" -maxdepth 1 -type f -perm -u+x | wc -l)
 echo "cuda_build_check: ok, $targets programs linked against CUDA LibTorch $torch_version;" \
      "install $((t1 - t0)) s, build $((t2 - t1)) s"
