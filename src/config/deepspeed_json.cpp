@@ -117,6 +117,24 @@ void read_bf16(const Value& block, Config& config, PrecisionBlocks& seen) {
 
 }  // namespace
 
+bool read_shared_training_key(const std::string& key, const Value& v, Config& config) {
+  if (key == "gradient_clipping") {
+    if (v.is_auto()) {
+      v.note_auto();
+    } else {
+      config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
+                                             "set it to 0 (no clipping) or a positive max norm");
+    }
+  } else if (key == "steps_per_print") {
+    config.steps_per_print = v.as_count();
+  } else if (key == "wall_clock_breakdown") {
+    config.wall_clock_breakdown = v.as_bool();
+  } else {
+    return false;
+  }
+  return true;
+}
+
 bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig& scale) {
   if (key == "loss_scale") {
     scale.loss_scale = v.as_number(0.0, std::numeric_limits<double>::infinity(),
@@ -152,6 +170,7 @@ void read_deepspeed_document(const Value& root, Config& config) {
   config.distributed_type = DistributedType::kDeepSpeed;
   PrecisionBlocks precision;
   for_each_key(root, table, [&](const std::string& key, const Value& v) {
+    if (read_shared_training_key(key, v, config)) return;
     if (key == "train_batch_size") {
       config.train_batch_size = read_batch_count(v);
     } else if (key == "train_micro_batch_size_per_gpu") {
@@ -168,17 +187,6 @@ void read_deepspeed_document(const Value& root, Config& config) {
       read_bf16(v, config, precision);
     } else if (key == "zero_optimization") {
       read_zero_optimization(v, config, Dialect::kDeepSpeed);
-    } else if (key == "gradient_clipping") {
-      if (v.is_auto()) {
-        v.note_auto();
-      } else {
-        config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
-                                               "set it to 0 (no clipping) or a positive max norm");
-      }
-    } else if (key == "steps_per_print") {
-      config.steps_per_print = v.as_count();
-    } else if (key == "wall_clock_breakdown") {
-      config.wall_clock_breakdown = v.as_bool();
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);
     } else if (auto removed = removed_top_level_keys().find(key);

@@ -65,7 +65,7 @@ void read_tandem_document(const Value& root, Config& config) {
       {},
       {}};
   for_each_key(root, table, [&](const std::string& key, const Value& v) {
-    if (read_launch_key(key, v, config)) return;
+    if (read_launch_key(key, v, config) || read_shared_training_key(key, v, config)) return;
     if (key == "distributed") {
       config.distributed_type = read_distributed_type(v);
     } else if (key == "train_batch_size") {
@@ -74,19 +74,8 @@ void read_tandem_document(const Value& root, Config& config) {
       config.train_micro_batch_size_per_gpu = count_or_auto(v);
     } else if (key == "gradient_accumulation_steps") {
       config.gradient_accumulation_steps = count_or_auto(v);
-    } else if (key == "gradient_clipping") {
-      if (v.is_auto()) {
-        v.note_auto();
-      } else {
-        config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
-                                               "set it to 0 (no clipping) or a positive max norm");
-      }
     } else if (key == "seed") {
       config.seed = v.is_null() ? std::nullopt : std::optional<uint64_t>(v.as_unsigned());
-    } else if (key == "steps_per_print") {
-      config.steps_per_print = v.as_count();
-    } else if (key == "wall_clock_breakdown") {
-      config.wall_clock_breakdown = v.as_bool();
     } else if (key == "fp16") {
       read_loss_scale(v, config.fp16);
     } else if (key == "zero_optimization") {
