@@ -16,8 +16,10 @@
 // micro-batches and never once per rank; docs/schedulers.md has the formulas.
 //
 // Thread-safety: none. A scheduler belongs to the thread that steps its
-// optimizer. It keeps a reference to the optimizer, which must outlive it,
-// and must be built after the optimizer has all its param groups.
+// optimizer. It keeps a reference to the optimizer, which must outlive it
+// (as for LibTorch's schedulers; Accelerator::prepare_scheduler keeps both
+// alive for you), and must be built after the optimizer has all its param
+// groups.
 
 #include <cstdint>
 #include <map>

@@ -20,8 +20,10 @@
 // construction and after every synchronised backward, so each forward starts
 // from rank 0's buffers as in PyTorch.
 //
-// Thread-safety: one training thread per DistributedDataParallel. The module
-// must outlive it; the wrapper must outlive any backward through the module.
+// Thread-safety: one training thread per DistributedDataParallel. The wrapper
+// holds the module (a shared_ptr), and must outlive any backward through the
+// module that should synchronise (the Accelerator's prepared objects keep it
+// alive for you).
 
 #include <cstdint>
 #include <memory>
