@@ -11,8 +11,7 @@ int main() {
   tandem::Accelerator accelerator;
   torch::manual_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
-  auto adam = std::make_shared<torch::optim::Adam>(
-      model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto adam = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   auto [optimizer, loader] = accelerator.prepare(model, adam, SumDataset(), 64);
   float last = 0;
   for (int epoch = 0; epoch < 5; ++epoch) {

@@ -9,8 +9,7 @@
 int main() {
   torch::manual_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
-  auto optimizer = std::make_shared<torch::optim::Adam>(
-      model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
   auto loader = torch::data::make_data_loader(SumDataset().map(torch::data::transforms::Stack<>()), 64);
   float last = 0;
   for (int epoch = 0; epoch < 5; ++epoch) {
