@@ -3,9 +3,12 @@
 
 #include "tandem/accelerate/accelerator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <fmt/ranges.h>
@@ -165,40 +168,151 @@ int Accelerator::num_processes() const { return process_group_->world_size(); }
 std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
     std::shared_ptr<torch::nn::Module> model) {
   TANDEM_CHECK_ARG(model != nullptr, "Accelerator::prepare_model: the model is null");
-  TANDEM_CHECK_ARG(model_ == nullptr,
-                   "Accelerator::prepare_model: a model was already prepared; one Accelerator "
-                   "trains one model (prepare a container module holding both instead)");
+  for (const auto& prepared : models_) {
+    TANDEM_CHECK_ARG(prepared.module != model,
+                     "Accelerator::prepare_model: this model was already prepared; prepare "
+                     "each model once and keep using the same object");
+  }
   detail::check_model_consistency(*process_group_, *model);
   // In place: parameters keep their identity, so an optimizer built before
   // prepare() still holds the right tensors.
   model->to(device_);
+  PreparedModel prepared;
+  prepared.module = model;
   // One process has nothing to synchronise (as Accelerate, which does not
   // wrap at num_processes == 1).
   // ZeRO shards when the optimizer is prepared: it needs both.
   if (num_processes() > 1 && config_.zero.stage == 0) {
-    ddp_ = std::make_shared<DistributedDataParallel>(model, process_group_, *ddp_options_);
-    controller_->attach(ddp_);
+    prepared.ddp = std::make_shared<DistributedDataParallel>(model, process_group_, *ddp_options_);
+    controller_->attach(prepared.ddp);
+  } else if (num_processes() > 1) {
+    // ZeRO broadcasts the parameters it shards; frozen ones and buffers
+    // start from rank 0's values here, as DDP would make them.
+    torch::NoGradGuard no_grad;
+    for (const auto& p : unique_parameters(*model)) {
+      if (p.requires_grad()) continue;
+      at::Tensor t = p.detach();
+      process_group_->broadcast(t, 0);
+    }
+    for (const auto& [name, b] : unique_named_buffers(*model)) {
+      at::Tensor t = b.detach();
+      process_group_->broadcast(t, 0);
+    }
   }
-  model_ = model;
+  models_.push_back(std::move(prepared));
+  models_checked_ = false;
+  join_hooks_.reset();  // reinstalled over every model at the next joined backward
   return model;
 }
+
+std::size_t Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model,
+                                        const char* caller) const {
+  for (std::size_t i = 0; i < models_.size(); ++i) {
+    if (model != nullptr && models_[i].module == model) return i;
+  }
+  TANDEM_THROW(UsageError,
+               "Accelerator::{}: {} is not a model this Accelerator prepared ({} prepared); pass "
+               "the object prepare_model() returned",
+               caller, model == nullptr ? "a null model" : "the model given", models_.size());
+}
+
+AcceleratedOptimizer& Accelerator::only_optimizer(const char* caller) const {
+  TANDEM_CHECK_ARG(!optimizers_.empty(),
+                   "Accelerator::{}: prepare the optimizer first (prepare() or "
+                   "prepare_optimizer())",
+                   caller);
+  TANDEM_CHECK_ARG(optimizers_.size() == 1,
+                   "Accelerator::{}: {} optimizers are prepared; name the one to act on "
+                   "(the overload that takes the prepared optimizer)",
+                   caller, optimizers_.size());
+  return *optimizers_.front();
+}
+
+std::shared_ptr<torch::nn::Module> Accelerator::unwrap_model() const {
+  return models_.empty() ? nullptr : models_.front().module;
+}
+
+std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer() const {
+  return models_.empty() ? nullptr : models_.front().zero;
+}
+
+std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer(
+    const std::shared_ptr<torch::nn::Module>& model) const {
+  return models_[check_prepared(model, "zero_optimizer")].zero;
+}
+
+namespace {
+
+// The index of the prepared model that holds every parameter of
+// `optimizer`, for ZeRO, which shards a model together with its optimizer.
+std::size_t model_of_optimizer(torch::optim::Optimizer& optimizer,
+                               const std::vector<std::shared_ptr<torch::nn::Module>>& models) {
+  std::unordered_map<const void*, std::size_t> owner;
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    for (const auto& p : unique_parameters(*models[m])) owner.emplace(p.unsafeGetTensorImpl(), m);
+  }
+  std::optional<std::size_t> found;
+  for (const auto& p : unique_optimizer_parameters(optimizer)) {
+    const auto it = owner.find(p.unsafeGetTensorImpl());
+    TANDEM_CHECK_ARG(it != owner.end(),
+                     "Accelerator::prepare_optimizer: under ZeRO the optimizer holds a tensor of "
+                     "shape [{}] that is no parameter of a prepared model; prepare the model "
+                     "first and build the optimizer over its parameters",
+                     fmt::join(p.sizes(), ", "));
+    TANDEM_CHECK_ARG(!found || *found == it->second,
+                     "Accelerator::prepare_optimizer: under ZeRO an optimizer shards one model, "
+                     "but this one holds parameters of prepared models {} and {}. Build one "
+                     "optimizer per model (or prepare one container module holding both)",
+                     *found, it->second);
+    found = it->second;
+  }
+  TANDEM_CHECK_ARG(found.has_value(), "Accelerator::prepare_optimizer: the optimizer holds no "
+                   "parameters");
+  return *found;
+}
+
+}  // namespace
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     std::shared_ptr<torch::optim::Optimizer> optimizer) {
   TANDEM_CHECK_ARG(optimizer != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
-  TANDEM_CHECK_ARG(optimizer_ == nullptr,
-                   "Accelerator::prepare_optimizer: an optimizer was already prepared; this "
-                   "version of tandem steps one optimizer per Accelerator (put all parameter "
-                   "groups in one optimizer)");
   TANDEM_CHECK_ARG(dynamic_cast<AcceleratedOptimizer*>(optimizer.get()) == nullptr,
                    "Accelerator::prepare_optimizer: the optimizer is already prepared");
+  for (const auto& prepared : optimizers_) {
+    TANDEM_CHECK_ARG(&prepared->core_->wrapped() != optimizer.get(),
+                     "Accelerator::prepare_optimizer: this optimizer was already prepared; use "
+                     "the object prepare_optimizer() returned");
+    std::unordered_map<const void*, bool> held;
+    for (const auto& p : unique_optimizer_parameters(*prepared)) held[p.unsafeGetTensorImpl()] = true;
+    for (const auto& p : unique_optimizer_parameters(*optimizer)) {
+      TANDEM_CHECK_ARG(!held.count(p.unsafeGetTensorImpl()),
+                       "Accelerator::prepare_optimizer: a parameter of shape [{}] is already "
+                       "held by another prepared optimizer; two optimizers stepping one tensor "
+                       "would each apply an update. Give each optimizer its own parameters",
+                       fmt::join(p.sizes(), ", "));
+    }
+  }
   const bool sharded = config_.zero.stage > 0;
-  TANDEM_CHECK_ARG(!sharded || model_ != nullptr,
+  TANDEM_CHECK_ARG(!sharded || !models_.empty(),
                    "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
                    "with its optimizer; prepare the model first (or use prepare(model, "
                    "optimizer, data))",
                    config_.zero.stage);
-  warn_if_listed_twice(*optimizer, model_.get(), sharded);
+  int model_index = -1;
+  if (sharded) {
+    std::vector<std::shared_ptr<torch::nn::Module>> modules;
+    for (const auto& m : models_) modules.push_back(m.module);
+    model_index = static_cast<int>(model_of_optimizer(*optimizer, modules));
+    TANDEM_CHECK_ARG(models_[static_cast<std::size_t>(model_index)].zero == nullptr,
+                     "Accelerator::prepare_optimizer: prepared model {} is already sharded with "
+                     "another optimizer; under ZeRO put all of a model's parameter groups in one "
+                     "optimizer",
+                     model_index);
+  }
+  std::shared_ptr<torch::nn::Module> model =
+      model_index >= 0 ? models_[static_cast<std::size_t>(model_index)].module
+                       : (models_.empty() ? nullptr : models_.front().module);
+  warn_if_listed_twice(*optimizer, model.get(), sharded);
   detail::OptimizerCore::Parts parts;
   parts.wrapped = optimizer;
   parts.controller = controller_;
@@ -217,25 +331,34 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     zero.offload_param = config_.zero.offload_param == OffloadDevice::kCpu;
     zero.pin_memory = config_.zero.offload_pin_memory;
     zero.prefetch = config_.zero.stage3_prefetch_bucket_size != 0;
-    zero_ = std::make_shared<ZeroOptimizer>(model_, *prepared, process_group_, zero);
-    core_ref.attach_zero(zero_);
-    controller_->attach(zero_);
+    auto sharder = std::make_shared<ZeroOptimizer>(model, *prepared, process_group_, zero);
+    core_ref.attach_zero(sharder);
+    controller_->attach(sharder);
+    models_[static_cast<std::size_t>(model_index)].zero = std::move(sharder);
   }
-  optimizer_ = prepared;
+  optimizers_.push_back(prepared);
+  optimizer_models_.push_back(model_index);
+  models_checked_ = false;
   return prepared;
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config(
     double default_lr) {
-  TANDEM_CHECK_ARG(model_ != nullptr, "Accelerator::prepare_optimizer_from_config: prepare the "
-                   "model first; the optimizer is built over its parameters");
-  TANDEM_CHECK_ARG(optimizer_ == nullptr,
-                   "Accelerator::prepare_optimizer_from_config: an optimizer was already "
-                   "prepared (one optimizer per Accelerator)");
+  TANDEM_CHECK_ARG(models_.size() == 1,
+                   "Accelerator::prepare_optimizer_from_config: {}; the optimizer is built over "
+                   "the model's parameters",
+                   models_.empty() ? "prepare the model first"
+                                   : "several models are prepared, so name the model");
+  return prepare_optimizer_from_config(models_.front().module, default_lr);
+}
+
+std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config(
+    const std::shared_ptr<torch::nn::Module>& model, double default_lr) {
+  const std::size_t index = check_prepared(model, "prepare_optimizer_from_config");
   // Over each tensor once, as Python's parameters() gives them: a tied
   // weight listed twice would be stepped twice.
   std::shared_ptr<torch::optim::Optimizer> optimizer =
-      make_optimizer(config_.optimizer, unique_parameters(*model_), default_lr);
+      make_optimizer(config_.optimizer, unique_parameters(*models_[index].module), default_lr);
   return prepare_optimizer(std::move(optimizer));
 }
 
@@ -255,7 +378,19 @@ std::shared_ptr<detail::SchedulerCore> scheduler_core(
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
     std::shared_ptr<LRScheduler> scheduler) {
   TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
-  auto core = scheduler_core(optimizer_, controller_);
+  // It names its optimizer: the prepared one, or the one passed to prepare.
+  std::shared_ptr<AcceleratedOptimizer> optimizer;
+  for (const auto& prepared : optimizers_) {
+    if (&scheduler->optimizer() == prepared.get() ||
+        &scheduler->optimizer() == &prepared->core_->wrapped()) {
+      optimizer = prepared;
+    }
+  }
+  TANDEM_CHECK_ARG(optimizer != nullptr || optimizers_.size() <= 1,
+                   "Accelerator::prepare_scheduler: the scheduler drives an optimizer that was "
+                   "not prepared; build it over a prepared optimizer");
+  if (optimizer == nullptr && !optimizers_.empty()) optimizer = optimizers_.front();
+  auto core = scheduler_core(optimizer, controller_);
   LRScheduler* s = scheduler.get();
   core->owned = std::move(scheduler);
   core->step_fn = [s] { s->step(); };
@@ -268,9 +403,23 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
-    std::shared_ptr<torch::optim::LRScheduler> scheduler) {
+    std::shared_ptr<torch::optim::LRScheduler> scheduler,
+    std::shared_ptr<AcceleratedOptimizer> optimizer) {
   TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
-  auto core = scheduler_core(optimizer_, controller_);
+  if (optimizer == nullptr) {
+    TANDEM_CHECK_ARG(optimizers_.size() <= 1,
+                     "Accelerator::prepare_scheduler: {} optimizers are prepared and a LibTorch "
+                     "scheduler does not say which one it drives; pass it: "
+                     "prepare_scheduler(scheduler, optimizer)",
+                     optimizers_.size());
+    if (!optimizers_.empty()) optimizer = optimizers_.front();
+  } else {
+    TANDEM_CHECK_ARG(std::find(optimizers_.begin(), optimizers_.end(), optimizer) !=
+                         optimizers_.end(),
+                     "Accelerator::prepare_scheduler: the optimizer given was not prepared by "
+                     "this Accelerator");
+  }
+  auto core = scheduler_core(std::move(optimizer), controller_);
   torch::optim::LRScheduler* s = scheduler.get();
   core->owned = std::move(scheduler);
   core->step_fn = [s] { s->step(); };
@@ -329,7 +478,8 @@ void Accelerator::backward(const at::Tensor& loss) {
   TANDEM_CHECK_ARG(loss.defined() && loss.numel() == 1,
                    "Accelerator::backward: the loss must be a scalar tensor, got shape {}",
                    loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
-  if (optimizer_) optimizer_->core_->check_wrapped(*optimizer_);
+  for (const auto& optimizer : optimizers_) optimizer->core_->check_wrapped(*optimizer);
+  if (!models_checked_) check_models_synchronised();
   controller_->before_backward();
   // A loss computed under autocast may be bf16/fp16; backward starts in fp32
   // (Accelerate casts model outputs back to fp32 for the same reason).
@@ -350,25 +500,42 @@ Accelerator::AccumulateGuard::~AccumulateGuard() {
   controller_->leave_accumulate_guard(outer_was_open_);
 }
 
-Accelerator::AccumulateGuard Accelerator::accumulate() { return AccumulateGuard(controller_); }
-
-Accelerator::AccumulateGuard Accelerator::accumulate(
-    const std::shared_ptr<torch::nn::Module>& model) {
-  TANDEM_CHECK_ARG(model != nullptr && model == model_,
-                   "Accelerator::accumulate(model): {} is not the model this Accelerator "
-                   "prepared; pass the prepared model (or call accumulate() without one)",
-                   model == nullptr ? "a null model" : "the model given");
-  return AccumulateGuard(controller_);
+void Accelerator::check_models_synchronised() {
+  // Under ZeRO a model's gradients are reduced by the ZeRO optimizer over
+  // it; a trainable model without one would train apart on each rank.
+  if (num_processes() > 1 && config_.zero.stage > 0) {
+    for (std::size_t i = 0; i < models_.size(); ++i) {
+      if (models_[i].zero != nullptr) continue;
+      for (const auto& item : unique_named_parameters(*models_[i].module)) {
+        TANDEM_CHECK_ARG(!item.tensor.requires_grad(),
+                         "Accelerator::backward: prepared model {} has trainable parameter '{}' "
+                         "but no prepared optimizer over it; under ZeRO its gradients would not "
+                         "be reduced across ranks. Prepare an optimizer over its parameters, or "
+                         "freeze it (requires_grad_(false))",
+                         i, item.name);
+      }
+    }
+  }
+  models_checked_ = true;
 }
 
 double Accelerator::clip_grad_norm(double max_norm, double norm_type) {
-  TANDEM_CHECK_ARG(optimizer_ != nullptr,
-                   "Accelerator::clip_grad_norm: prepare the optimizer first (prepare() or "
-                   "prepare_optimizer()); tandem clips the parameters it holds");
+  AcceleratedOptimizer& optimizer = only_optimizer("clip_grad_norm");
   if (!controller_->state().sync_gradients) return std::numeric_limits<double>::quiet_NaN();
   // DDP gradients are identical on every rank after the all-reduce, so the
   // local norm is the global one.
-  return optimizer_->core_->clip(*optimizer_, max_norm, norm_type);
+  return optimizer.core_->clip(optimizer, max_norm, norm_type);
+}
+
+double Accelerator::clip_grad_norm(const std::shared_ptr<AcceleratedOptimizer>& optimizer,
+                                   double max_norm, double norm_type) {
+  TANDEM_CHECK_ARG(optimizer != nullptr &&
+                       std::find(optimizers_.begin(), optimizers_.end(), optimizer) !=
+                           optimizers_.end(),
+                   "Accelerator::clip_grad_norm: the optimizer given was not prepared by this "
+                   "Accelerator");
+  if (!controller_->state().sync_gradients) return std::numeric_limits<double>::quiet_NaN();
+  return optimizer->core_->clip(*optimizer, max_norm, norm_type);
 }
 
 void Accelerator::print_line(const std::string& line) const {

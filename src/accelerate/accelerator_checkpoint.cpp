@@ -33,31 +33,41 @@ constexpr const char* kMaster = "master";
 
 std::string optim_section(const std::string& state) { return "optim/" + state; }
 
+// Checkpoint names: the first prepared model's tensors by module path (as
+// a one-model run has always saved them), model k >= 1's under "model_<k>.".
+std::string model_prefix(std::size_t index) {
+  return index == 0 ? std::string() : "model_" + std::to_string(index) + ".";
+}
+
 // unique_named_parameters() as (name, tensor) pairs: tied weights once,
-// under their first name.
-std::vector<std::pair<std::string, at::Tensor>> parameters_by_name(torch::nn::Module& model) {
+// under their first name, behind `prefix`.
+std::vector<std::pair<std::string, at::Tensor>> parameters_by_name(torch::nn::Module& model,
+                                                                   const std::string& prefix) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& item : unique_named_parameters(model)) {
-    out.emplace_back(std::move(item.name), std::move(item.tensor));
+    out.emplace_back(prefix + item.name, std::move(item.tensor));
   }
   return out;
 }
 
-// The optimizer's tensors by module path, keyed by TensorImpl: every model
-// parameter by its name (tied weights once), and every fp32 master copy by
-// its parameter's name.
+std::vector<std::pair<std::string, at::Tensor>> buffers_by_name(torch::nn::Module& model,
+                                                                const std::string& prefix) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, b] : unique_named_buffers(model)) out.emplace_back(prefix + name, b);
+  return out;
+}
+
+// The optimizers' tensors by checkpoint name, keyed by TensorImpl: every
+// model parameter by its name (tied weights once), and every fp32 master
+// copy by its parameter's name.
 using TensorNames = std::unordered_map<const void*, std::string>;
 
-TensorNames optimizer_tensor_names(torch::nn::Module& model, const MasterWeights* master) {
-  TensorNames names;
-  for (const auto& [name, p] : parameters_by_name(model)) names[p.unsafeGetTensorImpl()] = name;
-  if (master != nullptr) {
-    for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-      names[master->master_params()[i].unsafeGetTensorImpl()] =
-          names[master->model_params()[i].unsafeGetTensorImpl()];
-    }
+void add_master_names(TensorNames& names, const MasterWeights* master) {
+  if (master == nullptr) return;
+  for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+    names[master->master_params()[i].unsafeGetTensorImpl()] =
+        names[master->model_params()[i].unsafeGetTensorImpl()];
   }
-  return names;
 }
 
 // The name of `t`; a UsageError from `caller` when the optimizer holds a
@@ -65,7 +75,7 @@ TensorNames optimizer_tensor_names(torch::nn::Module& model, const MasterWeights
 const std::string& name_of(const TensorNames& names, const at::Tensor& t, const char* caller) {
   const auto it = names.find(t.unsafeGetTensorImpl());
   TANDEM_CHECK_ARG(it != names.end(),
-                   "{}: the optimizer holds a tensor of shape {} that is not a parameter of the "
+                   "{}: the optimizer holds a tensor of shape {} that is not a parameter of a "
                    "prepared model; build the optimizer over model->parameters()",
                    caller, fmt::join(t.sizes(), "x"));
   return it->second;
@@ -116,11 +126,28 @@ bool Accelerator::has_checkpoint(const std::string& dir) {
   }
 }
 
+TensorNames Accelerator::tensor_names() const {
+  TensorNames names;
+  for (std::size_t m = 0; m < models_.size(); ++m) {
+    for (const auto& [name, p] : parameters_by_name(*models_[m].module, model_prefix(m))) {
+      TANDEM_CHECK_ARG(names.emplace(p.unsafeGetTensorImpl(), name).second,
+                       "save_state: parameter '{}' is also a parameter of another prepared model; "
+                       "prepare a container module holding both instead",
+                       name);
+    }
+  }
+  for (const auto& optimizer : optimizers_) {
+    add_master_names(names, optimizer->core_->master_weights());
+  }
+  return names;
+}
+
 nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json meta;
+  const std::shared_ptr<ZeroOptimizer> first_zero = zero_optimizer();
   meta["step"] = step();
-  meta["strategy"] = zero_ ? "zero" : (num_processes() > 1 ? "ddp" : "single");
-  meta["zero_stage"] = zero_ ? zero_->stage() : 0;
+  meta["strategy"] = first_zero ? "zero" : (num_processes() > 1 ? "ddp" : "single");
+  meta["zero_stage"] = first_zero ? first_zero->stage() : 0;
   meta["mixed_precision"] = precision_name(config_.mixed_precision);
   meta["tandem_version"] = version();
   meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
@@ -128,29 +155,38 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
                              .count();
   nlohmann::json params = nlohmann::json::array();
   nlohmann::json buffers = nlohmann::json::array();
-  if (model_) {
-    for (const auto& [name, p] : parameters_by_name(*model_)) {
+  nlohmann::json models = nlohmann::json::array();
+  for (std::size_t m = 0; m < models_.size(); ++m) {
+    const std::string prefix = model_prefix(m);
+    for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
       nlohmann::json d = describe(name, p);
       d["trainable"] = p.requires_grad();
       params.push_back(d);
     }
-    for (const auto& [name, b] : unique_named_buffers(*model_)) buffers.push_back(describe(name, b));
+    for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
+      buffers.push_back(describe(name, b));
+    }
+    models.push_back({{"prefix", prefix},
+                      {"zero_stage", models_[m].zero ? models_[m].zero->stage() : 0}});
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
-  if (optimizer_) {
-    auto& optimizer = *optimizer_;
+  meta["models"] = models;
+  const TensorNames names = tensor_names();
+  nlohmann::json optimizers = nlohmann::json::array();
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    auto& optimizer = *optimizers_[i];
+    const ZeroOptimizer* zero = optimizer.core_->zero();
     nlohmann::json opt;
     opt["type"] = detail::optimizer_type(optimizer);
     opt["param_groups"] = detail::param_group_options(optimizer);
+    opt["real_steps"] = controller_->optimizer(optimizer.core_->id()).steps;
     nlohmann::json steps = nlohmann::json::object();
     int64_t step = 0;
-    if (zero_) {
-      step = zero_->step_count();
-      opt["state_names"] = zero_->state_names();
+    if (zero) {
+      step = zero->step_count();
+      opt["state_names"] = zero->state_names();
     } else {
-      const TensorNames names =
-          optimizer_tensor_names(*model_, optimizer_->core_->master_weights());
       std::vector<std::string> state_names;
       for (const auto& p : unique_optimizer_parameters(optimizer)) {
         const std::string& name = name_of(names, p, "save_state");
@@ -167,8 +203,11 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
     }
     opt["step"] = step;
     opt["param_steps"] = steps;
-    meta["optimizer"] = opt;
+    optimizers.push_back(opt);
   }
+  // "optimizer": the first one, as one-optimizer checkpoints have it.
+  if (!optimizers.empty()) meta["optimizer"] = optimizers[0];
+  meta["optimizers"] = optimizers;
   nlohmann::json schedulers = nlohmann::json::array();
   for (const auto& core : schedulers_) {
     nlohmann::json s = {{"steps", core->steps}};
@@ -192,45 +231,52 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   const bool rank0 = is_main_process();
-  if (model_) {
+  for (std::size_t m = 0; m < models_.size(); ++m) {
+    const std::string prefix = model_prefix(m);
+    const std::shared_ptr<ZeroOptimizer>& zero = models_[m].zero;
     std::unordered_map<std::string, bool> sharded;
-    if (zero_) {
-      const std::vector<std::string> states = zero_->state_names();
-      for (const auto& f : zero_->shard_fragments()) {
-        sharded[f.name] = true;
-        out.emplace_back(fragment_key(kModel, f.name, f.begin), f.value);
-        if (f.master.defined()) out.emplace_back(fragment_key(kMaster, f.name, f.begin), f.master);
+    if (zero) {
+      const std::vector<std::string> states = zero->state_names();
+      for (const auto& f : zero->shard_fragments()) {
+        const std::string name = prefix + f.name;
+        out.emplace_back(fragment_key(kModel, name, f.begin), f.value);
+        if (f.master.defined()) out.emplace_back(fragment_key(kMaster, name, f.begin), f.master);
         for (std::size_t s = 0; s < states.size(); ++s) {
-          out.emplace_back(fragment_key(optim_section(states[s]), f.name, f.begin), f.state[s]);
+          out.emplace_back(fragment_key(optim_section(states[s]), name, f.begin), f.state[s]);
         }
       }
-      for (const auto& group : zero_->group_parameter_names()) {
-        for (const auto& name : group) sharded[name] = true;
+      for (const auto& group : zero->group_parameter_names()) {
+        for (const auto& name : group) sharded[prefix + name] = true;
       }
     }
     if (rank0) {
-      for (const auto& [name, p] : parameters_by_name(*model_)) {
+      for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
         if (!sharded.count(name)) out.emplace_back(fragment_key(kModel, name, 0), flat(p));
       }
-      for (const auto& [name, b] : unique_named_buffers(*model_)) out.emplace_back("buffer/" + name, b);
-    }
-  }
-  if (rank0 && optimizer_ && !zero_) {
-    auto& optimizer = *optimizer_;
-    const MasterWeights* master = optimizer_->core_->master_weights();
-    const TensorNames names = optimizer_tensor_names(*model_, master);
-    if (master != nullptr) {
-      for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-        const at::Tensor& m = master->master_params()[i];
-        if (m.unsafeGetTensorImpl() != master->model_params()[i].unsafeGetTensorImpl()) {
-          out.emplace_back(fragment_key(kMaster, name_of(names, m, "save_state"), 0), flat(m));
-        }
+      for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
+        out.emplace_back("buffer/" + name, b);
       }
     }
-    for (const auto& p : unique_optimizer_parameters(optimizer)) {
-      const std::string& name = name_of(names, p, "save_state");
-      for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
-        out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
+  }
+  if (rank0) {
+    const TensorNames names = tensor_names();
+    for (const auto& prepared : optimizers_) {
+      if (prepared->core_->zero() != nullptr) continue;
+      auto& optimizer = *prepared;
+      const MasterWeights* master = prepared->core_->master_weights();
+      if (master != nullptr) {
+        for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+          const at::Tensor& m = master->master_params()[i];
+          if (m.unsafeGetTensorImpl() != master->model_params()[i].unsafeGetTensorImpl()) {
+            out.emplace_back(fragment_key(kMaster, name_of(names, m, "save_state"), 0), flat(m));
+          }
+        }
+      }
+      for (const auto& p : unique_optimizer_parameters(optimizer)) {
+        const std::string& name = name_of(names, p, "save_state");
+        for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
+          out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
+        }
       }
     }
   }
@@ -258,106 +304,144 @@ void Accelerator::save_state(const std::string& dir, const SaveStateOptions& opt
                     std::move(meta), commit);
 }
 
-void Accelerator::restore_model(const CheckpointReader& checkpoint) {
+namespace {
+
+// The saved entry of optimizer `index`: "optimizers" when the checkpoint has
+// it, else (one-optimizer checkpoints) "optimizer".
+const nlohmann::json* saved_optimizer(const nlohmann::json& meta, std::size_t index) {
+  if (meta.contains("optimizers")) {
+    const nlohmann::json& all = meta["optimizers"];
+    return index < all.size() ? &all[index] : nullptr;
+  }
+  return index == 0 && meta.contains("optimizer") ? &meta["optimizer"] : nullptr;
+}
+
+std::size_t saved_optimizer_count(const nlohmann::json& meta) {
+  if (meta.contains("optimizers")) return meta["optimizers"].size();
+  return meta.contains("optimizer") ? 1 : 0;
+}
+
+}  // namespace
+
+void Accelerator::restore_models(const CheckpointReader& checkpoint) {
   const nlohmann::json& meta = checkpoint.meta();
   std::map<std::string, std::vector<int64_t>> saved_shapes;
   for (const auto& p : meta.at("parameters")) {
     saved_shapes[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<int64_t>>();
   }
-  const auto params = parameters_by_name(*model_);
-  for (const auto& [name, p] : params) {
-    const auto it = saved_shapes.find(name);
-    TANDEM_CHECK_ARG(it != saved_shapes.end(),
-                     "load_state: the model has parameter '{}' but checkpoint '{}' does not. "
-                     "Load it into the same model architecture that saved it",
-                     name, checkpoint.path());
-    TANDEM_CHECK_ARG(it->second == p.sizes().vec(),
-                     "load_state: parameter '{}' has shape [{}] here but [{}] in checkpoint '{}'",
-                     name, fmt::join(p.sizes(), ", "), fmt::join(it->second, ", "),
-                     checkpoint.path());
-    saved_shapes.erase(it);
+  for (std::size_t m = 0; m < models_.size(); ++m) {
+    for (const auto& [name, p] : parameters_by_name(*models_[m].module, model_prefix(m))) {
+      const auto it = saved_shapes.find(name);
+      TANDEM_CHECK_ARG(it != saved_shapes.end(),
+                       "load_state: the model has parameter '{}' but checkpoint '{}' does not. "
+                       "Load it into the same model architecture that saved it (and prepare "
+                       "the models in the same order)",
+                       name, checkpoint.path());
+      TANDEM_CHECK_ARG(it->second == p.sizes().vec(),
+                       "load_state: parameter '{}' has shape [{}] here but [{}] in checkpoint "
+                       "'{}'",
+                       name, fmt::join(p.sizes(), ", "), fmt::join(it->second, ", "),
+                       checkpoint.path());
+      saved_shapes.erase(it);
+    }
   }
   TANDEM_CHECK_ARG(saved_shapes.empty(),
-                   "load_state: checkpoint '{}' has parameter '{}' that this model lacks. Load "
-                   "it into the same model architecture that saved it",
+                   "load_state: checkpoint '{}' has parameter '{}' that this run's models lack. "
+                   "Load it into the same model architecture that saved it (and prepare as "
+                   "many models)",
                    checkpoint.path(), saved_shapes.empty() ? "" : saved_shapes.begin()->first);
 
   torch::NoGradGuard no_grad;
-  std::unordered_map<std::string, bool> sharded;
-  if (zero_) {
-    for (const auto& group : zero_->group_parameter_names()) {
-      for (const auto& name : group) sharded[name] = true;
+  for (std::size_t m = 0; m < models_.size(); ++m) {
+    const std::string prefix = model_prefix(m);
+    std::unordered_map<std::string, bool> sharded;
+    if (const std::shared_ptr<ZeroOptimizer>& zero = models_[m].zero) {
+      for (const auto& group : zero->group_parameter_names()) {
+        for (const auto& name : group) sharded[prefix + name] = true;
+      }
+      auto source = [&checkpoint, &prefix](const std::string& section, const std::string& name,
+                                           int64_t begin, int64_t length) {
+        const std::string where =
+            section == kModel || section == kMaster ? section : optim_section(section);
+        if (!checkpoint.has(where, prefix + name)) return at::Tensor();
+        return checkpoint.read_range(where, prefix + name, begin, length);
+      };
+      int64_t step = 0;
+      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+        if (optimizer_models_[i] != static_cast<int>(m)) continue;
+        if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
+          step = saved->value("step", int64_t{0});
+        }
+      }
+      zero->load_shards(source, step);
     }
-    auto source = [&checkpoint](const std::string& section, const std::string& name,
-                                int64_t begin, int64_t length) {
-      const std::string where =
-          section == kModel || section == kMaster ? section : optim_section(section);
-      if (!checkpoint.has(where, name)) return at::Tensor();
-      return checkpoint.read_range(where, name, begin, length);
-    };
-    const int64_t step = meta.contains("optimizer") ? meta["optimizer"].value("step", int64_t{0})
-                                                    : int64_t{0};
-    zero_->load_shards(source, step);
-  }
-  for (const auto& [name, p] : params) {
-    if (sharded.count(name)) continue;
-    checkpoint.read_range_into(kModel, name, 0, p.detach());
-  }
-  for (const auto& [name, b] : unique_named_buffers(*model_)) {
-    std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
-    TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
-                     checkpoint.path(), name);
-    b.detach().copy_(saved->view(b.sizes()));
+    for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
+      if (sharded.count(name)) continue;
+      checkpoint.read_range_into(kModel, name, 0, p.detach());
+    }
+    for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
+      std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
+      TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
+                       checkpoint.path(), name);
+      b.detach().copy_(saved->view(b.sizes()));
+    }
   }
 }
 
-void Accelerator::restore_optimizer(const CheckpointReader& checkpoint) {
+void Accelerator::restore_optimizers(const CheckpointReader& checkpoint) {
   const nlohmann::json& meta = checkpoint.meta();
-  TANDEM_CHECK_ARG(meta.contains("optimizer"),
+  TANDEM_CHECK_ARG(saved_optimizer_count(meta) > 0,
                    "load_state: checkpoint '{}' has no optimizer state (the saving run prepared "
                    "none); pass load_optimizer_states = false to load the rest",
                    checkpoint.path());
-  const nlohmann::json& saved = meta["optimizer"];
-  auto& optimizer = *optimizer_;
-  const std::string type = detail::optimizer_type(optimizer);
-  if (saved.at("type").get<std::string>() != type) {
-    TANDEM_THROW(UsageError,
-                 "load_state: checkpoint '{}' holds {} state but this run's optimizer is {}; "
-                 "build the same optimizer type (or pass load_optimizer_states = false)",
-                 checkpoint.path(), saved.at("type").get<std::string>(), type);
-  }
-  if (zero_) return;  // restore_model() loaded the shards with the weights
+  TANDEM_CHECK_ARG(saved_optimizer_count(meta) == optimizers_.size(),
+                   "load_state: checkpoint '{}' holds {} optimizer(s) but this run prepared {}; "
+                   "prepare the same optimizers, in the same order, before load_state() (or "
+                   "pass load_optimizer_states = false)",
+                   checkpoint.path(), saved_optimizer_count(meta), optimizers_.size());
+  const TensorNames names = tensor_names();
   torch::NoGradGuard no_grad;
-  const MasterWeights* master = optimizer_->core_->master_weights();
-  const TensorNames names = optimizer_tensor_names(*model_, master);
-  if (master != nullptr) {
-    for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-      const at::Tensor& m = master->master_params()[i];
-      const at::Tensor& model_param = master->model_params()[i];
-      if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
-        const std::string& name = name_of(names, model_param, "load_state");
-        if (checkpoint.has(kMaster, name)) {
-          checkpoint.read_range_into(kMaster, name, 0, m.detach());
-        } else {
-          m.detach().copy_(model_param.detach().to(m.scalar_type()));
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    const nlohmann::json& saved = *saved_optimizer(meta, i);
+    auto& optimizer = *optimizers_[i];
+    const std::string type = detail::optimizer_type(optimizer);
+    if (saved.at("type").get<std::string>() != type) {
+      TANDEM_THROW(UsageError,
+                   "load_state: checkpoint '{}' holds {} state for optimizer {} but this run's "
+                   "is {}; build the same optimizer type (or pass load_optimizer_states = false)",
+                   checkpoint.path(), saved.at("type").get<std::string>(), i, type);
+    }
+    if (optimizer.core_->zero() != nullptr) continue;  // restore_models() loaded its shards
+    const MasterWeights* master = optimizer.core_->master_weights();
+    if (master != nullptr) {
+      for (std::size_t k = 0; k < master->model_params().size(); ++k) {
+        const at::Tensor& m = master->master_params()[k];
+        const at::Tensor& model_param = master->model_params()[k];
+        if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
+          const std::string& name = name_of(names, model_param, "load_state");
+          if (checkpoint.has(kMaster, name)) {
+            checkpoint.read_range_into(kMaster, name, 0, m.detach());
+          } else {
+            m.detach().copy_(model_param.detach().to(m.scalar_type()));
+          }
         }
       }
     }
-  }
-  const auto state_names = saved.value("state_names", std::vector<std::string>{});
-  const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
-  for (const auto& p : unique_optimizer_parameters(optimizer)) {
-    const std::string& name = name_of(names, p, "load_state");
-    detail::ParamState ps;
-    ps.step = steps.contains(name) ? steps[name].get<int64_t>()
-                                   : saved.value("step", int64_t{-1});
-    for (const auto& sname : state_names) {
-      if (checkpoint.has(optim_section(sname), name)) {
-        ps.tensors.emplace_back(
-            sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
+    const auto state_names = saved.value("state_names", std::vector<std::string>{});
+    const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
+    for (const auto& p : unique_optimizer_parameters(optimizer)) {
+      const std::string& name = name_of(names, p, "load_state");
+      detail::ParamState ps;
+      ps.step = steps.contains(name) ? steps[name].get<int64_t>()
+                                     : saved.value("step", int64_t{-1});
+      for (const auto& sname : state_names) {
+        if (checkpoint.has(optim_section(sname), name)) {
+          ps.tensors.emplace_back(
+              sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
+        }
       }
+      detail::set_param_state(optimizer, p, ps);
     }
-    detail::set_param_state(optimizer, p, ps);
   }
 }
 
@@ -370,6 +454,14 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
                    "prepare the same schedulers before load_state()",
                    checkpoint.path(), schedulers.size(), schedulers_.size());
   const int64_t optimizer_steps = meta.at("gradient_state").at("optimizer_steps").get<int64_t>();
+  // Each optimizer's real steps (one-optimizer checkpoints: the global count).
+  std::vector<int64_t> per_optimizer;
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    const nlohmann::json* saved = saved_optimizer(meta, i);
+    per_optimizer.push_back(saved != nullptr ? saved->value("real_steps", optimizer_steps)
+                                             : optimizer_steps);
+  }
+  controller_->restore(optimizer_steps, per_optimizer);
   for (std::size_t i = 0; i < schedulers_.size(); ++i) {
     auto& core = *schedulers_[i];
     const int64_t target = schedulers[i].at("steps").get<int64_t>();
@@ -388,15 +480,17 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
       }
     }
     core.steps = target;
-    core.seen_optimizer_steps = optimizer_steps;
+    core.seen_optimizer_steps = core.optimizer_steps();
   }
-  if (options.load_optimizer_states && optimizer_ && meta.contains("optimizer")) {
+  if (options.load_optimizer_states) {
     // After the scheduler replay, so the saved learning rates win.
-    detail::load_param_group_options(*optimizer_,
-                                     meta["optimizer"].at("param_groups"));
+    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+      if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
+        detail::load_param_group_options(*optimizers_[i], saved->at("param_groups"));
+      }
+    }
   }
   scaler_->load_state_dict(meta.at("scaler").get<std::map<std::string, double>>());
-  controller_->restore(optimizer_steps);
   if (train_cursor_ && meta.contains("loader")) {
     const nlohmann::json& l = meta["loader"];
     auto& c = *train_cursor_;
@@ -442,27 +536,38 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
 }
 
 nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
-  TANDEM_CHECK_ARG(model_ != nullptr,
+  TANDEM_CHECK_ARG(!models_.empty(),
                    "load_state: prepare the model (and optimizer, schedulers, data) first; "
                    "the checkpoint is loaded into the prepared objects");
   CheckpointReader checkpoint(dir, options.tag);
-  restore_model(checkpoint);
-  if (options.load_optimizer_states && optimizer_) restore_optimizer(checkpoint);
+  restore_models(checkpoint);
+  if (options.load_optimizer_states && !optimizers_.empty()) restore_optimizers(checkpoint);
   restore_progress(checkpoint, options);
   wait_for_everyone();
   return checkpoint.meta().value("client_state", nlohmann::json::object());
 }
 
 void Accelerator::save_model(const std::string& dir) {
-  TANDEM_CHECK_ARG(model_ != nullptr, "save_model: prepare the model first");
+  TANDEM_CHECK_ARG(!models_.empty(), "save_model: prepare the model first");
+  save_model_at(0, dir);
+}
+
+void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
+                             const std::string& dir) {
+  save_model_at(check_prepared(model, "save_model"), dir);
+}
+
+void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
+  torch::nn::Module& model = *models_[index].module;
+  const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero;
   const bool rank0 = is_main_process();
   std::vector<SafetensorsSpec> specs;
   std::unordered_map<std::string, bool> sharded;
   std::vector<std::pair<std::string, at::Tensor>> rest;
-  const auto params = parameters_by_name(*model_);
+  const auto params = parameters_by_name(model, "");
   std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
-  if (zero_) {
-    for (const auto& group : zero_->group_parameter_names()) {
+  if (zero) {
+    for (const auto& group : zero->group_parameter_names()) {
       for (const auto& name : group) {
         const at::Tensor& p = by_name.at(name);
         specs.push_back({name, p.scalar_type(), p.sizes().vec()});
@@ -473,7 +578,7 @@ void Accelerator::save_model(const std::string& dir) {
   for (const auto& [name, p] : params) {
     if (!sharded.count(name)) rest.emplace_back(name, p);
   }
-  for (auto& item : unique_named_buffers(*model_)) rest.push_back(item);
+  for (auto& item : unique_named_buffers(model)) rest.push_back(item);
   for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
 
   const std::string final_path = dir + "/model.safetensors";
@@ -493,9 +598,9 @@ void Accelerator::save_model(const std::string& dir) {
     detail::make_directories(dir);
     writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
   });
-  if (zero_) {
+  if (zero) {
     // Collective even after a rank-0 failure, so no rank is left waiting.
-    zero_->for_each_whole_parameter([&](const std::string& name, const at::Tensor& p) {
+    zero->for_each_whole_parameter([&](const std::string& name, const at::Tensor& p) {
       guarded([&] { writer->write(name, p); });
     });
   }

@@ -130,13 +130,19 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, ReduceOp op) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() const {
-  TANDEM_CHECK_ARG(model_ != nullptr, "get_state_dict: prepare a model first");
+  TANDEM_CHECK_ARG(!models_.empty(), "get_state_dict: prepare a model first");
+  return get_state_dict(models_.front().module);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict(
+    const std::shared_ptr<torch::nn::Module>& model) const {
+  check_prepared(model, "get_state_dict");
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> state;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
     state.emplace_back(item.key(), item.value().detach().cpu().clone());
   }
-  for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+  for (const auto& item : model->named_buffers(/*recurse=*/true)) {
     state.emplace_back(item.key(), item.value().detach().cpu().clone());
   }
   return state;

@@ -42,19 +42,21 @@ void Accelerator::install_shadow_hooks() {
   // alive, and the controller keeps the reducer alive.
   join_hooks_ = std::make_unique<detail::JoinHooks>();
   const std::weak_ptr<const detail::StepController> weak = controller_;
-  for (const auto& param : unique_parameters(*model_)) {
-    if (!param.requires_grad()) continue;
-    join_hooks_->hooks.push_back(
-        internals::add_grad_pre_hook(param, [weak](const at::Tensor& grad) {
-          const auto controller = weak.lock();
-          const bool shadow = controller != nullptr && controller->state().shadow_batch;
-          return shadow && grad.defined() ? at::zeros_like(grad) : grad;
-        }));
+  for (const auto& model : models_) {
+    for (const auto& param : unique_parameters(*model.module)) {
+      if (!param.requires_grad()) continue;
+      join_hooks_->hooks.push_back(
+          internals::add_grad_pre_hook(param, [weak](const at::Tensor& grad) {
+            const auto controller = weak.lock();
+            const bool shadow = controller != nullptr && controller->state().shadow_batch;
+            return shadow && grad.defined() ? at::zeros_like(grad) : grad;
+          }));
+    }
   }
 }
 
 double Accelerator::join_gradient_weight() {
-  TANDEM_CHECK_ARG(model_ != nullptr,
+  TANDEM_CHECK_ARG(!models_.empty(),
                    "Accelerator::backward in a joined pass: no model was prepared, so shadow "
                    "steps cannot be made to contribute zero gradient. Prepare the model "
                    "(prepare() or prepare_model()) before training under "

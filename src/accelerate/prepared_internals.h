@@ -70,6 +70,10 @@ class OptimizerCore {
   void sync_learning_rates(AcceleratedOptimizer& self);
 
   const StepController& controller() const { return *controller_; }
+  // This optimizer's id in the controller.
+  int id() const { return id_; }
+  // The optimizer the user passed (a scheduler may have been built over it).
+  const torch::optim::Optimizer& wrapped() const { return *wrapped_; }
   const MasterWeights* master_weights() const { return master_.get(); }
   ZeroOptimizer* zero() const { return zero_.get(); }
 
@@ -77,6 +81,7 @@ class OptimizerCore {
 
   std::shared_ptr<torch::optim::Optimizer> wrapped_;
   std::shared_ptr<StepController> controller_;
+  int id_ = 0;
   std::shared_ptr<LossScaler> scaler_;
   std::unique_ptr<MasterWeights> master_;
   double gradient_clipping_;
@@ -95,7 +100,9 @@ class OptimizerCore {
 // A prepared scheduler's wrapped object, kept alive here.
 struct SchedulerCore {
   std::shared_ptr<void> owned;                      // the scheduler
-  std::shared_ptr<AcceleratedOptimizer> optimizer;  // what it reads, kept alive
+  // What it reads, kept alive; its steps drive the scheduler's (null: none
+  // was prepared yet, and the Accelerator's step count drives it).
+  std::shared_ptr<AcceleratedOptimizer> optimizer;
   std::shared_ptr<const StepController> controller;
   std::function<void()> step_fn;
   // tandem::LRScheduler's state_dict()/load_state_dict(); empty for LibTorch
@@ -104,6 +111,9 @@ struct SchedulerCore {
   std::function<void(const std::map<std::string, double>&)> load_state_dict;
   int64_t seen_optimizer_steps = 0;
   int64_t steps = 0;
+
+  // The real steps of `optimizer` (of the Accelerator when it is null).
+  int64_t optimizer_steps() const;
 };
 
 // The Accelerator's join_uneven_inputs() gradient hooks, removed with it.

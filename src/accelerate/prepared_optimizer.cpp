@@ -108,6 +108,7 @@ OptimizerCore::OptimizerCore(Parts parts)
       group_(std::move(parts.group)),
       zero_(std::move(parts.zero)) {
   TANDEM_CHECK_ARG(wrapped_ != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
+  id_ = controller_->add_optimizer();
 }
 
 void OptimizerCore::adopt(AcceleratedOptimizer& self, bool sharded) {
@@ -196,7 +197,7 @@ void OptimizerCore::with_wrapped(AcceleratedOptimizer& self,
 void OptimizerCore::unscale_gradients(AcceleratedOptimizer& self) {
   if (unscaled_) return;
   const bool scaling = scaler_ != nullptr && scaler_->enabled();
-  TANDEM_CHECK_ARG(!scaling || controller_->state().micro_steps_since_step > 0,
+  TANDEM_CHECK_ARG(!scaling || controller_->micro_steps_since_step(id_) > 0,
                    "unscaling gradients: no backward ran since the last optimizer step, so "
                    "there is nothing to unscale (clip_grad_norm must come after "
                    "accelerator.backward(loss) and before optimizer->step())");
@@ -241,7 +242,7 @@ double OptimizerCore::clip(AcceleratedOptimizer& self, double max_norm, double n
   } else {
     norm = clip_gradients(self, max_norm, norm_type, nullptr);
   }
-  controller_->note_clipped();
+  controller_->note_clipped(id_);
   return norm;
 }
 
@@ -250,11 +251,11 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   check_wrapped(self);
   const GradientState& state = controller_->state();
   if (!state.sync_gradients) {
-    controller_->step_deferred();
+    controller_->step_deferred(id_);
     return {};
   }
   TANDEM_CHECK_ARG(
-      state.accumulation_steps == 1 || state.micro_steps_since_step > 0,
+      state.accumulation_steps == 1 || controller_->micro_steps_since_step(id_) > 0,
       "optimizer->step(): gradient_accumulation_steps is {} but no micro-step was begun since "
       "the last step, so tandem cannot tell which backward passes belong together. Call "
       "accelerator.backward(loss) instead of loss.backward(), or wrap the step in "
@@ -267,7 +268,7 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   struct EndStep {
     OptimizerCore* core;
     ~EndStep() {
-      core->controller_->end_step();
+      core->controller_->end_step(core->id_);
       core->unscaled_ = false;
       core->found_inf_ = false;
     }
@@ -276,7 +277,7 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   const bool skip = found_inf_;
   at::Tensor loss;
   if (!skip) {
-    if (gradient_clipping_ > 0 && !state.clipped_this_step) {
+    if (gradient_clipping_ > 0 && !controller_->optimizer(id_).clipped) {
       if (zero_ != nullptr) {
         zero_->clip_grad_norm(gradient_clipping_);
       } else {
@@ -291,7 +292,7 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
     if (master_) master_->copy_master_to_model();
   }
   // The step consumed the accumulated gradients (or discarded them).
-  controller_->optimizer_step(!skip);
+  controller_->optimizer_step(id_, !skip);
   // Last: a collapse error leaves the step already accounted for.
   if (scaler_ != nullptr) scaler_->update(skip);
   return loss;
@@ -299,7 +300,7 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
 
 void OptimizerCore::zero_grad(AcceleratedOptimizer& self) {
   check_wrapped(self);
-  if (controller_->state().gradients_pending) return;
+  if (!controller_->zero_grad(id_)) return;
   if (zero_ != nullptr) {
     zero_->zero_grad();
     return;
@@ -338,7 +339,7 @@ at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
 void AcceleratedOptimizer::zero_grad() { core_->zero_grad(*this); }
 
 bool AcceleratedOptimizer::step_was_skipped() const {
-  return core_->controller().state().last_step_skipped;
+  return core_->controller().optimizer(core_->id()).last_step_skipped;
 }
 
 void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const {
@@ -350,15 +351,20 @@ void AcceleratedOptimizer::load(torch::serialize::InputArchive& archive) {
   core_->with_wrapped(*this, [&](torch::optim::Optimizer& wrapped) { wrapped.load(archive); });
 }
 
+int64_t detail::SchedulerCore::optimizer_steps() const {
+  if (optimizer == nullptr) return controller->state().optimizer_steps;
+  return controller->optimizer(optimizer->core_->id()).steps;
+}
+
 AcceleratedScheduler::AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core)
     : core_(std::move(core)) {
-  core_->seen_optimizer_steps = core_->controller->state().optimizer_steps;
+  core_->seen_optimizer_steps = core_->optimizer_steps();
 }
 
 AcceleratedScheduler::~AcceleratedScheduler() = default;
 
 void AcceleratedScheduler::step() {
-  const int64_t steps = core_->controller->state().optimizer_steps;
+  const int64_t steps = core_->optimizer_steps();
   if (steps == core_->seen_optimizer_steps) return;
   core_->seen_optimizer_steps = steps;
   core_->step_fn();

@@ -1,5 +1,7 @@
 #include "accelerate/step_controller.h"
 
+#include <algorithm>
+
 #include "tandem/core/error.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/zero/zero_optimizer.h"
@@ -16,7 +18,21 @@ void StepController::set_accumulation_steps(int64_t steps) {
   state_.accumulation_steps = steps;
 }
 
+int StepController::add_optimizer() {
+  OptimizerRecord r;
+  r.begun_at_step = micro_steps_begun_;
+  r.steps = state_.optimizer_steps;  // one prepared after training began starts level
+  optimizers_.push_back(r);
+  return static_cast<int>(optimizers_.size()) - 1;
+}
+
+OptimizerRecord& StepController::record(int id) {
+  TANDEM_CHECK(id >= 0 && id < num_optimizers(), "StepController: no optimizer {}", id);
+  return optimizers_[static_cast<size_t>(id)];
+}
+
 void StepController::begin_micro_step() {
+  ++micro_steps_begun_;
   ++state_.micro_step;
   ++state_.micro_steps_since_step;
   // The last batch of a pass always synchronises, so an epoch whose length
@@ -25,8 +41,8 @@ void StepController::begin_micro_step() {
   state_.sync_gradients =
       state_.end_of_dataloader || state_.micro_step % state_.accumulation_steps == 0;
   if (state_.sync_gradients) state_.micro_step = 0;
-  if (ddp_ != nullptr) ddp_->set_gradient_sync(state_.sync_gradients);
-  if (zero_ != nullptr) zero_->set_gradient_sync(state_.sync_gradients);
+  for (const auto& ddp : ddps_) ddp->set_gradient_sync(state_.sync_gradients);
+  for (const auto& zero : zeros_) zero->set_gradient_sync(state_.sync_gradients);
 }
 
 bool StepController::enter_accumulate_guard() {
@@ -41,15 +57,43 @@ void StepController::before_backward() {
   if (!state_.in_accumulate_guard) begin_micro_step();
 }
 
-void StepController::optimizer_step(bool taken) {
-  if (taken) ++state_.optimizer_steps;
+void StepController::step_deferred(int id) {
+  OptimizerRecord& r = record(id);
+  r.deferred = true;
+  r.last_step_skipped = true;
+  state_.last_step_skipped = true;
+}
+
+void StepController::note_clipped(int id) {
+  record(id).clipped = true;
+  state_.clipped_this_step = true;
+}
+
+void StepController::optimizer_step(int id, bool taken) {
+  OptimizerRecord& r = record(id);
+  if (taken) ++r.steps;
+  r.last_step_skipped = !taken;
+  r.zeroed = false;
+  r.deferred = false;
+  r.begun_at_step = micro_steps_begun_;
+  // Accelerator::step(): the most steps any optimizer took (a GAN's two
+  // optimizers each step once per iteration).
+  state_.optimizer_steps = std::max(state_.optimizer_steps, r.steps);
   state_.last_step_skipped = !taken;
   state_.gradients_pending = false;
 }
 
-void StepController::end_step() {
+void StepController::end_step(int id) {
+  record(id).clipped = false;
   state_.micro_steps_since_step = 0;
   state_.clipped_this_step = false;
+}
+
+bool StepController::zero_grad(int id) {
+  OptimizerRecord& r = record(id);
+  if (r.zeroed || r.deferred) return false;
+  r.zeroed = true;
+  return true;
 }
 
 void StepController::clear_batch() {
@@ -85,7 +129,16 @@ void StepController::begin_join() {
   state_.join_requested = true;
 }
 
-void StepController::restore(int64_t optimizer_steps) {
+void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>& per_optimizer) {
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    OptimizerRecord& r = optimizers_[i];
+    r.steps = i < per_optimizer.size() ? per_optimizer[i] : optimizer_steps;
+    r.begun_at_step = micro_steps_begun_;
+    r.zeroed = false;
+    r.deferred = false;
+    r.clipped = false;
+    r.last_step_skipped = false;
+  }
   state_.optimizer_steps = optimizer_steps;
   state_.micro_step = 0;
   state_.micro_steps_since_step = 0;

@@ -8,10 +8,16 @@
 //                      micro-step: decides whether it synchronises gradients
 //                      and switches DDP / ZeRO stage 1 to match
 //   after_backward     gradients were added that no step has consumed
-//   optimizer_step     the prepared optimizer stepped (or skipped), ending
-//                      the step's flags
+//   optimizer_step     a prepared optimizer stepped (or skipped), ending
+//                      its step's flags
+//   zero_grad          a prepared optimizer asks whether to zero now
 //   next_batch         a prepared loader handed out a batch
 //   end_of_pass        a prepared loader finished its pass
+//
+// Several optimizers share one controller (GANs, actor-critic): the
+// micro-step schedule is common to all of them, and each optimizer has a
+// record of its own accumulation cycle (OptimizerRecord), addressed by the
+// id add_optimizer() gave it.
 //
 // Public code sees a read-only GradientState snapshot. Not thread-safe: the
 // training thread changes it; autograd hooks of the same backward read it.
@@ -42,6 +48,16 @@ struct BatchReport {
   int rank = 0;
 };
 
+// One prepared optimizer's accumulation cycle.
+struct OptimizerRecord {
+  int64_t steps = 0;           // real steps taken (skipped ones not counted)
+  int64_t begun_at_step = 0;   // micro_steps_begun() at its last step
+  bool zeroed = false;         // zero_grad() zeroed since its last real or skipped step
+  bool deferred = false;       // step() deferred (no sync) since its last real or skipped step
+  bool clipped = false;        // clip_grad_norm() ran for the pending step
+  bool last_step_skipped = false;
+};
+
 class StepController {
  public:
   explicit StepController(int64_t accumulation_steps = 1);
@@ -52,8 +68,18 @@ class StepController {
   void set_accumulation_steps(int64_t steps);
   // The wrapper whose gradient sync follows sync_gradients; shared, so a
   // micro-step begun through any handle reaches it while the handle lives.
-  void attach(std::shared_ptr<DistributedDataParallel> ddp) { ddp_ = std::move(ddp); }
-  void attach(std::shared_ptr<ZeroOptimizer> zero) { zero_ = std::move(zero); }
+  void attach(std::shared_ptr<DistributedDataParallel> ddp) { ddps_.push_back(std::move(ddp)); }
+  void attach(std::shared_ptr<ZeroOptimizer> zero) { zeros_.push_back(std::move(zero)); }
+  // A prepared optimizer joins; returns its id.
+  int add_optimizer();
+  const OptimizerRecord& optimizer(int id) const { return optimizers_.at(static_cast<size_t>(id)); }
+  int num_optimizers() const { return static_cast<int>(optimizers_.size()); }
+  // Micro-steps begun since the controller was made (never reset).
+  int64_t micro_steps_begun() const { return micro_steps_begun_; }
+  // Micro-steps begun since optimizer `id` last stepped.
+  int64_t micro_steps_since_step(int id) const {
+    return micro_steps_begun_ - optimizer(id).begun_at_step;
+  }
 
   // ---- Micro-steps ----
   // Begins a micro-step: the last batch of a pass, and every
@@ -68,15 +94,23 @@ class StepController {
   void before_backward();
   void after_backward() { state_.gradients_pending = true; }
 
-  // ---- Optimizer steps ----
+  // ---- Optimizer steps (per optimizer id) ----
   // step() on a micro-step that does not synchronise: nothing changes.
-  void step_deferred() { state_.last_step_skipped = true; }
-  void note_clipped() { state_.clipped_this_step = true; }
+  void step_deferred(int id);
+  void note_clipped(int id);
   // The synchronising step is over: `taken` when the update ran (false: an
   // overflow skipped it). The accumulated gradients are consumed either way.
-  void optimizer_step(bool taken);
+  void optimizer_step(int id, bool taken);
   // The per-step flags end (also when the step threw).
-  void end_step();
+  void end_step(int id);
+  // zero_grad() on optimizer `id`: true when it should zero now. It zeroes
+  // once per accumulation cycle: not again once it zeroed, and not after a
+  // deferred step() of this cycle (the gradients are partial sums), until
+  // its next synchronising step. So the call may sit at the top or the
+  // bottom of the loop body, and a second optimizer's zero_grad() clears its
+  // own stale gradients even after another optimizer's backward began the
+  // micro-step.
+  bool zero_grad(int id);
 
   // ---- Data ----
   void next_batch(BatchReport report);
@@ -85,15 +119,19 @@ class StepController {
   void end_join() { state_.join_requested = false; }
 
   // ---- Checkpoints ----
-  // load_state(): the step counter of the checkpoint, between steps.
-  void restore(int64_t optimizer_steps);
+  // load_state(): the step counters of the checkpoint (one per optimizer;
+  // missing ones take `optimizer_steps`), between steps.
+  void restore(int64_t optimizer_steps, const std::vector<int64_t>& per_optimizer = {});
 
  private:
   void clear_batch();
+  OptimizerRecord& record(int id);
 
   GradientState state_;
-  std::shared_ptr<DistributedDataParallel> ddp_;
-  std::shared_ptr<ZeroOptimizer> zero_;
+  int64_t micro_steps_begun_ = 0;
+  std::vector<OptimizerRecord> optimizers_;
+  std::vector<std::shared_ptr<DistributedDataParallel>> ddps_;
+  std::vector<std::shared_ptr<ZeroOptimizer>> zeros_;
 };
 
 }  // namespace detail

@@ -32,7 +32,8 @@ ZeroEngine::ZeroEngine(std::shared_ptr<torch::nn::Module> model,
       optimizer_(optimizer),
       pg_(std::move(pg)),
       options_(options),
-      rule_(update_rule_of(optimizer)) {
+      rule_(update_rule_of(optimizer)),
+      queue_(pg_.get()) {
   TANDEM_CHECK_ARG(model_ != nullptr && pg_ != nullptr, "ZeroOptimizer: model and process group "
                    "must not be null");
   TANDEM_CHECK_ARG(options_.stage >= 1 && options_.stage <= 3,

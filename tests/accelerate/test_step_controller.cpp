@@ -8,17 +8,19 @@
 namespace tandem::detail {
 namespace {
 
+// Micro-steps of a one-optimizer loop (optimizer id 0, added on first use).
 std::vector<bool> syncs_over(StepController& c, int micro_steps) {
+  if (c.num_optimizers() == 0) c.add_optimizer();
   std::vector<bool> out;
   for (int i = 0; i < micro_steps; ++i) {
     c.before_backward();
     c.after_backward();
     out.push_back(c.state().sync_gradients);
     if (c.state().sync_gradients) {
-      c.optimizer_step(/*taken=*/true);
-      c.end_step();
+      c.optimizer_step(0, /*taken=*/true);
+      c.end_step(0);
     } else {
-      c.step_deferred();
+      c.step_deferred(0);
     }
   }
   return out;
@@ -61,9 +63,10 @@ TEST(StepController, AGuardBeginsOneMicroStepForAnyNumberOfBackwards) {
 
 TEST(StepController, ASkippedStepConsumesTheGradientsButIsNotCounted) {
   StepController c(1);
+  const int opt = c.add_optimizer();
   c.before_backward();
   c.after_backward();
-  c.optimizer_step(/*taken=*/false);
+  c.optimizer_step(opt, /*taken=*/false);
   EXPECT_TRUE(c.state().last_step_skipped);
   EXPECT_FALSE(c.state().gradients_pending);
   EXPECT_EQ(c.state().optimizer_steps, 0);
@@ -86,14 +89,85 @@ TEST(StepController, AJoinedBatchCountsTheRanksWithData) {
 
 TEST(StepController, RestoreStartsBetweenSteps) {
   StepController c(4);
+  const int a = c.add_optimizer();
+  const int b = c.add_optimizer();
   c.before_backward();
   c.after_backward();
-  c.note_clipped();
-  c.restore(17);
+  c.note_clipped(a);
+  c.step_deferred(b);
+  c.restore(17, {17, 9});
   EXPECT_EQ(c.state().optimizer_steps, 17);
+  EXPECT_EQ(c.optimizer(a).steps, 17);
+  EXPECT_EQ(c.optimizer(b).steps, 9);
+  EXPECT_FALSE(c.optimizer(a).clipped);
+  EXPECT_FALSE(c.optimizer(b).deferred);
   EXPECT_EQ(c.state().micro_step, 0);
   EXPECT_FALSE(c.state().gradients_pending);
   EXPECT_FALSE(c.state().clipped_this_step);
+}
+
+TEST(StepController, ZeroGradZeroesOncePerCycleAtTheTopOrTheBottomOfTheLoop) {
+  // Top of the loop: zero, backward, step.
+  StepController top(2);
+  const int t = top.add_optimizer();
+  std::vector<bool> zeroed;
+  for (int i = 0; i < 4; ++i) {
+    zeroed.push_back(top.zero_grad(t));
+    top.before_backward();
+    top.after_backward();
+    if (top.state().sync_gradients) {
+      top.optimizer_step(t, true);
+      top.end_step(t);
+    } else {
+      top.step_deferred(t);
+    }
+  }
+  EXPECT_EQ(zeroed, (std::vector<bool>{true, false, true, false}));
+  // Bottom of the loop: backward, step, zero.
+  StepController bottom(2);
+  const int o = bottom.add_optimizer();
+  zeroed.clear();
+  for (int i = 0; i < 4; ++i) {
+    bottom.before_backward();
+    bottom.after_backward();
+    if (bottom.state().sync_gradients) {
+      bottom.optimizer_step(o, true);
+      bottom.end_step(o);
+    } else {
+      bottom.step_deferred(o);
+    }
+    zeroed.push_back(bottom.zero_grad(o));
+  }
+  EXPECT_EQ(zeroed, (std::vector<bool>{false, true, false, true}))
+      << "a deferred step's partial sums are kept";
+}
+
+TEST(StepController, EachOptimizerKeepsItsOwnCycle) {
+  // A GAN iteration under one accumulate() guard: the discriminator zeroes,
+  // backs up and steps, then the generator zeroes (its stale gradients from
+  // the last cycle must go although a backward already ran this micro-step).
+  StepController c(1);
+  const int d = c.add_optimizer();
+  const int g = c.add_optimizer();
+  for (int i = 0; i < 3; ++i) {
+    const bool outer = c.enter_accumulate_guard();
+    EXPECT_TRUE(c.zero_grad(d));
+    c.before_backward();
+    c.after_backward();
+    c.optimizer_step(d, true);
+    c.end_step(d);
+    EXPECT_TRUE(c.zero_grad(g));
+    c.before_backward();
+    c.after_backward();
+    EXPECT_EQ(c.micro_steps_since_step(g), 1) << "g has not stepped in this micro-step";
+    c.optimizer_step(g, true);
+    c.end_step(g);
+    c.leave_accumulate_guard(outer);
+  }
+  EXPECT_EQ(c.optimizer(d).steps, 3);
+  EXPECT_EQ(c.optimizer(g).steps, 3);
+  EXPECT_EQ(c.state().optimizer_steps, 3) << "step() counts iterations, not optimizers";
+  EXPECT_FALSE(c.state().gradients_pending);
 }
 
 TEST(StepController, OneJoinGuardAtATime) {

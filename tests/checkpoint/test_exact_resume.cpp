@@ -169,7 +169,7 @@ TEST(ExactResume, AnOptimizerTensorOutsideTheModelIsNamedOnSaveAndLoad) {
       ADD_FAILURE() << "load_state accepted an optimizer tensor outside the model";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("load_state: the optimizer holds a tensor of shape 3x7 "
-                                           "that is not a parameter of the prepared model"),
+                                           "that is not a parameter of a prepared model"),
                 std::string::npos)
           << e.what();
     }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
+#include "tandem/checkpoint/safetensors.h"
 
 namespace tandem {
 namespace {
@@ -263,6 +264,37 @@ TEST(Quickstart, ThePlainLoopAndItsAcceleratedFormBothLearn) {
   auto accelerated = run_process(launch(2, {bin("quickstart_accelerated")}), 120);
   ASSERT_EQ(accelerated.exit_code, 0) << accelerated.out << accelerated.err;
   EXPECT_NE(accelerated.out.find("[rank1]: final loss"), std::string::npos) << accelerated.out;
+}
+
+// Two models and two optimizers on one Accelerator: with the same global
+// batch, one rank and two save the same generator and discriminator.
+TEST(GanToy, OneRankAndTwoSaveTheSameParameters) {
+  TempDir dir;
+  std::map<int, nlohmann::json> results;
+  for (int world : {1, 2}) {
+    const std::string file = dir.path() + "/gan" + std::to_string(world) + ".safetensors";
+    auto r = run_process(launch(world, {bin("gan_toy"), "--steps", "150", "--seed", "3",
+                                        "--global-batch", "32", "--save", file}),
+                         180);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    results[world] = last_json_line(r.out);
+    EXPECT_EQ(results[world]["world"], world);
+    EXPECT_EQ(results[world]["steps"], 150);
+  }
+  SafetensorsReader one(dir.path() + "/gan1.safetensors");
+  SafetensorsReader two(dir.path() + "/gan2.safetensors");
+  ASSERT_EQ(one.entries().size(), two.entries().size());
+  int generator = 0, discriminator = 0;
+  for (const auto& entry : one.entries()) {
+    generator += entry.name.rfind("generator.", 0) == 0 ? 1 : 0;
+    discriminator += entry.name.rfind("discriminator.", 0) == 0 ? 1 : 0;
+    const auto a = one.read(entry.name);
+    const auto b = two.read(entry.name);
+    const double scale = a.abs().max().item<double>();
+    EXPECT_LE((a - b).abs().max().item<double>(), 1e-4 * scale) << entry.name;
+  }
+  EXPECT_EQ(generator, 6) << "fc1, fc2, out: weight and bias each";
+  EXPECT_EQ(discriminator, 6);
 }
 
 TEST(CnnSyncBatchNorm, TwoRanksLearnTheQuadrantTask) {

@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
@@ -43,7 +48,8 @@ std::string construct_error(ZeroOptions options, bool sharded_blocks,
 TEST(ZeroErrors, ErrorsOnTheCommThreadCarryTheOwningRank) {
   std::thread rank_thread([] {
     set_thread_rank_label(1, 3);
-    detail::CommQueue queue;
+    int group = 0;
+    detail::CommQueue queue(&group);
     auto done = queue.submit([] { TANDEM_THROW(CommError, "all-gather failed"); });
     try {
       done.get();
@@ -54,6 +60,40 @@ TEST(ZeroErrors, ErrorsOnTheCommThreadCarryTheOwningRank) {
     clear_thread_rank_label();
   });
   rank_thread.join();
+}
+
+// Two ZeRO optimizers over one process group (a GAN's players) queue on one
+// helper thread, so their collectives run in the order they were queued on
+// every rank; another group gets a thread of its own.
+TEST(ZeroErrors, QueuesOfOneGroupShareOneThreadInQueueOrder) {
+  int group = 0, other_group = 0;
+  detail::CommQueue a(&group);
+  detail::CommQueue b(&group);
+  detail::CommQueue c(&other_group);
+  std::mutex mutex;
+  std::vector<std::string> order;
+  std::vector<std::thread::id> threads;
+  auto task = [&](std::string name) {
+    return [&, name] {
+      std::lock_guard<std::mutex> lock(mutex);
+      order.push_back(name);
+      threads.push_back(std::this_thread::get_id());
+    };
+  };
+  for (int i = 0; i < 20; ++i) {
+    a.submit(task("a" + std::to_string(i)));
+    b.submit(task("b" + std::to_string(i)));
+  }
+  a.drain();
+  std::vector<std::string> expected;
+  for (int i = 0; i < 20; ++i) {
+    expected.push_back("a" + std::to_string(i));
+    expected.push_back("b" + std::to_string(i));
+  }
+  EXPECT_EQ(order, expected) << "a.drain() waits for b's tasks too, and they ran in queue order";
+  for (const auto& id : threads) EXPECT_EQ(id, threads.front());
+  c.submit(task("c")).get();
+  EXPECT_NE(threads.back(), threads.front()) << "another group runs on its own thread";
 }
 
 TEST(ZeroErrors, StageThreeWithoutShardedUnitsSaysHowToDeclareThem) {

@@ -17,6 +17,12 @@
 // or ZeRO stage 1-3 with its optimizer), shards the data, and hands back an optimizer and
 // loader that follow the accumulation rules (see tandem/accelerate/prepared.h).
 //
+// Several models, optimizers and schedulers (a GAN's two players, a frozen
+// encoder with a trained head, distillation) are prepared one by one, as in
+// Accelerate: each model gets its own DDP wrapper (or, under ZeRO, is
+// sharded with the optimizer over its parameters), they share one
+// micro-step schedule, and save_state()/load_state() cover them all.
+//
 // Every collective method (prepare, wait_for_everyone, gather, reduce, ...)
 // must be called by every rank in the same order. One training thread.
 //
@@ -31,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -169,7 +176,11 @@ class Accelerator {
   // Moves `model` to the device and wraps it (DDP: broadcast from rank 0,
   // hooks for overlapped bucketed all-reduce). The module object is the same
   // one afterwards, and so is the returned holder: keep calling
-  // model->forward(). Once per model.
+  // model->forward(). Once per model; any number of models (each its own
+  // DDP wrapper; under ZeRO each is sharded when the optimizer over its
+  // parameters is prepared, and a model no optimizer covers, such as a
+  // frozen one, stays whole, its parameters broadcast from rank 0).
+  // Checkpoints name model k >= 1's tensors "model_<k>." + module path.
   template <typename ModuleImpl>
   torch::nn::ModuleHolder<ModuleImpl> prepare_model(
       const torch::nn::ModuleHolder<ModuleImpl>& model) {
@@ -185,25 +196,33 @@ class Accelerator {
   // it; stepping `optimizer` itself afterwards is refused (UsageError). Call
   // it after prepare_model() and before the first step: when the model's
   // parameters are bf16/fp16 it replaces them in the param groups with fp32
-  // master copies (on the model's device). One optimizer per Accelerator: a
-  // second call throws UsageError.
+  // master copies (on the model's device). Any number of optimizers, over
+  // disjoint parameters (UsageError for a parameter another prepared
+  // optimizer holds). Under ZeRO an optimizer's parameters must all belong
+  // to one prepared model, which it shards.
   std::shared_ptr<AcceleratedOptimizer> prepare_optimizer(
       std::shared_ptr<torch::optim::Optimizer> optimizer);
 
   // Builds the optimizer that the config's `optimizer` block describes
   // (DeepSpeed's {"type": "AdamW", "params": {...}}; Adam, AdamW or SGD)
   // over the prepared model's parameters, and prepares it. `default_lr`
-  // stands in for a missing or "auto" lr. Call after prepare_model();
-  // UsageError without an optimizer block.
+  // stands in for a missing or "auto" lr. Call after prepare_model(), with
+  // one model prepared (or name the model); UsageError without an optimizer
+  // block.
   std::shared_ptr<AcceleratedOptimizer> prepare_optimizer_from_config(double default_lr = 0.0);
+  std::shared_ptr<AcceleratedOptimizer> prepare_optimizer_from_config(
+      const std::shared_ptr<torch::nn::Module>& model, double default_lr = 0.0);
 
-  // Wraps a scheduler (built over the prepared optimizer, or over the one
-  // passed to prepare_optimizer()) so that it steps once per real optimizer
-  // step. The result owns the scheduler and keeps the prepared optimizer
-  // alive.
+  // Wraps a scheduler (built over a prepared optimizer, or over the one
+  // passed to prepare_optimizer()) so that it steps once per real step of
+  // that optimizer. The result owns the scheduler and keeps the prepared
+  // optimizer alive. A tandem::LRScheduler names its optimizer; a LibTorch
+  // scheduler does not, so with several optimizers prepared pass the one it
+  // drives (UsageError otherwise).
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<LRScheduler> scheduler);
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(
-      std::shared_ptr<torch::optim::LRScheduler> scheduler);
+      std::shared_ptr<torch::optim::LRScheduler> scheduler,
+      std::shared_ptr<AcceleratedOptimizer> optimizer = nullptr);
   // Builds the config's `scheduler` block (DeepSpeed's WarmupLR, ...) over
   // `optimizer`, filling "auto" values: warmup_max_lr/cycle_max_lr from the
   // optimizer's lr, total_num_steps from `total_num_steps` (0: not known).
@@ -315,14 +334,15 @@ class Accelerator {
     std::shared_ptr<detail::StepController> controller_;
     bool outer_was_open_;
   };
-  // Begins a micro-step. `model` is the prepared model, as in Accelerate
-  // (UsageError for another one).
-  template <typename ModuleImpl>
-  [[nodiscard]] AccumulateGuard accumulate(const torch::nn::ModuleHolder<ModuleImpl>& model) {
-    return accumulate(std::static_pointer_cast<torch::nn::Module>(model.ptr()));
+  // Begins a micro-step. The models are prepared ones, as in Accelerate's
+  // accumulate(a, b) (UsageError for another one); one micro-step covers
+  // every backward inside the guard, whichever models it reaches (a GAN's
+  // discriminator and generator losses).
+  template <typename... Models>
+  [[nodiscard]] AccumulateGuard accumulate(const Models&... models) {
+    (check_prepared(module_of(models), "accumulate"), ...);
+    return AccumulateGuard(controller_);
   }
-  [[nodiscard]] AccumulateGuard accumulate(const std::shared_ptr<torch::nn::Module>& model);
-  [[nodiscard]] AccumulateGuard accumulate();
 
   // True when the current micro-step synchronises gradients (an optimizer
   // step will happen).
@@ -335,8 +355,11 @@ class Accelerator {
   // unscaled first (once per step), so the norm is the true one. On
   // micro-steps that do not synchronise it does nothing and returns NaN (the
   // gradients are partial sums); when the step overflowed it returns inf and
-  // the optimizer will skip the step.
+  // the optimizer will skip the step. With several optimizers, name the one
+  // whose parameters to clip (UsageError otherwise).
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  double clip_grad_norm(const std::shared_ptr<AcceleratedOptimizer>& optimizer, double max_norm,
+                        double norm_type = 2.0);
 
   // The loss scale of the next backward (1 without fp16 loss scaling), and
   // the optimizer steps skipped so far because gradients overflowed.
@@ -413,17 +436,22 @@ class Accelerator {
                                   double pad_index = 0, bool pad_first = false);
 
   // The bare module: its state dict has no wrapper prefix (no "module.").
-  std::shared_ptr<torch::nn::Module> unwrap_model() const { return model_; }
-  // The ZeRO optimizer behind the prepared optimizer when the config's
-  // zero_optimization.stage is 1-3 (after prepare_optimizer), else nullptr.
-  // Stage 3: wrap reads of the whole parameters in
-  // ZeroOptimizer::GatheredParameters.
-  const std::shared_ptr<ZeroOptimizer>& zero_optimizer() const { return zero_; }
-  // Parameters and buffers by module path, cloned to the CPU.
+  // The first prepared model (null before any).
+  std::shared_ptr<torch::nn::Module> unwrap_model() const;
+  // The ZeRO optimizer that shards the first prepared model (or `model`)
+  // when the config's zero_optimization.stage is 1-3 (after its optimizer
+  // was prepared), else nullptr. Stage 3: wrap reads of the whole
+  // parameters in ZeroOptimizer::GatheredParameters.
+  std::shared_ptr<ZeroOptimizer> zero_optimizer() const;
+  std::shared_ptr<ZeroOptimizer> zero_optimizer(const std::shared_ptr<torch::nn::Module>& model) const;
+  // Parameters and buffers by module path, cloned to the CPU: of the first
+  // prepared model, or of `model`.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict() const;
+  std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
+      const std::shared_ptr<torch::nn::Module>& model) const;
 
   // ---- Checkpoints ---------------------------------------------------------
-  // Saves everything needed to resume exactly: the model, the optimizer
+  // Saves everything needed to resume exactly: the models, the optimizers
   // (every ZeRO shard), the schedulers, the loss scaler, the training
   // loader's epoch and position, each rank's RNG states, the step counter
   // and `options.client_state`, as DIR/<tag> (safetensors + JSON, no
@@ -447,8 +475,14 @@ class Accelerator {
   // Writes the consolidated weights (parameters and buffers, keyed by
   // module path, in the model's dtype) to DIR/model.safetensors, from rank
   // 0. Streams one parameter (stage 3: one unit) at a time, so no rank ever
-  // holds a second copy of the model. Collective.
+  // holds a second copy of the model. The first prepared model, or `model`
+  // (Accelerate's save_model(model, dir)). Collective.
   void save_model(const std::string& dir);
+  void save_model(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir);
+  template <typename ModuleImpl>
+  void save_model(const torch::nn::ModuleHolder<ModuleImpl>& model, const std::string& dir) {
+    save_model(std::static_pointer_cast<torch::nn::Module>(model.ptr()), dir);
+  }
 
   // Seeds torch's CPU (and CUDA) generators with `seed`, or with
   // seed + process_index when `device_specific` (distinct dropout masks and
@@ -473,6 +507,28 @@ class Accelerator {
   void end_training();
 
  private:
+  // One prepared model and what its strategy wrapped it in.
+  struct PreparedModel {
+    std::shared_ptr<torch::nn::Module> module;
+    std::shared_ptr<DistributedDataParallel> ddp;  // DDP, world > 1
+    std::shared_ptr<ZeroOptimizer> zero;           // ZeRO, once its optimizer is prepared
+  };
+  template <typename ModuleImpl>
+  static std::shared_ptr<torch::nn::Module> module_of(
+      const torch::nn::ModuleHolder<ModuleImpl>& model) {
+    return std::static_pointer_cast<torch::nn::Module>(model.ptr());
+  }
+  template <typename ModuleImpl>
+  static std::shared_ptr<torch::nn::Module> module_of(const std::shared_ptr<ModuleImpl>& model) {
+    return std::static_pointer_cast<torch::nn::Module>(model);
+  }
+  // The index of the prepared `model`; UsageError naming `caller` otherwise.
+  std::size_t check_prepared(const std::shared_ptr<torch::nn::Module>& model,
+                             const char* caller) const;
+  // The prepared optimizer `caller` acts on when none is named.
+  AcceleratedOptimizer& only_optimizer(const char* caller) const;
+  void check_models_synchronised();
+  void save_model_at(std::size_t index, const std::string& dir);
   void init_state(const AcceleratorOptions& options);
   DistributedLoaderOptions data_options(DistributedLoaderOptions options);
   std::shared_ptr<PreparedLoader> wrap_loader(DistributedLoader loader);
@@ -480,10 +536,13 @@ class Accelerator {
   double join_gradient_weight();
   void resolve(int64_t micro_batch);
   // Checkpoints (accelerator_checkpoint.cpp).
+  // Every prepared model's parameters (and the optimizers' fp32 masters) by
+  // checkpoint name, keyed by TensorImpl.
+  std::unordered_map<const void*, std::string> tensor_names() const;
   nlohmann::json state_meta(const SaveStateOptions& options);
   std::vector<std::pair<std::string, at::Tensor>> state_tensors();
-  void restore_model(const CheckpointReader& checkpoint);
-  void restore_optimizer(const CheckpointReader& checkpoint);
+  void restore_models(const CheckpointReader& checkpoint);
+  void restore_optimizers(const CheckpointReader& checkpoint);
   void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
 
   Config file_config_;
@@ -497,11 +556,13 @@ class Accelerator {
   std::optional<DDPOptions> ddp_options_;
   bool training_data_prepared_ = false;
   std::shared_ptr<detail::StepController> controller_;
-  std::shared_ptr<torch::nn::Module> model_;
-  std::shared_ptr<DistributedDataParallel> ddp_;
-  std::shared_ptr<ZeroOptimizer> zero_;
+  std::vector<PreparedModel> models_;
   std::shared_ptr<LossScaler> scaler_;
-  std::shared_ptr<AcceleratedOptimizer> optimizer_;
+  std::vector<std::shared_ptr<AcceleratedOptimizer>> optimizers_;
+  // Per optimizer: the model it shards under ZeRO (index into models_), or
+  // -1 (DDP, one process).
+  std::vector<int> optimizer_models_;
+  bool models_checked_ = false;  // check_models_synchronised() ran
   std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
   std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;
   // The shadow-step gradient hooks, installed at the first joined backward

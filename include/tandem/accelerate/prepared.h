@@ -100,6 +100,7 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
  private:
   friend class Accelerator;
   friend class AcceleratedScheduler;
+  friend struct detail::SchedulerCore;
   AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
                        std::unique_ptr<detail::OptimizerCore> core, bool sharded);
 

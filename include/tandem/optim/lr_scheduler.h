@@ -68,6 +68,9 @@ class LRScheduler {
   // nothing, on missing or unknown keys, or values that are not valid.
   void load_state_dict(const std::map<std::string, double>& state);
 
+  // The optimizer whose learning rates it writes.
+  torch::optim::Optimizer& optimizer() const { return optimizer_; }
+
  protected:
   explicit LRScheduler(torch::optim::Optimizer& optimizer);
 
@@ -87,7 +90,6 @@ class LRScheduler {
   // optimizer. Each derived constructor calls it last.
   void write_to_optimizer();
 
-  torch::optim::Optimizer& optimizer() const { return optimizer_; }
   size_t num_groups() const { return num_groups_; }
 
  private:
