@@ -1,0 +1,87 @@
+// Accelerator::save_model: one prepared model's consolidated weights as one
+// safetensors file, streamed from the shards under ZeRO.
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+
+#include "checkpoint/checkpoint_fs.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/checkpoint/safetensors.h"
+#include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
+
+namespace tandem {
+
+void Accelerator::save_model(const std::string& dir) {
+  TANDEM_CHECK_ARG(!models_.empty(), "save_model: prepare the model first");
+  save_model_at(0, dir);
+}
+
+void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
+                             const std::string& dir) {
+  save_model_at(check_prepared(model, "save_model"), dir);
+}
+
+void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
+  torch::nn::Module& model = *models_[index].module;
+  const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero;
+  const bool rank0 = is_main_process();
+  std::vector<SafetensorsSpec> specs;
+  std::unordered_map<std::string, bool> sharded;
+  std::vector<std::pair<std::string, at::Tensor>> rest;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (auto& item : unique_named_parameters(model)) params.emplace_back(item.name, item.tensor);
+  std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
+  if (zero) {
+    for (const auto& group : zero->group_parameter_names()) {
+      for (const auto& name : group) {
+        const at::Tensor& p = by_name.at(name);
+        specs.push_back({name, p.scalar_type(), p.sizes().vec()});
+        sharded[name] = true;
+      }
+    }
+  }
+  for (const auto& [name, p] : params) {
+    if (!sharded.count(name)) rest.emplace_back(name, p);
+  }
+  for (auto& item : unique_named_buffers(model)) rest.push_back(item);
+  for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+
+  const std::string final_path = dir + "/model.safetensors";
+  const std::string tmp_path = dir + "/.model.safetensors.tmp";
+  std::string error;
+  std::unique_ptr<SafetensorsStreamWriter> writer;
+  auto guarded = [&](const std::function<void()>& fn) {
+    if (!rank0 || !error.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+      writer.reset();  // unlinks the partial file
+    }
+  };
+  guarded([&] {
+    detail::make_directories(dir);
+    writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
+  });
+  if (zero) {
+    // Collective even after a rank-0 failure, so no rank is left waiting.
+    zero->for_each_whole_parameter([&](const std::string& name, const at::Tensor& p) {
+      guarded([&] { writer->write(name, p); });
+    });
+  }
+  guarded([&] {
+    for (const auto& [name, t] : rest) writer->write(name, t);
+    writer->finish(/*sync=*/true);
+    writer.reset();
+    detail::rename_path(tmp_path, final_path);
+    detail::fsync_directory(dir);
+  });
+  const std::vector<std::string> errors = process_group_->all_gather_strings(error);
+  if (!errors[0].empty()) {
+    TANDEM_THROW(CheckpointError, "save_model('{}') failed on rank 0: {}", dir, errors[0]);
+  }
+}
+
+}  // namespace tandem
