@@ -3,8 +3,9 @@
 // around it (Checkpointed<ShardedImpl<Block>>): training ends with
 // bit-identical parameters to stage 3 without checkpointing, on 2 and 3
 // ranks, and a recomputed unit gathers no parameters that backward is done
-// with. Also: the memory saved on a deep model, measured with a counting CPU
-// allocator.
+// with. Also: end-of-backward callbacks queued inside a checkpoint's nested
+// backward run at the end of the whole backward, and the memory saved on a
+// deep model, measured with a counting CPU allocator.
 
 #include <gtest/gtest.h>
 
@@ -14,9 +15,11 @@
 #include <new>
 #include <unordered_map>
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include "core/torch_internals.h"
+#include "parallel/backward_callbacks.h"
 #include "support/thread_ranks.h"
 #include "tandem/parallel/activation_checkpoint.h"
 #include "zero/zero_test_models.h"
@@ -133,6 +136,36 @@ INSTANTIATE_TEST_SUITE_P(
                                                                          : "AroundUnit") +
              "World" + std::to_string(std::get<1>(info.param));
     });
+
+// --- End-of-backward callbacks ---------------------------------------------
+
+// What DDP's reducer and ZeRO rely on: a callback queued when the first
+// gradient arrives, inside a checkpointed block's nested backward, runs after
+// the gradients computed outside the block. Engine::queue_callback alone runs
+// it when the nested pass ends, before them (the second half shows it).
+TEST(ActivationCheckpointCallbacks, QueuedInsideTheNestedBackwardRunAtTheEndOfTheWhole) {
+  auto run = [](bool tandem_queue) {
+    std::vector<std::string> order;
+    auto v = torch::ones({3}).requires_grad_(true);  // used before the block
+    auto w = torch::ones({3}).requires_grad_(true);  // used inside it
+    v.register_hook([&](const torch::Tensor&) { order.push_back("grad outside the block"); });
+    w.register_hook([&](const torch::Tensor&) {
+      auto callback = [&] { order.push_back("end-of-backward callback"); };
+      if (tandem_queue) {
+        detail::queue_end_of_backward(callback);
+      } else {
+        torch::autograd::Engine::get_default_engine().queue_callback(callback);
+      }
+    });
+    auto h = torch::ones({3}) * v;
+    checkpoint([&](const torch::Tensor& x) { return (x * w).sum(); }, h).backward();
+    return order;
+  };
+  EXPECT_EQ(run(true),
+            (std::vector<std::string>{"grad outside the block", "end-of-backward callback"}));
+  EXPECT_EQ(run(false),
+            (std::vector<std::string>{"end-of-backward callback", "grad outside the block"}));
+}
 
 // --- Memory -----------------------------------------------------------------
 
