@@ -3,12 +3,16 @@
 // (causal self-attention, then a GELU MLP), a final LayerNorm and a linear
 // head. Plain LibTorch nn; each block is a tandem::Sharded unit, which is the
 // plain block unless the run uses ZeRO stage 3 (then each block's parameters
-// are gathered around its forward and backward, one block at a time).
+// are gathered around its forward and backward, one block at a time), and is
+// marked tandem::Checkpointed: with activation checkpointing switched on
+// (--activation-checkpointing, or the config's activation_checkpointing
+// block), a block keeps only its input for backward and runs again there.
 
 #include <cmath>
 
 #include <torch/torch.h>
 
+#include "tandem/parallel/activation_checkpoint.h"
 #include "tandem/zero/sharded.h"
 
 namespace gpt {
@@ -67,12 +71,15 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// A ZeRO-3 unit whose forward is checkpointed when switched on.
+using ShardedBlock = tandem::Sharded<tandem::CheckpointedImpl<BlockImpl>>;
+
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& c) : config(c) {
     tok = register_module("tok", torch::nn::Embedding(c.vocab_size, c.n_embd));
     pos = register_module("pos", torch::nn::Embedding(c.block_size, c.n_embd));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(tandem::Sharded<BlockImpl>(c));
+    for (int64_t i = 0; i < c.n_layer; ++i) blocks->push_back(ShardedBlock(c));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     head = register_module("head", torch::nn::Linear(c.n_embd, c.vocab_size));
     init_weights();
@@ -82,7 +89,7 @@ struct GptImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     auto positions = torch::arange(tokens.size(1), tokens.options());
     auto x = tok(tokens) + pos(positions);
-    for (auto& block : *blocks) x = block->as<tandem::ShardedImpl<BlockImpl>>()->forward(x);
+    for (auto& block : *blocks) x = block->as<ShardedBlock::ContainedType>()->forward(x);
     return head(ln_f(x));
   }
 

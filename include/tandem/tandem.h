@@ -17,6 +17,7 @@
 #include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/version.h"
+#include "tandem/parallel/activation_checkpoint.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/config/config.h"
 #include "tandem/data/distributed_loader.h"

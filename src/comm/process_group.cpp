@@ -89,8 +89,17 @@ CudaBackend parse_cuda_backend(const std::string& text) {
 
 // ---- construction -----------------------------------------------------------
 
-ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ProcessGroup::~ProcessGroup() = default;
+std::atomic<int>& detail::live_process_groups() {
+  static std::atomic<int> count{0};
+  return count;
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  if (!impl_->is_local()) detail::live_process_groups().fetch_add(1);
+}
+ProcessGroup::~ProcessGroup() {
+  if (!impl_->is_local()) detail::live_process_groups().fetch_sub(1);
+}
 
 std::shared_ptr<ProcessGroup> ProcessGroup::local() {
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::make_unique<Impl>()));

@@ -1,6 +1,7 @@
 #pragma once
 // Private state of tandem::ProcessGroup.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -79,5 +80,11 @@ struct ProcessGroup::Impl {
   void internal_all_reduce(at::Tensor& tensor, ReduceOp op, const Call& call);
   void check_desync(const detail::Fingerprint& mine, const Call& call);
 };
+
+namespace detail {
+// ProcessGroups of more than one rank alive in this process (their store,
+// Gloo and shared-memory threads run). spawn() refuses to fork while any is.
+std::atomic<int>& live_process_groups();
+}  // namespace detail
 
 }  // namespace tandem

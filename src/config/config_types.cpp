@@ -166,6 +166,7 @@ bool same_settings(const Config& a, const Config& b) {
          a.gradient_clipping == b.gradient_clipping && a.seed == b.seed && same(a.fp16, b.fp16) &&
          same(a.zero, b.zero) && same(a.optimizer, b.optimizer) &&
          same(a.scheduler, b.scheduler) && same(a.ddp, b.ddp) &&
+         a.activation_checkpointing.enabled == b.activation_checkpointing.enabled &&
          a.steps_per_print == b.steps_per_print && a.wall_clock_breakdown == b.wall_clock_breakdown;
 }
 

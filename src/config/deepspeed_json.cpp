@@ -13,7 +13,7 @@ namespace {
 // warning so that real configs load.
 const std::vector<std::string>& warned_top_level_keys() {
   static const std::vector<std::string> keys = {
-      "activation_checkpointing", "aio", "autotuning", "checkpoint", "comet",
+      "aio", "autotuning", "checkpoint", "comet",
       "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency",
       "data_types", "dataloader_drop_last", "disable_allgather", "dump_state",
       "flops_profiler", "gradient_predivide_factor", "hybrid_engine", "memory_breakdown",
@@ -160,7 +160,8 @@ void read_deepspeed_document(const Value& root, Config& config) {
     KeyTable keys{{"train_batch_size", "train_micro_batch_size_per_gpu",
                    "gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16",
                    "bfloat16", "zero_optimization", "gradient_clipping", "steps_per_print",
-                   "wall_clock_breakdown", "tensor_parallel", "sequence_parallel_size"},
+                   "wall_clock_breakdown", "tensor_parallel", "sequence_parallel_size",
+                   "activation_checkpointing"},
                   warned_top_level_keys(),
                   {},
                   {}};
@@ -187,6 +188,8 @@ void read_deepspeed_document(const Value& root, Config& config) {
       read_bf16(v, config, precision);
     } else if (key == "zero_optimization") {
       read_zero_optimization(v, config, Dialect::kDeepSpeed);
+    } else if (key == "activation_checkpointing") {
+      read_activation_checkpointing(v, config, Dialect::kDeepSpeed);
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);
     } else if (auto removed = removed_top_level_keys().find(key);

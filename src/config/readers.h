@@ -27,6 +27,10 @@ Config parse_deepspeed_text(const std::string& text, const std::string& name);
 bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig& scale);
 
 void read_zero_optimization(const Value& block, Config& config, Dialect dialect);
+// DeepSpeed's activation_checkpointing block: present (not null) turns it on;
+// tandem YAML also takes `enabled`. Sub-keys tandem does not implement warn
+// when set to true.
+void read_activation_checkpointing(const Value& block, Config& config, Dialect dialect);
 void read_optimizer(const Value& block, Config& config, Dialect dialect);
 void read_scheduler(const Value& block, Config& config);
 

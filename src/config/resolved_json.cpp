@@ -97,6 +97,7 @@ std::string resolved_config_json(const Config& c, int world_size) {
                 {"broadcast_buffers", c.ddp.broadcast_buffers},
                 {"comm_hook", c.ddp.comm_hook},
                 {"cache_cpu_allocations", c.ddp.cache_cpu_allocations}};
+  out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
   out["steps_per_print"] = c.steps_per_print;
   out["wall_clock_breakdown"] = c.wall_clock_breakdown;
   out["launch"] = {{"num_processes", or_null(c.num_processes)},

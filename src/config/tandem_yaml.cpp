@@ -60,7 +60,8 @@ void read_tandem_document(const Value& root, Config& config) {
        "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend", "same_network",
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "steps_per_print",
-       "wall_clock_breakdown", "fp16", "zero_optimization", "optimizer", "scheduler", "ddp"},
+       "wall_clock_breakdown", "fp16", "zero_optimization", "optimizer", "scheduler", "ddp",
+       "activation_checkpointing"},
       {},
       {},
       {}};
@@ -86,6 +87,8 @@ void read_tandem_document(const Value& root, Config& config) {
       read_scheduler(v, config);
     } else if (key == "ddp") {
       read_ddp(v, config.ddp);
+    } else if (key == "activation_checkpointing") {
+      read_activation_checkpointing(v, config, Dialect::kTandem);
     }
   }, precision_hint);
   check_launch_settings(config);

@@ -99,6 +99,10 @@ void write_training(Writer& w, const Config& c) {
   w.line(1, "consecutive_hysteresis", flag(c.fp16.consecutive_hysteresis));
   w.line(1, "min_loss_scale", fmt::format("{}", c.fp16.min_loss_scale));
   w.line(1, "deepspeed_semantics", flag(c.fp16.deepspeed_semantics));
+
+  w.comment("Checkpoint the blocks the program marks (tandem::Checkpointed).");
+  w.line(0, "activation_checkpointing", "");
+  w.line(1, "enabled", flag(c.activation_checkpointing.enabled));
 }
 
 void write_zero(Writer& w, const Config& c) {

@@ -1,11 +1,13 @@
 #include "tandem/data/distributed_loader.h"
 
 #include <algorithm>
+#include <exception>
+#include <string>
 #include <utility>
 
 #include <c10/util/StringUtil.h>
 
-#include "data/batch_prefetcher.h"
+#include "data/batch_workers.h"
 #include "tandem/comm/process_group.h"
 
 namespace tandem {
@@ -46,6 +48,17 @@ DistributedLoader::Fetch tensor_fetch(std::vector<at::Tensor> tensors) {
   };
 }
 
+DistributedSampler make_sampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
+                                const DistributedLoaderOptions& options) {
+  DistributedSampler sampler(dataset_size, num_replicas, rank, options.shuffle, options.seed,
+                             options.sampler_drop_last);
+  if (!options.sample_lengths.empty()) {
+    sampler.bucket_by_length(options.sample_lengths, options.batch_size,
+                             options.bucket_pool_batches);
+  }
+  return sampler;
+}
+
 }  // namespace
 
 struct DistributedLoader::Impl {
@@ -74,8 +87,9 @@ struct DistributedLoader::Impl {
     return indices;
   }
 
-  // Runs on the prefetch thread when there is one: reads only order_, which
-  // is fixed while a pass (and so the thread) is alive.
+  // Runs on the worker threads when there are some, concurrently for
+  // different b: reads only order_, fixed while a pass (and so its workers)
+  // is alive.
   Batch prepare(int64_t b) const {
     const int64_t begin = b * options_.batch_size;
     const int64_t end = std::min(begin + options_.batch_size, num_samples_);
@@ -89,8 +103,8 @@ struct DistributedLoader::Impl {
   }
 
   // Runs on the consumer's thread: a copy issued here is ordered on the
-  // stream the consumer will use the batch on. Issued from the prefetch
-  // thread it would go to that thread's current stream, and a non_blocking
+  // stream the consumer will use the batch on. Issued from a worker thread
+  // it would go to that thread's current stream, and a non_blocking
   // copy could still be in flight when the consumer's kernels read it.
   Batch deliver(Batch batch) const {
     const bool non_blocking = options_.non_blocking && options_.device.is_cuda();
@@ -107,15 +121,50 @@ struct DistributedLoader::Impl {
     pending_skip_ = 0;
     active_ = true;
     ++pass_;
-    if (options_.prefetch > 0 && next_batch_ < num_batches_) {
-      prefetcher_ = std::make_unique<detail::BatchPrefetcher>(
-          [this](int64_t b) { return prepare(b); }, next_batch_, num_batches_, options_.prefetch);
-    }
+    if (next_batch_ >= num_batches_) return;
+    // prefetch = k is one worker with k finished batches waiting.
+    const int64_t threads = options_.num_workers > 0 ? options_.num_workers
+                            : options_.prefetch > 0  ? 1
+                                                     : 0;
+    if (threads == 0) return;
+    const int64_t in_flight = options_.num_workers > 0
+                                  ? options_.num_workers * options_.prefetch_factor
+                                  : options_.prefetch + 1;
+    workers_ = std::make_unique<detail::BatchWorkers>(
+        [this](int64_t b) { return prepare(b); }, next_batch_, num_batches_, threads, in_flight);
   }
 
   void end_pass() {
-    prefetcher_.reset();  // joins the thread before order_ may change
+    workers_.reset();  // joins the threads before order_ may change
     active_ = false;
+  }
+
+  // What the fetch threw for batch b, with where it happened; the original
+  // stays reachable through std::rethrow_if_nested.
+  [[noreturn]] void rethrow_fetch_error(std::exception_ptr error, int64_t b,
+                                        const char* where) const {
+    const int64_t begin = b * options_.batch_size;
+    const int64_t end = std::min(begin + options_.batch_size, num_samples_);
+    std::string what;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "an exception that is not a std::exception";
+    }
+    const std::string message = fmt::format(
+        "DistributedLoader: the fetch failed on batch {} of epoch {} ({}; samples {}..{} of "
+        "this rank's list, dataset indices starting {}): {}. The pass has ended; the next "
+        "next() starts a new one. The original exception is nested "
+        "(std::rethrow_if_nested).",
+        b, sampler_.epoch(), where, begin, end - 1,
+        order_.empty() ? -1 : order_[static_cast<size_t>(begin)], what);
+    try {
+      std::rethrow_exception(error);
+    } catch (...) {
+      std::throw_with_nested(Error(detail::decorate_error(message, __FILE__, __LINE__)));
+    }
   }
 
   std::optional<Batch> next() {
@@ -125,11 +174,21 @@ struct DistributedLoader::Impl {
       return std::nullopt;
     }
     Batch batch;
-    try {
-      batch = prefetcher_ ? prefetcher_->pop() : prepare(next_batch_);
-    } catch (...) {
-      end_pass();
-      throw;
+    if (workers_) {
+      detail::BatchWorkers::Result result = workers_->pop();
+      if (result.error) {
+        end_pass();
+        rethrow_fetch_error(result.error, next_batch_,
+                            fmt::format("worker {}", result.worker).c_str());
+      }
+      batch = std::move(result.batch);
+    } else {
+      try {
+        batch = prepare(next_batch_);
+      } catch (...) {
+        end_pass();
+        rethrow_fetch_error(std::current_exception(), next_batch_, "on the calling thread");
+      }
     }
     ++next_batch_;
     return deliver(std::move(batch));
@@ -147,7 +206,7 @@ struct DistributedLoader::Impl {
   uint64_t pass_ = 0;
   std::vector<int64_t> order_;
   int64_t next_batch_ = 0;
-  std::unique_ptr<detail::BatchPrefetcher> prefetcher_;
+  std::unique_ptr<detail::BatchWorkers> workers_;
 };
 
 DistributedLoader::DistributedLoader(std::vector<at::Tensor> tensors, int64_t num_replicas,
@@ -166,16 +225,15 @@ DistributedLoader::DistributedLoader(std::vector<at::Tensor> tensors, ProcessGro
 DistributedLoader::DistributedLoader(Fetch fetch, int64_t dataset_size, int64_t num_replicas,
                                      int64_t rank, DistributedLoaderOptions options) {
   validate(options);
-  DistributedSampler sampler(dataset_size, num_replicas, rank, options.shuffle, options.seed,
-                             options.sampler_drop_last);
+  DistributedSampler sampler = make_sampler(dataset_size, num_replicas, rank, options);
   impl_ = std::make_unique<Impl>(std::move(fetch), std::move(sampler), std::move(options));
 }
 
 DistributedLoader::DistributedLoader(Fetch fetch, int64_t dataset_size, ProcessGroup& pg,
                                      DistributedLoaderOptions options) {
   validate(options);
-  DistributedSampler sampler(pg, dataset_size, options.shuffle, options.seed,
-                             options.sampler_drop_last);
+  DistributedSampler sampler = make_sampler(dataset_size, pg.world_size(), pg.rank(), options);
+  sampler.check_same_on_every_rank(pg);
   impl_ = std::make_unique<Impl>(std::move(fetch), std::move(sampler), std::move(options));
 }
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include "core/torch_internals.h"
+#include "parallel/backward_callbacks.h"
 #include "parallel/bucket_assignment.h"
 #include "parallel/flat_grad.h"
 #include "tandem/core/error.h"
@@ -122,7 +122,9 @@ void Reducer::begin_backward() {
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& bucket : buckets_) bucket.pending = bucket.members.size();
   next_to_launch_ = 0;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  // Not Engine::queue_callback: inside a checkpointed block's nested backward
+  // that would finalize when the block's backward ends, not the model's.
+  queue_end_of_backward([this] { finalize_backward(); });
 }
 
 void Reducer::launch_ready_buckets() {

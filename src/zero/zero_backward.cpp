@@ -4,9 +4,9 @@
 // shard, all on the communication thread while backward goes on.
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include "core/torch_internals.h"
+#include "parallel/backward_callbacks.h"
 #include "parallel/flat_grad.h"
 #include "tandem/core/error.h"
 #include "zero/zero_engine.h"
@@ -52,7 +52,9 @@ void ZeroEngine::begin_backward() {
     group.prepared = false;
   }
   next_to_launch_ = 0;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  // Not Engine::queue_callback: inside a checkpointed block's nested backward
+  // that would finalize when the block's backward ends, not the model's.
+  queue_end_of_backward([this] { finalize_backward(); });
 }
 
 void ZeroEngine::adopt_grad(std::size_t index) {

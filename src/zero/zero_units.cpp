@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/torch_internals.h"
+#include "parallel/backward_callbacks.h"
 #include "tandem/core/error.h"
 #include "zero/zero_engine.h"
 
@@ -48,7 +49,9 @@ void ZeroEngine::unit_before_forward(std::size_t index) {
     forward_order_.push_back(index);
   }
   gather(groups_[index], /*wait=*/true);
-  if (options_.prefetch) {
+  // A checkpointed unit runs its forward again inside backward: the unit
+  // after it is done, and must not be gathered again.
+  if (options_.prefetch && !recomputing_checkpoint()) {
     const int next = neighbour_in_forward_order(index, +1);
     if (next >= 0) gather(groups_[static_cast<std::size_t>(next)], /*wait=*/false);
   }
@@ -56,7 +59,9 @@ void ZeroEngine::unit_before_forward(std::size_t index) {
 
 at::Tensor ZeroEngine::unit_after_forward(std::size_t index, at::Tensor output) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (!hold_gathered_) release(groups_[index]);
+  // A recomputed unit's backward follows at once and needs the parameters:
+  // releasing now would only gather them again.
+  if (!hold_gathered_ && !recomputing_checkpoint()) release(groups_[index]);
   if (torch::autograd::GradMode::is_enabled() && output.requires_grad()) {
     // Fires once the gradient of the unit's output is complete, i.e. just
     // before autograd runs the unit's own backward.

@@ -90,7 +90,8 @@ TEST(DeepSpeedJson, ReadsZeroStage3WithParamOffloadOneCycleBf16AndComments) {
   // One line per recognised key that does nothing yet, naming it.
   ASSERT_EQ(c.warnings.size(), 4u);
   EXPECT_TRUE(contains(c.warnings[0], "'zero_optimization.offload_param.buffer_count'"));
-  EXPECT_TRUE(contains(c.warnings[1], "'activation_checkpointing'"));
+  EXPECT_TRUE(c.activation_checkpointing.enabled);
+  EXPECT_TRUE(contains(c.warnings[1], "'activation_checkpointing.partition_activations'"));
   EXPECT_TRUE(contains(c.warnings[2], "'tensorboard'"));
   EXPECT_TRUE(contains(c.warnings[3], "'zero_allow_untested_optimizer'"));
 }

@@ -55,6 +55,7 @@ Config unusual_config() {
                         {"cycle_momentum", 0.0}};
   c.scheduler.auto_params = {"cycle_max_lr"};
   c.ddp = {12.5, 0.5, true, false, "bf16", true};
+  c.activation_checkpointing.enabled = true;
   c.steps_per_print = 3;
   c.wall_clock_breakdown = true;
   return c;

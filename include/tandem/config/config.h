@@ -115,6 +115,18 @@ struct DdpConfig {
   bool cache_cpu_allocations = false;  // DDPOptions::cache_cpu_allocations
 };
 
+// DeepSpeed's activation_checkpointing block. The block being present turns
+// checkpointing on for the blocks the program marked with
+// tandem::Checkpointed<Impl> (tandem/parallel/activation_checkpoint.h;
+// apply_activation_checkpointing() does it). Its sub-keys are accepted, and
+// those that would change something in DeepSpeed (partition_activations,
+// cpu_checkpointing, contiguous_memory_optimization,
+// synchronize_checkpoint_boundary, profile set to true) add a warning:
+// tandem does not implement them.
+struct ActivationCheckpointingConfig {
+  bool enabled = false;
+};
+
 struct Config {
   ConfigFormat format = ConfigFormat::kDefaults;
   std::string source_path;  // the file read; empty for defaults
@@ -144,6 +156,7 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   DdpConfig ddp;
+  ActivationCheckpointingConfig activation_checkpointing;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
 

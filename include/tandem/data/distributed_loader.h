@@ -17,9 +17,19 @@
 // or, one batch at a time, `while (auto batch = loader.next()) ...`.
 // Resuming mid-epoch: set_epoch(e); skip_first_batches(i); then iterate.
 //
-// Thread-safety: use a loader from one thread at a time. With prefetch > 0
-// the loader runs the fetch (and so the dataset's get()) on its own
-// background thread, one batch at a time, never concurrently with itself.
+// Workers (DistributedLoaderOptions::num_workers = W > 0): W threads
+// assemble batches ahead of the consumer, at most W * prefetch_factor in
+// flight, and next() yields them strictly in order, so the batches are the
+// same for every W (and resuming with skip_first_batches() stays exact).
+// The fetch then runs concurrently with itself on different batches: it
+// must be thread-safe, and any randomness in it should come from the
+// sample index (a torch::Generator seeded per index), not from a shared
+// generator, or the values depend on the threads' timing.
+//
+// Thread-safety: use a loader from one thread at a time. With workers (or
+// prefetch > 0) the loader runs the fetch (and so the dataset's get()) on
+// its own threads; they are joined whenever a pass ends (set_epoch(),
+// skip_first_batches(), a new begin(), an error, the destructor).
 
 #include <cstdint>
 #include <functional>
@@ -47,7 +57,9 @@ class DistributedLoader {
   // One tensor per field (e.g. {inputs, labels}), each with batch rows in dim 0.
   using Batch = std::vector<at::Tensor>;
   // Assembles the samples at dataset positions `indices` (in that order, never
-  // empty) into one batch. Called from the prefetch thread when prefetch > 0.
+  // empty) into one batch. Called from the worker threads when there are
+  // some, concurrently for different batches. collate_fetch()
+  // (tandem/data/collate.h) builds one from a per-sample get and a collate.
   using Fetch = std::function<Batch(const std::vector<int64_t>& indices)>;
 
   // Over `tensors` that share dim 0 (sample i is row i of each), like
@@ -70,7 +82,9 @@ class DistributedLoader {
   DistributedLoader(Fetch fetch, int64_t dataset_size, ProcessGroup& pg,
                     DistributedLoaderOptions options = {});
 
-  // Stops and joins the prefetch thread, if any. Never throws.
+  // Stops and joins the worker threads, if any: they finish the batches
+  // they are assembling (a fetch cannot be interrupted), drop the rest.
+  // Never throws.
   ~DistributedLoader();
   DistributedLoader(DistributedLoader&&) noexcept;
   DistributedLoader& operator=(DistributedLoader&&) noexcept;
@@ -103,7 +117,10 @@ class DistributedLoader {
 
   // The next batch of the pass in progress, starting a pass when none is; an
   // empty optional ends the pass, and the call after it starts the next one.
-  // Rethrows what the fetch threw (the pass then ends).
+  // When the fetch threw for this batch (on a worker or here), throws
+  // tandem::Error naming the batch, the epoch, the thread and the samples,
+  // with the fetch's exception nested (std::rethrow_if_nested); the pass
+  // then ends, and later batches are not yielded.
   std::optional<Batch> next();
 
   // This rank's sample indices for the current epoch in batch order, before
@@ -196,7 +213,8 @@ std::pair<DistributedLoader::Fetch, int64_t> dataset_fetch(Dataset dataset) {
 // Example<Tensor, NoTarget> (e.g. a torch::data::datasets::Dataset subclass
 // or torch::data::datasets::MNIST). The dataset is moved into the loader.
 // Each batch is {stack(data)[, stack(target)]}, as default_collate stacks.
-// get() runs on the prefetch thread when prefetch > 0.
+// get() runs on the worker threads when there are some (concurrently: it
+// must be thread-safe, as for LibTorch's own loader with workers).
 template <typename Dataset>
 DistributedLoader make_distributed_loader(Dataset dataset, int64_t num_replicas, int64_t rank,
                                           DistributedLoaderOptions options = {}) {

@@ -41,8 +41,30 @@ class DistributedSampler {
                      bool drop_last = false);
 
   // This rank's indices for the current epoch, num_samples() of them, each in
-  // [0, dataset_size). Deterministic in (constructor arguments, epoch()).
+  // [0, dataset_size). Deterministic in (constructor arguments, epoch(),
+  // bucketing).
   std::vector<int64_t> indices() const;
+
+  // Turns on length bucketing (see DistributedLoaderOptions::sample_lengths):
+  // before padding and sharding, the epoch's order is cut into pools of
+  // `pool_batches` global batches of batch_size * num_replicas() samples,
+  // each pool sorted by `lengths` (longest first, ties in order), and the
+  // full global batches are shuffled as blocks when shuffle() is on; a short
+  // last block stays last. Rank r then takes positions r, r + R, ... as
+  // without bucketing, so global batch k (this rank's entries
+  // [k * batch_size, (k + 1) * batch_size)) is one block on every rank.
+  // No longer PyTorch's order. Throws UsageError when lengths.size() !=
+  // dataset_size(), a length is negative, or batch_size or pool_batches < 1.
+  // Not a collective; call check_same_on_every_rank() afterwards over a
+  // process group.
+  void bucket_by_length(std::vector<int64_t> lengths, int64_t batch_size, int64_t pool_batches);
+  bool bucketed() const { return bucket_batch_size_ > 0; }
+
+  // A collective over `pg`, whose world and rank must be this sampler's:
+  // throws UsageError on every rank, naming the first rank that differs,
+  // when ranks disagree on dataset_size, shuffle, seed, drop_last or the
+  // bucketing (lengths, batch size, pool). One all-gather.
+  void check_same_on_every_rank(ProcessGroup& pg) const;
 
   // Indices per rank and epoch: ceil(n / replicas), or floor(n / replicas)
   // with drop_last.
@@ -72,7 +94,20 @@ class DistributedSampler {
   bool drop_last_;
   int64_t num_samples_;
   int64_t epoch_ = 0;
+  // Length bucketing, off while bucket_batch_size_ == 0.
+  std::vector<int64_t> lengths_;
+  int64_t bucket_batch_size_ = 0;
+  int64_t bucket_pool_batches_ = 0;
 };
+
+// Bucketing's reordering (DistributedSampler::bucket_by_length), exposed for
+// tests: `order` (a permutation of [0, lengths.size())) cut into pools of
+// pool_batches * block entries, each sorted by length descending (stable),
+// then the full blocks of `block` entries shuffled with `shuffle_seed` when
+// `shuffle`. Thread-safe.
+std::vector<int64_t> bucket_order(const std::vector<int64_t>& order,
+                                  const std::vector<int64_t>& lengths, int64_t block,
+                                  int64_t pool_batches, bool shuffle, uint64_t shuffle_seed);
 
 // torch.randperm(n, generator=g) after g.manual_seed(seed), on the CPU.
 // Exposed so that tests can pin the permutation itself. Thread-safe.

@@ -6,6 +6,7 @@
 // on every rank.
 
 #include <cstdint>
+#include <vector>
 
 #include <c10/core/Device.h>
 
@@ -46,14 +47,46 @@ struct DistributedLoaderOptions {
   // the dataset's tensors live) and moved with Tensor::to(device).
   c10::Device device = c10::Device(c10::kCPU);
   // Only for CUDA devices; ignored otherwise. pin_memory copies each batch
-  // into page-locked memory first (on the prefetch thread when prefetch > 0),
-  // which non_blocking needs for the copy to overlap with compute.
+  // into page-locked memory first (on the worker thread that assembled it,
+  // when there are workers), which non_blocking needs for the copy to
+  // overlap with compute. The upload itself runs on the consumer's thread,
+  // on its current stream.
   bool pin_memory = false;
   bool non_blocking = false;
 
-  // Batches prepared ahead of the consumer on one background thread.
-  // 0: batches are fetched synchronously inside next().
+  // Worker threads that assemble batches ahead of the consumer, as
+  // DataLoader's num_workers (threads here, not processes: the fetch, and so
+  // a dataset's get(), must be safe to call from several threads at once).
+  // 0: batches are assembled on the consumer's thread inside next() (or on
+  // one background thread with `prefetch`, below). Workers assemble batches
+  // out of order, but the loader yields them strictly in order: the batches
+  // are the same for every num_workers, so a resumed run stays exact.
+  int64_t num_workers = 0;
+  // With num_workers > 0: at most num_workers * prefetch_factor batches are
+  // in flight (being assembled, or finished and waiting for next()), as
+  // DataLoader's prefetch_factor. Must be >= 1.
+  int64_t prefetch_factor = 2;
+
+  // The one-thread form kept from before num_workers: `prefetch` = k > 0
+  // assembles batches on one background thread with up to k finished
+  // batches waiting (k + 1 in flight). Use either this or num_workers, not
+  // both. 0: off.
   int64_t prefetch = 0;
+
+  // Length bucketing (off when empty): sample_lengths[i] is sample i's
+  // length (e.g. its token count), one entry per dataset sample, >= 0.
+  // Each epoch's order (shuffled or not) is cut into pools of
+  // bucket_pool_batches global batches (batch_size * world_size samples);
+  // each pool is sorted by length, longest first, and cut into global
+  // batches, whose order is then shuffled (when shuffle is on). So every
+  // step's batches, on every rank, hold samples of similar length: less
+  // padding with pad_collate. Deterministic in (seed, epoch, lengths), the
+  // same on every rank, and each rank still gets a disjoint share of the
+  // same size; padding and drop_last work as without bucketing (padding
+  // repeats the start of the bucketed order, so the last global batch may
+  // mix lengths). Must be the same on every rank.
+  std::vector<int64_t> sample_lengths;
+  int64_t bucket_pool_batches = 50;
 };
 
 // Throws UsageError naming the first bad field and how to fix it.
