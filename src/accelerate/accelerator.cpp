@@ -24,6 +24,7 @@
 #include "tandem/optim/optimizer_factory.h"
 #include "tandem/core/logging.h"
 #include "tandem/optim/lr_scheduler.h"
+#include "tandem/parallel/activation_checkpoint.h"
 
 namespace tandem {
 
@@ -177,6 +178,7 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   // In place: parameters keep their identity, so an optimizer built before
   // prepare() still holds the right tensors.
   model->to(device_);
+  apply_activation_checkpointing(*model, config_.activation_checkpointing);
   PreparedModel prepared;
   prepared.module = model;
   // One process has nothing to synchronise (as Accelerate, which does not

@@ -57,7 +57,9 @@
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/loss_scaler.h"
+#include "tandem/comm/objects.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/comm/split.h"
 #include "tandem/config/config.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/data/distributed_loader.h"
@@ -176,7 +178,9 @@ class Accelerator {
   // Moves `model` to the device and wraps it (DDP: broadcast from rank 0,
   // hooks for overlapped bucketed all-reduce). The module object is the same
   // one afterwards, and so is the returned holder: keep calling
-  // model->forward(). Once per model; any number of models (each its own
+  // model->forward(). With the config's activation_checkpointing block, its
+  // tandem::Checkpointed blocks are switched on. Once per model; any number
+  // of models (each its own
   // DDP wrapper; under ZeRO each is sharded when the optimizer over its
   // parameters is prepared, and a model no optimizer covers, such as a
   // frozen one, stays whole, its parameters broadcast from rank 0).
@@ -434,6 +438,27 @@ class Accelerator {
   // Pads `tensor` along `dim` to the largest size any rank has.
   at::Tensor pad_across_processes(const at::Tensor& tensor, int64_t dim = 0,
                                   double pad_index = 0, bool pad_first = false);
+
+  // Objects across ranks (tandem/comm/objects.h): every rank's string, JSON
+  // value or CPU tensor (any shape and dtype per rank), indexed by rank; and
+  // rank `src`'s object on every rank. Collectives.
+  template <typename T>
+  auto gather_object(const T& object) {
+    return tandem::gather_object(*process_group_, object);
+  }
+  template <typename T>
+  void broadcast_object(T& object, int src = 0) {
+    tandem::broadcast_object(*process_group_, object, src);
+  }
+  // This process's contiguous share of `items` (a std::vector or a tensor's
+  // rows), as Accelerate's split_between_processes; with `apply_padding`
+  // every process gets as many, the short ones padded with the last item.
+  // Not a collective.
+  template <typename Items>
+  auto split_between_processes(const Items& items, bool apply_padding = false) const {
+    return tandem::split_between_processes(items, process_index(), num_processes(),
+                                           apply_padding);
+  }
 
   // The bare module: its state dict has no wrapper prefix (no "module.").
   // The first prepared model (null before any).
