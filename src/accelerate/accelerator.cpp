@@ -461,6 +461,13 @@ std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at:
   return wrap_loader(DistributedLoader(std::move(tensors), *process_group_, options));
 }
 
+std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(DistributedLoader::Fetch fetch,
+                                                                 int64_t dataset_size,
+                                                                 DistributedLoaderOptions options) {
+  options = data_options(options);
+  return wrap_loader(DistributedLoader(std::move(fetch), dataset_size, *process_group_, options));
+}
+
 std::shared_ptr<PreparedLoader> Accelerator::wrap_loader(DistributedLoader loader) {
   auto cursor = std::make_shared<detail::LoaderCursor>();
   // The first loader prepared is the training data: checkpoints keep its

@@ -1,4 +1,5 @@
 #include "data/batch_workers.h"
+#include "data/worker_threads.h"
 
 #include <utility>
 
@@ -16,23 +17,13 @@ BatchWorkers::BatchWorkers(Produce produce, int64_t first, int64_t last, int64_t
     for (int64_t w = 0; w < num_threads; ++w) threads_.emplace_back([this, w] { run(w); });
   } catch (...) {
     // A thread could not start (resource limits): stop the ones that did.
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    for (auto& t : threads_) t.join();
+    stop_and_join(mutex_, stop_, changed_, threads_);
     throw;
   }
 }
 
 BatchWorkers::~BatchWorkers() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  changed_.notify_all();
-  for (auto& t : threads_) t.join();
+  stop_and_join(mutex_, stop_, changed_, threads_);
 }
 
 BatchWorkers::Result BatchWorkers::pop() {

@@ -9,6 +9,7 @@
 
 #include "data/batch_workers.h"
 #include "tandem/comm/process_group.h"
+#include "data/worker_threads.h"
 
 namespace tandem {
 namespace {
@@ -145,14 +146,7 @@ struct DistributedLoader::Impl {
                                         const char* where) const {
     const int64_t begin = b * options_.batch_size;
     const int64_t end = std::min(begin + options_.batch_size, num_samples_);
-    std::string what;
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "an exception that is not a std::exception";
-    }
+    const std::string what = detail::exception_message(error);
     const std::string message = fmt::format(
         "DistributedLoader: the fetch failed on batch {} of epoch {} ({}; samples {}..{} of "
         "this rank's list, dataset indices starting {}): {}. The pass has ended; the next "

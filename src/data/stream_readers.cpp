@@ -1,4 +1,5 @@
 #include "data/stream_readers.h"
+#include "data/worker_threads.h"
 
 #include <utility>
 
@@ -47,23 +48,13 @@ StreamWorkers::StreamWorkers(std::vector<ShardReader> readers, int64_t capacity)
   try {
     for (size_t w = 0; w < readers_.size(); ++w) threads_.emplace_back([this, w] { run(w); });
   } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    for (auto& t : threads_) t.join();
+    stop_and_join(mutex_, stop_, changed_, threads_);
     throw;
   }
 }
 
 StreamWorkers::~StreamWorkers() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  changed_.notify_all();
-  for (auto& t : threads_) t.join();
+  stop_and_join(mutex_, stop_, changed_, threads_);
 }
 
 StreamWorkers::Item StreamWorkers::pop(size_t w) {

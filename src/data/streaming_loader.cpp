@@ -11,6 +11,7 @@
 #include "data/stream_readers.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "data/worker_threads.h"
 
 namespace tandem {
 namespace {
@@ -119,14 +120,7 @@ struct StreamingLoader::Impl {
   [[noreturn]] void rethrow_stream_error(std::exception_ptr error, StreamShard shard,
                                          int64_t shard_batch) {
     end_pass();
-    std::string what;
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "an exception that is not a std::exception";
-    }
+    const std::string what = detail::exception_message(error);
     const std::string where = options_.num_workers > 0
                                   ? fmt::format("worker {}", shard.worker)
                                   : std::string("the calling thread");

@@ -27,6 +27,7 @@ struct Segment {
   bool resume = false;       // load_state(dir) first
   std::string final_dir;     // save_state() here at the end
   bool bf16 = false;
+  int64_t num_workers = 0;   // loader worker threads
 };
 
 // 48 samples, 4 per rank per micro-batch, 2 micro-batches per step: an
@@ -53,6 +54,7 @@ void train(const Segment& s, const std::string& dir) {
     DistributedLoaderOptions loader_options;
     loader_options.batch_size = 4;
     loader_options.seed = 11;
+    loader_options.num_workers = s.num_workers;
     accelerator.prepare_model(model);
     auto loader = accelerator.prepare_data_loader({x, y}, loader_options);
     auto optimizer = accelerator.prepare_optimizer(adamw);
@@ -84,11 +86,12 @@ void train(const Segment& s, const std::string& dir) {
   });
 }
 
-void expect_exact_resume(int stage, bool bf16 = false) {
+void expect_exact_resume(int stage, bool bf16 = false, int64_t num_workers = 0) {
   TempDir straight, interrupted, resumed;
   Segment a;
   a.stage = stage;
   a.bf16 = bf16;
+  a.num_workers = num_workers;
   a.final_dir = straight.path();
   train(a, "");
 
@@ -119,6 +122,13 @@ TEST(ExactResume, Zero3MidEpoch) { expect_exact_resume(3); }
 TEST(ExactResume, Bf16MasterWeightsDdpAndZero2) {
   expect_exact_resume(0, /*bf16=*/true);
   expect_exact_resume(2, /*bf16=*/true);
+}
+
+// Worker threads build batches out of order; the loader hands them out in
+// order, so a resumed pass continues exactly where the saved one stopped.
+TEST(ExactResume, MidEpochWithThreeLoaderWorkers) {
+  expect_exact_resume(0, /*bf16=*/false, /*num_workers=*/3);
+  expect_exact_resume(2, /*bf16=*/false, /*num_workers=*/3);
 }
 
 TEST(ExactResume, SaveInTheMiddleOfAccumulationIsRefused) {

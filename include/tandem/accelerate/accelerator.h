@@ -248,6 +248,13 @@ class Accelerator {
     options.batch_size = batch_size;
     return prepare_data_loader(std::move(tensors), options);
   }
+  // Any dataset of `dataset_size` samples that `fetch` assembles into a
+  // batch from a list of indices, e.g. tandem::collate_fetch(get_sample,
+  // tandem::PadCollate{}) for variable-length samples (tandem/data/collate.h);
+  // with options.num_workers the fetches run on worker threads.
+  std::shared_ptr<PreparedLoader> prepare_data_loader(DistributedLoader::Fetch fetch,
+                                                      int64_t dataset_size,
+                                                      DistributedLoaderOptions options);
   // A torch::data dataset (size() and get(i) returning Example<>) gives a
   // loader of stacked Example<> batches (batch.data, batch.target).
   template <typename Dataset>
