@@ -4,8 +4,8 @@
 // fixed, so runs at any world size take the same steps:
 //
 //   build/bin/gan_toy --steps 200 --global-batch 64 --save gan1.safetensors
-//   tandem launch --nproc-per-node 2 build/bin/gan_toy --steps 200 --global-batch 64 \
-//       --save gan2.safetensors
+//   tandem launch --nproc-per-node 2 build/bin/gan_toy --steps 200 --global-batch 64
+//       --save gan2.safetensors     (one command)
 //
 // save the same parameters: the players train in float64, so the rounding
 // that differs between one rank's mean and two ranks' averaged halves stays

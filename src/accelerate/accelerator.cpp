@@ -190,16 +190,12 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   } else if (num_processes() > 1) {
     // ZeRO broadcasts the parameters it shards; frozen ones and buffers
     // start from rank 0's values here, as DDP would make them.
-    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> state;
     for (const auto& p : unique_parameters(*model)) {
-      if (p.requires_grad()) continue;
-      at::Tensor t = p.detach();
-      process_group_->broadcast(t, 0);
+      if (!p.requires_grad()) state.push_back(p.detach());
     }
-    for (const auto& [name, b] : unique_named_buffers(*model)) {
-      at::Tensor t = b.detach();
-      process_group_->broadcast(t, 0);
-    }
+    for (const auto& [name, b] : unique_named_buffers(*model)) state.push_back(b.detach());
+    broadcast_coalesced(*process_group_, state);
   }
   models_.push_back(std::move(prepared));
   models_checked_ = false;

@@ -10,7 +10,7 @@
 namespace tandem::detail {
 
 // A worker's last word, read by the parent. No report at all means the
-// process ended before fn returned or threw (exit(), a signal, terminate).
+// process ended before fn returned or threw (it called exit, got a signal, or terminated).
 struct WorkerReport {
   bool ok = false;           // fn returned
   bool comm_error = false;   // fn threw tandem::CommError (a peer went away, a timeout)

@@ -110,7 +110,7 @@ std::string describe_failure(const WorkerFailure& failure,
                        error_file->message, ended);
   }
   return "the process " + ended +
-         " before the function returned (exit() or a crash inside it?)";
+         " before the function returned (an exit call or a crash inside it?)";
 }
 
 WorkerSet::WorkerSet(int nprocs) : workers_(static_cast<size_t>(nprocs)) {

@@ -16,27 +16,6 @@
 namespace tandem {
 namespace {
 
-// Broadcasts `tensors` from rank 0 with one collective per dtype.
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
-  if (pg.world_size() == 1 || tensors.empty()) return;
-  torch::NoGradGuard no_grad;
-  std::map<std::pair<int, std::string>, std::vector<at::Tensor>> groups;
-  for (const auto& t : tensors) {
-    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
-  }
-  for (auto& [key, group] : groups) {
-    std::vector<at::Tensor> flat_views;
-    for (const auto& t : group) flat_views.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_views);
-    pg.broadcast(flat, 0);
-    std::int64_t offset = 0;
-    for (auto& t : group) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-}
-
 std::string signature(const std::string& name, const at::Tensor& t) {
   std::ostringstream shape;
   shape << t.sizes();

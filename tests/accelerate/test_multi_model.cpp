@@ -89,6 +89,13 @@ struct GanOptions {
   std::string load_from;      // load_state() before the loop
 };
 
+GanOptions run_at(int world, int stage) {
+  GanOptions o;
+  o.world = world;
+  o.stage = stage;
+  return o;
+}
+
 struct GanResult {
   Params g, d;
   int64_t steps = 0;
@@ -179,10 +186,10 @@ GanResult train_gan(const GanOptions& o) {
 
 TEST(MultiModel, AGanAtWorldTwoTrainsLikeWorldOneOnTheConcatenatedBatch) {
   for (int stage : {0, 2, 3}) {
-    const GanResult one = train_gan({1, stage});
+    const GanResult one = train_gan(run_at(1, stage));
     EXPECT_EQ(one.steps, 6) << "step() counts iterations: each optimizer stepped 6 times";
     for (int world : {2, 3}) {
-      const GanResult two = train_gan({world, stage});
+      const GanResult two = train_gan(run_at(world, stage));
       EXPECT_EQ(two.steps, 6);
       EXPECT_LT(testing::max_relative_diff(two.g, one.g), 1e-5)
           << "stage " << stage << " world " << world;
@@ -201,7 +208,7 @@ TEST(MultiModel, AGanAtWorldTwoTrainsLikeWorldOneOnTheConcatenatedBatch) {
   }
   // The players did train: neither is where it started.
   auto [g0, d0] = make_players();
-  const GanResult trained = train_gan({2, 0});
+  const GanResult trained = train_gan(run_at(2, 0));
   EXPECT_GT(testing::max_relative_diff(trained.g, testing::snapshot(*g0)), 1e-2);
   EXPECT_GT(testing::max_relative_diff(trained.d, testing::snapshot(*d0)), 1e-2);
 }
@@ -210,8 +217,8 @@ TEST(MultiModel, OneAccumulateGuardCoversBothPlayersBackwards) {
   // With gradient_accumulation_steps 1 the guard changes nothing: the
   // generator's zero_grad() after the discriminator's backward still clears
   // its own stale gradients.
-  const GanResult plain = train_gan({2, 0});
-  GanOptions guarded{2, 0};
+  const GanResult plain = train_gan(run_at(2, 0));
+  GanOptions guarded = run_at(2, 0);
   guarded.guard = true;
   const GanResult with_guard = train_gan(guarded);
   EXPECT_LT(testing::max_relative_diff(with_guard.g, plain.g), 1e-6);
@@ -220,13 +227,13 @@ TEST(MultiModel, OneAccumulateGuardCoversBothPlayersBackwards) {
 
 TEST(MultiModel, SaveAndLoadStateCoverEveryModelOptimizerAndSchedulerBitExactly) {
   for (int stage : {0, 2, 3}) {
-    const GanResult straight = train_gan({2, stage});
+    const GanResult straight = train_gan(run_at(2, stage));
     testing::ScratchDir dir;
-    GanOptions first{2, stage};
+    GanOptions first = run_at(2, stage);
     first.stop_after = 3;
     first.save_to = dir.path();
     train_gan(first);
-    GanOptions second{2, stage};
+    GanOptions second = run_at(2, stage);
     second.load_from = dir.path();
     const GanResult resumed = train_gan(second);
     EXPECT_EQ(resumed.steps, 6) << "stage " << stage;

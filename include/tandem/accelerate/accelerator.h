@@ -49,6 +49,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
+#include "tandem/accelerate/accelerator_options.h"
 #include "tandem/accelerate/example_loader.h"
 #include "tandem/accelerate/gradient_state.h"
 #include "tandem/accelerate/metrics_logger.h"
@@ -79,63 +80,6 @@ class StepController;
 
 class LRScheduler;
 class CheckpointReader;
-
-// What save_state() writes and how (see docs/checkpoints.md).
-struct SaveStateOptions {
-  // The checkpoint's name under the directory; empty: "global_step<step()>".
-  std::string tag;
-  // Any JSON the program wants back from load_state() (DeepSpeed's
-  // client_sd): its own counters, the epoch it was in, ...
-  nlohmann::json client_state = nlohmann::json::object();
-  // Keep only the newest `total_limit` tags; 0 keeps all. The tag being
-  // written and the one `latest` names are never deleted.
-  int total_limit = 0;
-};
-
-struct LoadStateOptions {
-  // Empty: the tag the directory's `latest` file names.
-  std::string tag;
-  // Restore the optimizer's state and hyperparameters (false: weights,
-  // scheduler, scaler and data position only, as for fine-tuning).
-  bool load_optimizer_states = true;
-  // Restore this rank's CPU/CUDA generator states (only when the world
-  // size matches the saving run's).
-  bool load_rng_states = true;
-};
-
-// Code-side settings. Each set field beats the config file and the
-// environment (Accelerate's `Accelerator(mixed_precision=..., ...)`).
-struct AcceleratorOptions {
-  std::optional<MixedPrecision> mixed_precision;
-  std::optional<int64_t> gradient_accumulation_steps;
-  std::optional<double> gradient_clipping;
-  // A config file to read instead of TANDEM_CONFIG_FILE (set by the launcher).
-  std::string config_file;
-  // Run on the CPU even when CUDA is available (Accelerate's cpu=True).
-  bool cpu = false;
-  // DDP settings; empty: the config's `ddp` section.
-  std::optional<DDPOptions> ddp;
-  // Dynamic loss scaling whatever the precision, with these settings (the
-  // config's fp16 block otherwise, used only for fp16). For fp32 runs that
-  // want overflow protection, and for tests of the scaling path on a CPU.
-  std::optional<LossScaleConfig> loss_scaling;
-  ProcessGroupOptions process_group;
-  // Trackers, as Accelerate's log_with: "tensorboard" (or "all") adds
-  // TensorBoard event files to the JSON lines init_trackers() always writes.
-  // Other names (wandb, mlflow, ...) are refused with a UsageError.
-  std::vector<std::string> log_with;
-  // Where TensorBoard event files go (Accelerate's project_dir); empty: the
-  // folder of init_trackers()'s JSON-lines file.
-  std::string project_dir;
-};
-
-// What a launcher exports to each worker, for the Accelerator constructor
-// that reads no environment.
-struct LauncherEnv {
-  ConfigEnv config;  // TANDEM_* config overrides
-  int local_rank = -1;        // -1: the rank in the group
-  int local_world_size = -1;  // -1: the group's size
-};
 
 class Accelerator {
  public:
