@@ -61,10 +61,9 @@ struct DiscriminatorImpl : torch::nn::Module {
 };
 TORCH_MODULE(Discriminator);
 
-// The same initial players on every call, from any rank thread.
+// The same initial players on every call. It seeds and draws from the global
+// generator: call it before rank threads start, never inside one.
 std::pair<Generator, Discriminator> make_players() {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
   torch::manual_seed(21);
   Generator g;
   Discriminator d;
@@ -119,9 +118,11 @@ GanResult train_gan(const GanOptions& o) {
   config.zero.stage = o.stage;
   config.zero.reduce_bucket_size = 64;  // several buckets even for these sizes
   GanResult out;
+  std::vector<std::pair<Generator, Discriminator>> players;  // one pair per rank
+  for (int r = 0; r < o.world; ++r) players.push_back(make_players());
   run_ranks(o.world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config);
-    auto [g, d] = make_players();
+    auto [g, d] = players[static_cast<size_t>(pg.rank())];
     accelerator.prepare_model(g);
     accelerator.prepare_model(d);
     auto g_opt = accelerator.prepare_optimizer(std::make_shared<torch::optim::Adam>(
@@ -269,15 +270,15 @@ FrozenResult train_frozen(int world, int stage) {
   config.zero.reduce_bucket_size = 32;
   FrozenResult out;
   std::mutex mutex;
+  // Built before the rank threads (they draw from the global generator).
+  std::vector<std::pair<torch::nn::Linear, torch::nn::Linear>> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(3);
+    models.emplace_back(torch::nn::Linear(6, 16), torch::nn::Linear(16, 3));
+  }
   run_ranks(world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config);
-    torch::nn::Linear encoder(nullptr), head(nullptr);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      torch::manual_seed(3);
-      encoder = torch::nn::Linear(6, 16);
-      head = torch::nn::Linear(16, 3);
-    }
+    auto [encoder, head] = models[static_cast<size_t>(pg.rank())];
     {
       torch::NoGradGuard no_grad;
       encoder->weight.copy_(encoder_init * (pg.rank() == 1 ? -1.0 : 1.0));
