@@ -10,11 +10,12 @@
 //
 //   build/bin/bench_checkpoint --dir /var/tmp/ckpt_bench --reps 3
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "tandem/core/file_system.h"
 #include "tandem/tandem.h"
 
 namespace {
@@ -57,8 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "directory on the disk to measure (emptied first)");
   CLI11_PARSE(app, argc, argv);
 
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  tandem::fs::remove_all(dir);
+  tandem::fs::create_directories(dir);
   tandem::AcceleratorOptions options;
   options.cpu = true;
   tandem::Accelerator accelerator(options);
@@ -81,8 +83,9 @@ int main(int argc, char** argv) {
     save_s.push_back(seconds([&] { accelerator.save_state(ckpt, save); }));
     load_s.push_back(seconds([&] { accelerator.load_state(ckpt); }));
     bytes = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(ckpt + "/" + save.tag)) {
-      bytes += static_cast<int64_t>(entry.file_size());
+    for (const std::string& name : tandem::fs::list_directory(ckpt + "/" + save.tag)) {
+      struct stat st {};
+      if (::stat((ckpt + "/" + save.tag + "/" + name).c_str(), &st) == 0) bytes += st.st_size;
     }
     const std::string dd_file = dir + "/dd.bin";
     const int64_t blocks = (bytes + (64 << 20) - 1) / (64 << 20);
@@ -92,9 +95,9 @@ int main(int argc, char** argv) {
     }));
     dd_read_s.push_back(
         seconds([&] { shell("dd if=" + dd_file + " of=/dev/null bs=64M status=none"); }));
-    std::filesystem::remove(dd_file);
+    tandem::fs::remove(dd_file);
   }
-  std::filesystem::remove_all(dir);
+  tandem::fs::remove_all(dir);
   const double gb = static_cast<double>(bytes) / 1e9;
   const nlohmann::json result = {
       {"bytes", bytes},

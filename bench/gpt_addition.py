@@ -16,12 +16,17 @@ of every batch (under DDP a slice of one shared shuffled order, under
 Accelerate the prepared DataLoader's shard). Every rank evaluates the same
 weights; rank 0 prints.
 
+On one GPU (the GPU kit's comparison, scripts/gpu_kit.sh):
+
+    python3 bench/gpt_addition.py --device cuda --mixed-precision bf16 --batch-size 128
+
 Same model (pre-norm blocks, causal attention, GELU MLP, N(0, 0.02) init),
 same data scheme (reversed answer digits, held-out pairs never trained on),
 AdamW (weight decay 0.1) under the same DeepSpeed-style WarmupCosineLR
 (linear warmup, cosine to 0.1 of the peak). Evaluation time is not counted
 as training time. Prints one JSON line last:
-  {"step", "loss", "accuracy", "tokens_per_s", "train_s", "time_to_target_s", "threads"}
+  {"step", "loss", "accuracy", "tokens_per_s", "train_s", "time_to_target_s", "threads", ...}
+with "peak_cuda_mb" (torch.cuda.max_memory_allocated) on a GPU.
 """
 import argparse
 import json
@@ -79,7 +84,7 @@ class Gpt(nn.Module):
                 p.zero_() if "bias" in name else p.normal_(0.0, 0.02)
 
     def forward(self, tokens):
-        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -126,14 +131,17 @@ def cosine_ratio(iteration, warmup, total, floor):
 
 
 @torch.no_grad()
-def accuracy(model, prompts, answers):
+def accuracy(model, prompts, answers, autocast):
     model.eval()
     hits = 0
+    device = next(model.parameters()).device
     for i in range(0, len(prompts), 500):
-        seq = prompts[i:i + 500]
+        seq = prompts[i:i + 500].to(device)
         for _ in range(answers.shape[1]):
-            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
-        hits += (seq[:, prompts.shape[1]:] == answers[i:i + 500]).all(1).sum().item()
+            with autocast():
+                logits = model(seq)
+            seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], 1)
+        hits += (seq[:, prompts.shape[1]:] == answers[i:i + 500].to(device)).all(1).sum().item()
     model.train()
     return hits / len(prompts)
 
@@ -170,6 +178,10 @@ class Trainer:
         else:
             self.trained = model
         self.order, self.pos = torch.randperm(len(x), generator=self.g), 0
+        self.device = torch.device(a.device)
+        # bf16 autocast on the model's device, as tandem's accelerator.autocast().
+        self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                               enabled=a.mixed_precision == "bf16")
 
     def next_batch(self):
         if self.accelerator:
@@ -187,8 +199,13 @@ class Trainer:
 
     def step(self):
         xb, yb = self.next_batch()
+        if self.accelerator is None:
+            xb = xb.to(self.device, non_blocking=True)
+            yb = yb.to(self.device, non_blocking=True)
         self.opt.zero_grad()
-        out = F.cross_entropy(self.trained(xb).view(-1, VOCAB), yb.reshape(-1), ignore_index=-100)
+        with self.autocast():
+            out = F.cross_entropy(self.trained(xb).view(-1, VOCAB), yb.reshape(-1),
+                                  ignore_index=-100)
         if self.accelerator:
             self.accelerator.backward(out)
         else:
@@ -221,6 +238,9 @@ def main():
     p.add_argument("--target", type=float, default=0.98)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     p.add_argument("--stop-at-target", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (one GPU, one process)")
+    p.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
+                   help="bf16 autocast for forward and loss, as tandem launch --mixed-precision")
     p.add_argument("--accelerate", action="store_true",
                    help="train through accelerate.Accelerator (start with accelerate launch)")
     a = p.parse_args()
@@ -228,7 +248,7 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     (x, y), (prompts, answers) = make_data(a.digits, a.train_size, a.test_size, a.seed)
-    model = Gpt(a.n_layer, a.n_head, a.n_embd, 3 * a.digits + 3)
+    model = Gpt(a.n_layer, a.n_head, a.n_embd, 3 * a.digits + 3).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: cosine_ratio(k - 1, a.warmup_steps, a.max_steps, 0.1))
@@ -244,7 +264,7 @@ def main():
         if step % a.eval_every == 0 or step == a.max_steps:
             loss = out.item()
             train_s += time.perf_counter() - clock
-            acc = accuracy(model, prompts, answers)
+            acc = accuracy(model, prompts, answers, trainer.autocast)
             print(json.dumps({"step": step, "loss": loss, "accuracy": acc, "train_s": train_s}),
                   file=report, flush=True)
             if to_target is None and acc >= a.target:
@@ -254,10 +274,14 @@ def main():
             clock = time.perf_counter()
     trainer.finish()
     if trainer.rank == 0:
-        print(json.dumps({"step": step, "loss": loss, "accuracy": acc,
-                          "tokens_per_s": tokens / train_s, "train_s": train_s,
-                          "time_to_target_s": to_target, "threads": torch.get_num_threads(),
-                          "world": trainer.world, "accelerate": a.accelerate}))
+        result = {"step": step, "loss": loss, "accuracy": acc,
+                  "tokens_per_s": tokens / train_s, "train_s": train_s,
+                  "time_to_target_s": to_target, "threads": torch.get_num_threads(),
+                  "world": trainer.world, "accelerate": a.accelerate,
+                  "device": a.device, "mixed_precision": a.mixed_precision}
+        if trainer.device.type == "cuda":
+            result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 # Torch comes from the torch package of TANDEM_PYTHON: by default the
 # project's virtual environment (.venv/, made by scripts/setup.sh), else the
 # python3 on PATH.
-set(TANDEM_TORCH_MIN_VERSION 2.13)
-set(TANDEM_TORCH_TESTED_VERSIONS "2.13 (CPU, full suite) and 2.14 (CUDA, compile and link)")
+set(TANDEM_TORCH_MIN_VERSION 2.11)
+set(TANDEM_TORCH_TESTED_VERSIONS
+    "2.11 (CUDA: the GPU kit), 2.13 (CPU, full suite) and 2.14 (CUDA, compile and link)")
 if(NOT Torch_DIR AND NOT CMAKE_PREFIX_PATH AND NOT DEFINED ENV{Torch_DIR}
    AND NOT DEFINED ENV{CMAKE_PREFIX_PATH})
   if(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")

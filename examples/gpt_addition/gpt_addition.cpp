@@ -9,7 +9,9 @@
 //   {"step": s, "loss": l, "accuracy": a, "tokens_per_s": t, "peak_rss_mb": m}
 // accuracy is exact-match on held-out sums (every digit right), or
 // next-character accuracy on the held-out tail of --data; peak_rss_mb is rank
-// 0's peak resident memory (getrusage's ru_maxrss). --activation-checkpointing
+// 0's peak resident memory (getrusage's ru_maxrss), and on a GPU
+// "peak_cuda_mb" is the most CUDA memory its tensors held at once.
+// --activation-checkpointing
 // recomputes each transformer block in backward instead of keeping its
 // activations: the same loss, less memory, about a third more compute.
 
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include <ATen/DeviceAccelerator.h>
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -145,6 +148,14 @@ double peak_rss_mb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+// The most CUDA memory tensors held at once on `device`, in MiB: what
+// Python's torch.cuda.max_memory_allocated() reports.
+double peak_cuda_mb(const c10::Device& device) {
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  const auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1024.0 * 1024.0);
 }
 
 }  // namespace
@@ -316,8 +327,13 @@ int main(int argc, char** argv) {
   const double tokens_per_s = static_cast<double>(tokens) / train_seconds;
   accelerator.log({{"accuracy", accuracy}, {"train_s", train_seconds}}, accelerator.step());
   accelerator.end_training();
+  const std::string cuda_memory =
+      accelerator.device().is_cuda()
+          ? fmt::format(", \"peak_cuda_mb\": {:.1f}", peak_cuda_mb(accelerator.device()))
+          : "";
   accelerator.print("{{\"step\": {}, \"loss\": {:.6f}, \"accuracy\": {:.4f}, \"tokens_per_s\": {:.1f}, "
-                    "\"peak_rss_mb\": {:.1f}}}",
-                    accelerator.step(), loss_value, accuracy, tokens_per_s, peak_rss_mb());
+                    "\"peak_rss_mb\": {:.1f}{}}}",
+                    accelerator.step(), loss_value, accuracy, tokens_per_s, peak_rss_mb(),
+                    cuda_memory);
   return 0;
 }

@@ -19,17 +19,17 @@ namespace tandem {
 
 zero::Init Accelerator::zero_init() const {
   if (config_.zero.stage != 3 || !config_.zero.zero3_init) return zero::Init::disabled();
-  return zero::Init(*process_group_, config_.zero.stage3_param_persistence_threshold);
+  return zero::Init(*process_group_, config_.zero.stage3_param_persistence_threshold, device_);
 }
 
 void detail::refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device) {
-  if (device.is_cpu()) return;
   for (const auto& p : model.parameters()) {
-    TANDEM_CHECK_ARG(holds_memory(p),
-                     "Accelerator::prepare_model: the model was built under zero::Init, whose "
-                     "units are cut on the host, and moving cut units to {} is not supported "
-                     "yet; build the model without zero::Init on this device",
-                     device.str());
+    TANDEM_CHECK_ARG(holds_memory(p) || p.device() == device,
+                     "Accelerator::prepare_model: the model was built under a zero::Init that "
+                     "cut its units on {}, and it trains on {}; cut units cannot move. Build it "
+                     "under accelerator.zero_init(), which cuts on the training device, or pass "
+                     "that device to zero::Init",
+                     p.device().str(), device.str());
   }
 }
 

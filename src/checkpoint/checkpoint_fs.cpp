@@ -7,12 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <system_error>
 
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 #ifndef RENAME_EXCHANGE
 #define RENAME_EXCHANGE (1 << 1)
@@ -80,7 +80,7 @@ void fsync_directory(const std::string& dir) {
 
 void make_directories(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  fs::create_directories(dir, ec);
   if (ec) throw_os("creating directory", dir, ec.value());
 }
 
@@ -98,7 +98,7 @@ bool exchange_paths(const std::string& a, const std::string& b) {
 
 void remove_tree_quietly(const std::string& path) noexcept {
   std::error_code ec;
-  std::filesystem::remove_all(path, ec);
+  fs::remove_all(path, ec);
 }
 
 bool path_exists(const std::string& path) {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <limits>
 #include <set>
 
@@ -18,6 +17,7 @@
 #include "checkpoint/checkpoint_fs.h"
 #include "checkpoint/safetensors_io.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 #include "tandem/core/logging.h"
 
 namespace tandem {
@@ -41,14 +41,11 @@ std::string resolve_directory(const std::string& dir) {
   }
   std::vector<std::string> indexes, files;
   std::error_code ec;
-  for (const auto& item : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = item.path().filename().string();
+  for (const std::string& name : fs::list_directory(dir, ec)) {  // sorted
     if (ends_with(name, ".safetensors.index.json")) indexes.push_back(name);
     if (ends_with(name, ".safetensors")) files.push_back(name);
   }
   if (ec) detail::throw_file_error("listing", dir, ec.value());
-  std::sort(indexes.begin(), indexes.end());
-  std::sort(files.begin(), files.end());
   if (indexes.size() == 1) return dir + "/" + indexes.front();
   if (indexes.empty() && files.size() == 1) return dir + "/" + files.front();
   TANDEM_THROW(CheckpointError,

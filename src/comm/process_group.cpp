@@ -145,6 +145,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
         fmt::format("joining the Gloo group ({} ranks)", world_size), options.timeout);
   }
   log_debug("joined a Gloo group of {} ranks", world_size);
+  if (detail::flight_recorder_turned_off()) {
+    log_debug("c10d's Flight Recorder is off: LibTorch before 2.13 can crash in it when two "
+              "groups record at once (set TORCH_FR_BUFFER_SIZE to turn it on anyway)");
+  }
   auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
   if (options.shared_memory && world_size > 1) pg->setup_shared_memory();
   pg->impl_->sequence = 0;  // number, record and check only the caller's collectives

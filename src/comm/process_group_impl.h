@@ -104,6 +104,9 @@ namespace detail {
 // ProcessGroups of more than one rank alive in this process (their store,
 // Gloo and shared-memory threads run). spawn() refuses to fork while any is.
 std::atomic<int>& live_process_groups();
+// Whether libtandem turned c10d's Flight Recorder off when it loaded
+// (LibTorch 2.11-2.12 only; src/comm/flight_recorder_guard.cpp).
+bool flight_recorder_turned_off();
 }  // namespace detail
 
 }  // namespace tandem

@@ -9,13 +9,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "core/text.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 extern char** environ;
 
@@ -89,7 +89,7 @@ ErrorFileDir::ErrorFileDir() {
 
 ErrorFileDir::~ErrorFileDir() {
   std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+  fs::remove_all(path_, ignored);
 }
 
 std::string ErrorFileDir::file(int rank) const {

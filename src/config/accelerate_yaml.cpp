@@ -3,7 +3,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -12,6 +11,7 @@
 
 #include "config/readers.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::config_detail {
 namespace {
@@ -61,8 +61,7 @@ std::string join_dir(const std::string& dir, const std::string& file) {
 // `configs/accelerate.yaml`, launched from the project root) work too.
 std::string find_deepspeed_file(const std::string& base_dir, const std::string& file) {
   const std::string next_to_yaml = join_dir(base_dir, file);
-  std::error_code error;
-  if (!std::filesystem::exists(next_to_yaml, error) && std::filesystem::exists(file, error)) {
+  if (!fs::exists(next_to_yaml) && fs::exists(file)) {
     return file;
   }
   return next_to_yaml;

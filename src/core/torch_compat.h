@@ -1,8 +1,9 @@
 #pragma once
 // The one place where LibTorch version differences live (STYLE.md).
 //
-// Supported: PyTorch's LibTorch 2.13 and newer (CI builds 2.13 CPU and runs
-// the suite on it, and compiles and links 2.14 CUDA). docs/architecture.md,
+// Supported: PyTorch's LibTorch 2.11 and newer (CI builds 2.13 CPU and runs
+// the suite on it, and compiles and links 2.14 CUDA; the GPU kit builds 2.11
+// CUDA, the GPU machines' version). docs/architecture.md,
 // "LibTorch versions", lists every other place that knows about versions.
 // Private to the library: include only from src/.
 
@@ -26,7 +27,7 @@
 
 // CMake refuses older LibTorch (cmake/TandemDependencies.cmake); this catches
 // a build that bypassed it.
-static_assert(TANDEM_TORCH_AT_LEAST(2, 13), "tandem needs LibTorch 2.13 or newer");
+static_assert(TANDEM_TORCH_AT_LEAST(2, 11), "tandem needs LibTorch 2.11 or newer");
 
 namespace tandem::compat {
 
@@ -80,6 +81,14 @@ class StoreBase : public c10d::Store {
   virtual c10::intrusive_ptr<c10d::Store> clone_store() = 0;
   c10::intrusive_ptr<c10d::Store> clone() override { return clone_store(); }
 };
+
+// c10d's Flight Recorder (a ring of recent collectives for debugging hangs)
+// in LibTorch up to 2.12 adds a process group to a std::map before it takes
+// its mutex (FlightRecorder::recordWithResetEnabled), so a group recording
+// its first collective while another thread records can corrupt the map and
+// crash. 2.13 takes the mutex first. Where this is true, libtandem turns the
+// recorder off at load (src/comm/flight_recorder_guard.cpp).
+inline constexpr bool kFlightRecorderRaces = !TANDEM_TORCH_AT_LEAST(2, 13);
 
 // Autocast state for one device type (kCPU or kCUDA); thread-local.
 inline bool autocast_enabled(c10::DeviceType device) {

@@ -20,7 +20,7 @@ namespace {
 // so LibTorch's own registration cannot override it.
 constexpr std::uint8_t kCpuAllocatorPriority = 1;
 
-c10::intrusive_ptr<torch::autograd::Node> accumulator_of(const at::Tensor& param,
+compat::AutogradNodePtr accumulator_of(const at::Tensor& param,
                                                          const char* what) {
   TANDEM_CHECK_ARG(param.defined() && param.is_leaf() && param.requires_grad(),
                    "{}: the tensor must be a leaf that requires grad (a trainable parameter)",
@@ -123,6 +123,13 @@ void rebind_parameter_data(const at::Tensor& param, const at::Tensor& data) {
   param.set_data(data);
 }
 
+void move_parameter_to(const at::Tensor& param, c10::Device device) {
+  if (param.device() == device) return;
+  // Safe: this is Module::to's own step (set_data with the moved tensor); the
+  // caller guarantees no hook or saved graph refers to the old data.
+  param.set_data(param.to(device));
+}
+
 at::Tensor flat_alias(const at::Tensor& flat, std::int64_t offset, at::IntArrayRef sizes) {
   at::Tensor t = at::empty({0}, flat.options());
   std::vector<std::int64_t> strides(sizes.size(), 1);
@@ -143,7 +150,7 @@ void mark_modified_in_place(const at::Tensor& tensor) {
   tensor.unsafeGetTensorImpl()->bump_version();
 }
 
-GradHook::GradHook(c10::intrusive_ptr<torch::autograd::Node> accumulator, Kind kind,
+GradHook::GradHook(compat::AutogradNodePtr accumulator, Kind kind,
                    std::uintptr_t key)
     : accumulator_(std::move(accumulator)), kind_(kind), key_(key) {}
 

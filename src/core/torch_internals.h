@@ -17,8 +17,9 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/function.h>
+
+#include "core/torch_compat_autograd.h"
 
 namespace c10 {
 struct Allocator;
@@ -53,6 +54,13 @@ void reallocate_storage(const at::Tensor& tensor, std::int64_t nbytes);
 // graph may have saved `param` yet (call it before the first forward).
 void rebind_parameter_data(const at::Tensor& param, const at::Tensor& data);
 
+// Moves `param` (a leaf) to `device`, keeping its TensorImpl, as
+// Module::to does: the autograd meta stays, and LibTorch drops the gradient
+// accumulator when the device changes. Call it only before any hook is on
+// the parameter and before a graph saved it (zero::Init moves each unit to
+// the training device as it is built).
+void move_parameter_to(const at::Tensor& param, c10::Device device);
+
 // A contiguous tensor of `sizes` over `flat`'s storage, starting `offset`
 // elements into `flat`, that autograd does not see as a view of `flat`: it
 // has its own version counter, so Optimizer::zero_grad(false) may detach_()
@@ -86,10 +94,10 @@ class GradHook {
   friend GradHook add_grad_pre_hook(const at::Tensor&,
                                     std::function<at::Tensor(const at::Tensor&)>);
   enum class Kind { kNone, kPost, kPre };
-  GradHook(c10::intrusive_ptr<torch::autograd::Node> accumulator, Kind kind, std::uintptr_t key);
+  GradHook(compat::AutogradNodePtr accumulator, Kind kind, std::uintptr_t key);
   void remove();
 
-  c10::intrusive_ptr<torch::autograd::Node> accumulator_;
+  compat::AutogradNodePtr accumulator_;
   Kind kind_ = Kind::kNone;
   std::uintptr_t key_ = 0;  // identifies the hook among the node's hooks
 };

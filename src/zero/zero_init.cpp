@@ -26,6 +26,7 @@ struct zero::Init::State {
   int world = 1;
   int rank = 0;
   int64_t persistence_threshold = 0;
+  c10::Device device = c10::kCPU;  // where cut units live
   int units_cut = 0;
   std::shared_ptr<detail::Placeholder> placeholder;  // the largest so far
   // Parameters already cut by a unit (a nested one): the outer unit leaves them.
@@ -49,7 +50,7 @@ bool cuttable(const std::vector<at::Tensor>& members) {
 
 namespace zero {
 
-Init::Init(int world_size, int rank, int64_t param_persistence_threshold)
+Init::Init(int world_size, int rank, int64_t param_persistence_threshold, c10::Device device)
     : state_(std::make_unique<State>()) {
   TANDEM_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
                    "zero::Init: rank {} of world size {} is not a rank; pass the process "
@@ -61,11 +62,14 @@ Init::Init(int world_size, int rank, int64_t param_persistence_threshold)
   state_->world = world_size;
   state_->rank = rank;
   state_->persistence_threshold = param_persistence_threshold;
+  state_->device = device;
   active_inits.push_back(state_.get());
 }
 
-Init::Init(const ProcessGroup& process_group, int64_t param_persistence_threshold)
-    : Init(process_group.world_size(), process_group.rank(), param_persistence_threshold) {}
+Init::Init(const ProcessGroup& process_group, int64_t param_persistence_threshold,
+           c10::Device device)
+    : Init(process_group.world_size(), process_group.rank(), param_persistence_threshold,
+           device) {}
 
 Init Init::disabled() { return Init(); }
 
@@ -134,6 +138,9 @@ void unit_constructed(ShardedUnit& unit, torch::nn::Module& module) {
   // A unit of mixed dtypes or devices stays whole: the ZeroOptimizer refuses
   // it with the reason when it lays the model out.
   if (members.empty() || !cuttable(members)) return;
+  // The unit was built on the host; its cut parameters move to the training
+  // device first, so that the shard and the placeholder are made there.
+  for (const at::Tensor& member : members) internals::move_parameter_to(member, init.device);
   FlatGroup layout;
   for (std::size_t k = 0; k < members.size(); ++k) layout.members.push_back(k);
   lay_out(layout, numels, init.world, init.rank);

@@ -5,11 +5,11 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <optional>
 
 #include <torch/torch.h>
 
+#include "tandem/core/file_system.h"
 #include "support/thread_ranks.h"
 #include "support/tied_model.h"
 #include "tandem/accelerate/accelerator.h"
@@ -167,9 +167,8 @@ TEST(AcceleratorTiedWeights, ZeroThreeKeepsATieAcrossUnitsWhole) {
 }
 
 TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTie) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) /
-                   ("tandem_tied_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = ::testing::TempDir() + "tandem_tied_" + std::to_string(::getpid());
+  fs::remove_all(dir);
   Config config;
   AcceleratorOptions options;
   DDPOptions ddp;
@@ -194,7 +193,7 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
     for (int s = 0; s < 2; ++s) step(accelerator, optimizer, model, s, pg.rank());
-    accelerator.save_state(dir.string());
+    accelerator.save_state(dir);
     saved[pg.rank()] = testing::tied_snapshot(*model);
     step(accelerator, optimizer, model, 2, pg.rank());
     continued[pg.rank()] = testing::tied_snapshot(*model);
@@ -210,7 +209,7 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
         unique_parameters(*model), torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adam);
-    accelerator.load_state(dir.string());
+    accelerator.load_state(dir);
     EXPECT_TRUE(model->head_weight.is_same(model->emb->weight));
     restored[pg.rank()] = testing::tied_snapshot(*model);
     step(accelerator, optimizer, model, 2, pg.rank());
@@ -222,7 +221,7 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
       EXPECT_TRUE(torch::equal(resumed[r].at(name), continued[r].at(name))) << name;
     }
   }
-  std::filesystem::remove_all(dir);
+  fs::remove_all(dir);
 }
 
 }  // namespace accelerator_tied_weights

@@ -212,18 +212,6 @@ TEST(UnscaleTest, UnsupportedTensorThrowsBeforeChangingAny) {
   EXPECT_THROW(unscale_and_find_inf({g}, 0.5, bad), UsageError);
 }
 
-// torch's fused CUDA kernel; skipped without a GPU (the device checks it).
-TEST(UnscaleTest, CudaTensorsUseTorchsFusedKernel) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  at::Tensor g = gradient(4097, at::kFloat, 17).cuda();
-  at::Tensor h = gradient(33, at::kHalf, 18).cuda();
-  const at::Tensor want_g = expected(g.cpu(), 0.25);
-  EXPECT_FALSE(unscale_and_find_inf({g, h}, 0.25));
-  expect_identical(g.cpu(), want_g, "cuda float");
-  h[32] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(unscale_and_find_inf({g, h}, 0.25));
-}
-
 // Ranks as threads: the flag is the OR over ranks, the same on every rank.
 TEST(UnscaleAgreementTest, AnyRankFoundInfIsTheOrOverRanks) {
   for (int world : {1, 2, 3, 4}) {

@@ -15,6 +15,7 @@ allowed=(
   src/core/torch_internals.h
   src/core/torch_internals.cpp
   src/core/torch_compat.h
+  src/core/torch_compat_autograd.h
 )
 
 allowed_line() {

@@ -3,7 +3,6 @@
 // checkpoint read back as plain tensors.
 
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <string>
 

@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <mutex>
 
 #include <torch/torch.h>
@@ -17,6 +16,7 @@
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/core/file_system.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
@@ -141,8 +141,8 @@ TEST(MergeShards, MaxShardSizeWritesAHuggingFaceSetThatLoadsBackIntoZero3AndPlai
     for (const auto& e : reader.entries()) data += e.data_end - e.data_begin;
     EXPECT_TRUE(data <= 1000 || reader.entries().size() == 1) << file << ": " << data;
   }
-  for (const auto& item : std::filesystem::directory_iterator(scratch.path())) {
-    EXPECT_EQ(item.path().filename().string().find(".tmp-merge-"), std::string::npos);
+  for (const std::string& name : fs::list_directory(scratch.path())) {
+    EXPECT_EQ(name.find(".tmp-merge-"), std::string::npos);
   }
 
   if (testing::peer_can_import("safetensors")) {
@@ -177,8 +177,8 @@ TEST(MergeShards, OneShardIsModelSafetensorsAloneAsSavePretrainedWritesIt) {
   const std::string out = scratch.file("hf");
   const auto result = merge({checkpoint, out, "--max-shard-size", "10GB"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors"));
-  EXPECT_FALSE(std::filesystem::exists(out + "/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors.index.json"));
 }
 
 TEST(MergeShards, BadSizesAndUsedDirectoriesAreRefusedBeforeAnythingIsWritten) {
@@ -189,9 +189,9 @@ TEST(MergeShards, BadSizesAndUsedDirectoriesAreRefusedBeforeAnythingIsWritten) {
   auto bad = merge({checkpoint, out, "--max-shard-size", "2XB"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("is not a size"), std::string::npos) << bad.err;
-  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(fs::exists(out));
 
-  std::filesystem::create_directories(out);
+  fs::create_directories(out);
   testing::write_bytes(out + "/config.json", "{}");
   bad = merge({checkpoint, out, "--max-shard-size", "1KB"});
   EXPECT_EQ(bad.exit_code, 2);
@@ -201,9 +201,9 @@ TEST(MergeShards, BadSizesAndUsedDirectoriesAreRefusedBeforeAnythingIsWritten) {
   const std::string fresh = scratch.file("fresh");
   bad = merge({checkpoint, fresh, "--max-shard-size", "1KB", "--tag", "nope"});
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_FALSE(std::filesystem::exists(fresh));
-  for (const auto& item : std::filesystem::directory_iterator(scratch.path())) {
-    EXPECT_EQ(item.path().filename().string().find(".tmp-merge-"), std::string::npos);
+  EXPECT_FALSE(fs::exists(fresh));
+  for (const std::string& name : fs::list_directory(scratch.path())) {
+    EXPECT_EQ(name.find(".tmp-merge-"), std::string::npos);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/checkpoint/safetensors_set.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem {
 namespace {
@@ -166,7 +167,7 @@ TEST(SafetensorsSet, LoadSafetensorsTakesTheDirectoryOfAShardedSet) {
 
 TEST(SafetensorsSet, AMissingShardIsNamedWithWhatToDo) {
   ShardedFixture f;
-  std::filesystem::remove(f.dir.file("model-00002-of-00003.safetensors"));
+  fs::remove(f.dir.file("model-00002-of-00003.safetensors"));
   const std::string e =
       error_of<CheckpointError>([&] { SafetensorsSet set(f.dir.path()); });
   EXPECT_NE(e.find("model-00002-of-00003.safetensors (1 tensor(s), such as 'b.weight')"),

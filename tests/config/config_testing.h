@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tandem/core/file_system.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
 
@@ -56,7 +57,7 @@ class TempFolder {
     path_ = ::mkdtemp(pattern.data()) ? pattern : "";
   }
   ~TempFolder() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
+    if (!path_.empty()) fs::remove_all(path_);
   }
   TempFolder(const TempFolder&) = delete;
   TempFolder& operator=(const TempFolder&) = delete;
@@ -65,7 +66,7 @@ class TempFolder {
   // Writes `text` to `relative` (creating its folders); returns the path.
   std::string write(const std::string& relative, const std::string& text = "seed: 1\n") const {
     std::filesystem::path file = std::filesystem::path(path_) / relative;
-    std::filesystem::create_directories(file.parent_path());
+    fs::create_directories(file.parent_path().string());
     std::FILE* f = std::fopen(file.c_str(), "w");
     if (f) {
       std::fputs(text.c_str(), f);

@@ -5,10 +5,10 @@
 
 #include <unistd.h>
 
-#include <filesystem>
 
 #include <gtest/gtest.h>
 
+#include "tandem/core/file_system.h"
 #include "config_testing.h"
 
 namespace tandem {
@@ -163,15 +163,15 @@ TEST(RealWorldConfigs, OtherAcceleratorsAreRefusedSayingWhatTandemRunsOn) {
 // Changes the working directory for one test, and back.
 class WorkingDirectory {
  public:
-  explicit WorkingDirectory(const std::string& path) : saved_(std::filesystem::current_path()) {
-    std::filesystem::current_path(path);
+  explicit WorkingDirectory(const std::string& path) : saved_(fs::current_directory()) {
+    fs::change_directory(path);
   }
-  ~WorkingDirectory() { std::filesystem::current_path(saved_); }
+  ~WorkingDirectory() { fs::change_directory(saved_); }
   WorkingDirectory(const WorkingDirectory&) = delete;
   WorkingDirectory& operator=(const WorkingDirectory&) = delete;
 
  private:
-  std::filesystem::path saved_;
+  std::string saved_;
 };
 
 TEST(RealWorldConfigs, DeepSpeedFileIsFoundFromTheWorkingDirectoryAsAccelerateDoes) {

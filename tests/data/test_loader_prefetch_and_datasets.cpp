@@ -94,24 +94,6 @@ TEST(LoaderPrefetch, MovedLoaderContinuesItsPass) {
   EXPECT_EQ(got, expected);
 }
 
-TEST(LoaderPrefetch, CudaBatchesArrivePinnedCopiedAndEqualToCpuOnes) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "needs CUDA";
-  const at::Tensor x = at::arange(37, at::kLong);
-  DistributedLoader cpu({x}, 2, 1, options_with(4, 0));
-  DistributedLoaderOptions options = options_with(4, 2);
-  options.device = c10::Device(c10::kCUDA, 0);
-  options.pin_memory = true;
-  options.non_blocking = true;
-  DistributedLoader gpu({x}, 2, 1, options);
-  std::vector<std::vector<int64_t>> got;
-  for (auto& batch : gpu) {
-    ASSERT_TRUE(batch[0].is_cuda());
-    // The device-to-host copy runs on the stream the upload used: ordered.
-    got.push_back(values(batch[0]));
-  }
-  EXPECT_EQ(got, drain(cpu));
-}
-
 // A torch::data dataset of `n` examples: data {i, 2i} (float), target i % 3.
 class PairDataset : public torch::data::datasets::Dataset<PairDataset> {
  public:

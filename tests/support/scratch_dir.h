@@ -5,11 +5,12 @@
 
 #include <stdlib.h>
 
-#include <filesystem>
 #include <string>
 #include <system_error>
 
 #include <gtest/gtest.h>
+
+#include "tandem/core/file_system.h"
 
 namespace tandem::testing {
 
@@ -22,7 +23,7 @@ class ScratchDir {
   }
   ~ScratchDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    fs::remove_all(path_, ec);
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;

@@ -79,6 +79,7 @@ struct Recipe {
   Opt opt = Opt::kAdam;
   bool zero_init = false;  // train_zero builds the model under zero::Init
   int64_t zero_init_persistence = 0;  // ... with this param_persistence_threshold
+  c10::Device device = c10::kCPU;     // where the model and the batches live
 };
 
 // Rank `rank`'s micro-batch `micro` of step `step`: a slice of one global
@@ -90,7 +91,7 @@ inline std::pair<torch::Tensor, torch::Tensor> micro_batch(const Recipe& r, int 
   auto x = torch::randn({r.global_batch, r.in}, gen);
   auto y = torch::randint(0, r.out, {r.global_batch}, gen);
   const int per = r.global_batch / world;
-  return {x.narrow(0, rank * per, per), y.narrow(0, rank * per, per)};
+  return {x.narrow(0, rank * per, per).to(r.device), y.narrow(0, rank * per, per).to(r.device)};
 }
 
 // Initialisation draws from the global generator: one rank thread at a time.
@@ -99,14 +100,26 @@ inline std::mutex& init_mutex() {
   return mutex;
 }
 
-// The recipe's model from seed 42; with `zero_init`, built under a
-// zero::Init for `zero_init`'s rank, each unit cut to its shard.
+// The recipe's model from seed 42, on the recipe's device; with
+// `zero_init`, built under a zero::Init for `zero_init`'s rank (and the
+// recipe's device), each unit cut to its shard.
 inline Stack make_model(const Recipe& r, const ProcessGroup* zero_init = nullptr) {
   std::lock_guard<std::mutex> lock(init_mutex());
   torch::manual_seed(42);
-  if (zero_init == nullptr) return Stack(r.in, r.width, r.out, r.depth, r.loose);
-  zero::Init init(*zero_init, r.zero_init_persistence);
-  return Stack(r.in, r.width, r.out, r.depth, r.loose);
+  if (zero_init == nullptr) {
+    Stack model(r.in, r.width, r.out, r.depth, r.loose);
+    model->to(r.device);
+    return model;
+  }
+  zero::Init init(*zero_init, r.zero_init_persistence, r.device);
+  Stack model(r.in, r.width, r.out, r.depth, r.loose);
+  if (!r.device.is_cpu()) {
+    // The loose layers were not cut; move them as prepare_model would.
+    for (auto* layer : {&model->input, &model->output}) {
+      if (!layer->is_empty()) (*layer)->to(r.device);
+    }
+  }
+  return model;
 }
 
 // Stage 3 with the given limits (elements; ZeroOptions' defaults otherwise).
@@ -125,7 +138,9 @@ using Params = std::map<std::string, torch::Tensor>;
 
 inline Params snapshot(const torch::nn::Module& model) {
   Params out;
-  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : model.named_parameters()) {
+    out[item.key()] = item.value().detach().to(torch::kCPU).clone();
+  }
   return out;
 }
 

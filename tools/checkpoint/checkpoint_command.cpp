@@ -28,6 +28,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/checkpoint/safetensors_set.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::cli {
 namespace {
@@ -128,9 +129,7 @@ int merge_file(const MergeSource& source, const std::string& out, const std::str
 }
 
 bool is_empty_or_missing_directory(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return true;
-  return std::filesystem::is_directory(path, ec) && std::filesystem::is_empty(path, ec);
+  return !fs::exists(path) || fs::is_empty_directory(path);
 }
 
 // Hugging Face's sharded layout in `out_dir`: shards of at most `max_bytes`
@@ -153,9 +152,19 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
   std::string parent = std::filesystem::path(out_dir).lexically_normal().parent_path().string();
   if (parent.empty()) parent = ".";
   const std::string tmp_dir = fmt::format("{}.tmp-merge-{}", out_dir, ::getpid());
-  std::filesystem::remove_all(tmp_dir);
+  // Each file-system step fails as a CheckpointError naming the path.
+  const auto check = [&](const std::error_code& ec, const char* what, const std::string& path) {
+    if (ec) {
+      TANDEM_THROW(CheckpointError, "merge into '{}' failed: {} '{}': {}", out_dir, what, path,
+                   ec.message());
+    }
+  };
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  check(ec, "removing", tmp_dir);
   try {
-    std::filesystem::create_directories(tmp_dir);
+    fs::create_directories(tmp_dir, ec);
+    check(ec, "creating", tmp_dir);
     std::map<std::string, std::string> weight_map;
     int64_t total = 0, file_bytes = 0;
     for (std::size_t k = 0; k < shards.size(); ++k) {
@@ -183,7 +192,8 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
       }
     }
     // rename(2) replaces an empty directory atomically.
-    std::filesystem::rename(tmp_dir, out_dir);
+    fs::rename(tmp_dir, out_dir, ec);
+    check(ec, "renaming to", out_dir);
     if (int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY); fd >= 0) {
       ::fsync(fd);
       ::close(fd);
@@ -193,12 +203,9 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
                 specs.size(), out_dir.c_str(), shards.size(),
                 shards.size() > 1 ? " and model.safetensors.index.json" : "",
                 static_cast<double>(file_bytes) / 1e6, dtype_text.c_str());
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::filesystem::remove_all(tmp_dir);
-    TANDEM_THROW(CheckpointError, "merge into '{}' failed: {}", out_dir, e.what());
   } catch (...) {
     std::error_code ignored;
-    std::filesystem::remove_all(tmp_dir, ignored);
+    fs::remove_all(tmp_dir, ignored);
     throw;
   }
   return 0;

@@ -19,18 +19,17 @@
 #include "tandem/config/config.h"
 #include "cli_parse.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
 // Writes through a temporary file and a rename, so a reader never sees half
 // a config and a failure leaves any old file as it was.
 void write_config_file(const std::string& path, const std::string& text) {
-  const fs::path target(path);
+  const std::filesystem::path target(path);
   std::error_code error;
-  if (target.has_parent_path()) fs::create_directories(target.parent_path(), error);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path().string(), error);
   TANDEM_CHECK_ARG(!error, "cannot create the folder {}: {}", target.parent_path().string(),
                    error.message());
   const std::string temporary = path + ".tmp" + std::to_string(::getpid());
@@ -40,9 +39,10 @@ void write_config_file(const std::string& path, const std::string& text) {
     out.close();
     TANDEM_CHECK_ARG(out.good(), "cannot write {}", temporary);
   }
-  fs::rename(temporary, target, error);
+  fs::rename(temporary, path, error);
   if (error) {
-    fs::remove(temporary);
+    std::error_code ignored;
+    fs::remove_all(temporary, ignored);
     TANDEM_THROW(UsageError, "cannot write {}: {}", path, error.message());
   }
 }
@@ -102,8 +102,7 @@ int run_default(int argc, char** argv) {
 
   const MixedPrecision mixed_precision = parse_mixed_precision(precision);
   if (path.empty()) path = default_path();
-  std::error_code error;
-  if (fs::exists(path, error) && !force) {
+  if (fs::exists(path) && !force) {
     std::fprintf(stderr,
                  "tandem config default: %s already exists; it was left as it is. Edit it, run "
                  "`tandem config` to answer the questions again, or add --force to replace it\n",

@@ -31,6 +31,7 @@
 #include <torch/csrc/cuda/nccl.h>
 #endif
 
+#include "tandem/core/file_system.h"
 #include "tandem/core/version.h"
 
 namespace tandem::cli {
@@ -305,8 +306,7 @@ void probe_config(SystemReport& report) {
   }
   for (const auto& [source, path] : candidates) {
     report.config_searched.push_back(path);
-    std::error_code error;
-    if (report.config_file.empty() && std::filesystem::is_regular_file(path, error)) {
+    if (report.config_file.empty() && fs::is_regular_file(path)) {
       report.config_file = path;
       report.config_source = source;
     }

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <set>
 
 #include <CLI/CLI.hpp>
 
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::cli {
 namespace {
@@ -154,9 +154,11 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
 std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) {
   const std::string path = select_config_file(opts.config_file, env);
   if (path.empty()) return "";
-  std::error_code error;
-  auto absolute = std::filesystem::absolute(path, error);
-  return error ? path : absolute.lexically_normal().string();
+  try {
+    return fs::absolute(path);
+  } catch (const Error&) {  // no working directory: leave the path as given
+    return path;
+  }
 }
 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {

@@ -29,6 +29,12 @@
 // weight frozen or tied across units) is gathered back whole when the
 // ZeroOptimizer is built, then sharded as without Init.
 //
+// On a GPU: make the Init with the training device (Accelerator::zero_init()
+// does). Each unit is still built on the host by its constructor, then its
+// cut parameters move to that device and are cut there, so the device holds
+// only this rank's shards; parameters outside the cut (frozen, small, outside
+// every unit) stay where they were built until the model is moved.
+//
 // Nested units: the inner unit is cut first, the outer one takes what is left.
 // Thread-safety: an Init applies to the thread that made it (ranks run as
 // threads in tests each make their own); Inits on one thread nest, the
@@ -36,6 +42,8 @@
 
 #include <cstdint>
 #include <memory>
+
+#include <c10/core/Device.h>
 
 namespace tandem {
 
@@ -49,9 +57,13 @@ class Init {
   // `param_persistence_threshold` elements stay whole: pass the
   // ZeroOptions::param_persistence_threshold the model will be trained with
   // (a unit cut with another threshold is gathered back whole and cut again).
-  Init(int world_size, int rank, int64_t param_persistence_threshold = 0);
+  // Each cut unit's shards live on `device` (the device the model will
+  // train on; the CPU by default).
+  Init(int world_size, int rank, int64_t param_persistence_threshold = 0,
+       c10::Device device = c10::kCPU);
   // The process group's size and rank.
-  explicit Init(const ProcessGroup& process_group, int64_t param_persistence_threshold = 0);
+  explicit Init(const ProcessGroup& process_group, int64_t param_persistence_threshold = 0,
+                c10::Device device = c10::kCPU);
   // A guard that does nothing (what Accelerator::zero_init() returns when the
   // config does not ask for stage-3 construction).
   static Init disabled();

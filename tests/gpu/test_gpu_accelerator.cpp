@@ -1,16 +1,24 @@
-// The Accelerator on a GPU: skipped without CUDA. On a GPU machine
-// `ctest -L gpu` (scripts/gpu_check.sh) runs them. NCCL refuses two ranks on
-// one GPU, so multi-rank parity runs Gloo on CUDA tensors.
+// The Accelerator on a GPU, and the CUDA paths of the loader and the
+// unscale kernel: skipped without CUDA (scripts/gpu_kit.sh run runs them on a
+// GPU machine). NCCL refuses two ranks on one GPU, so multi-rank parity runs
+// Gloo on CUDA tensors.
 
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "accelerate/accelerator_testing.h"
+#include "data/loader_testing.h"
+#include "gpu/gpu_testing.h"
 #include "parallel/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/amp/unscale.h"
+#include "tandem/data/distributed_loader.h"
 
 namespace tandem {
 namespace {
@@ -25,7 +33,7 @@ using testing::kIn;
 using testing::kOut;
 
 TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  TANDEM_REQUIRE_CUDA();
   torch::manual_seed(3);
   const Mlp init(kIn, kHidden, kOut);
   const auto x = torch::randn({4, 8, kIn}), y = torch::randn({4, 8, kOut});
@@ -65,7 +73,7 @@ TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
 }
 
 TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  TANDEM_REQUIRE_CUDA();
   run_ranks(1, [&](ProcessGroup& pg) {
     Config config;
     config.mixed_precision = MixedPrecision::kFp16;
@@ -96,6 +104,44 @@ TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {
     EXPECT_LT(last, 0.5 * first);
     EXPECT_GT(accelerator.step(), 150);
   });
+}
+
+// torch's fused CUDA kernel (_amp_foreach_non_finite_check_and_unscale_):
+// exact products, and a NaN in a half tensor is found.
+TEST(GpuKernels, UnscaleOfCudaTensorsUsesTorchsFusedKernel) {
+  TANDEM_REQUIRE_CUDA();
+  auto gen = at::detail::createCPUGenerator(17);
+  at::Tensor g = (at::randn({4097}, gen, at::kDouble) * 1000).to(at::kFloat).cuda();
+  at::Tensor h = (at::randn({33}, gen, at::kDouble) * 1000).to(at::kHalf).cuda();
+  const at::Tensor want_g = g.cpu().mul(0.25f);
+  EXPECT_FALSE(unscale_and_find_inf({g, h}, 0.25));
+  EXPECT_TRUE(torch::equal(g.cpu(), want_g));
+  h[32] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(unscale_and_find_inf({g, h}, 0.25));
+}
+
+// Batches for a CUDA device arrive pinned-and-copied (non_blocking, with
+// prefetch), equal to the CPU loader's.
+TEST(GpuKernels, LoaderBatchesArriveOnTheGpuEqualToCpuOnes) {
+  TANDEM_REQUIRE_CUDA();
+  const at::Tensor x = at::arange(37, at::kLong);
+  DistributedLoaderOptions cpu_options;
+  cpu_options.batch_size = 4;
+  cpu_options.seed = 9;
+  DistributedLoader cpu({x}, 2, 1, cpu_options);
+  DistributedLoaderOptions options = cpu_options;
+  options.prefetch = 2;
+  options.device = c10::Device(c10::kCUDA, 0);
+  options.pin_memory = true;
+  options.non_blocking = true;
+  DistributedLoader gpu({x}, 2, 1, options);
+  std::vector<std::vector<int64_t>> got;
+  for (auto& batch : gpu) {
+    ASSERT_TRUE(batch[0].is_cuda());
+    // The device-to-host copy runs on the stream the upload used: ordered.
+    got.push_back(testing::values(batch[0]));
+  }
+  EXPECT_EQ(got, testing::drain(cpu));
 }
 
 }  // namespace
