@@ -250,7 +250,7 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   auto& backend = impl_->backend_for(tensor);
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
-  opts.timeout = impl_->options.timeout;
+  opts.timeout = impl_->backend_timeout(tensor);
   // Gloo cannot reduce bfloat16: reduce an fp32 copy and round once at the end.
   const bool upcast = tensor.scalar_type() == at::kBFloat16 && !impl_->uses_nccl(tensor);
   at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
@@ -291,7 +291,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   auto& backend = impl_->backend_for(tensor);
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  opts.timeout = impl_->options.timeout;
+  opts.timeout = impl_->backend_timeout(tensor);
   impl_->launch(call, [&] {
           std::vector<at::Tensor> tensors{as_gloo_bytes(tensor, impl_->uses_nccl(tensor))};
           return backend.broadcast(tensors, opts);
@@ -324,7 +324,7 @@ std::vector<at::Tensor> gather_tensor(ProcessGroup::Impl& impl, const at::Tensor
     outputs[0].push_back(as_gloo_bytes(results.back(), nccl));
   }
   c10d::AllgatherOptions opts;
-  opts.timeout = impl.options.timeout;
+  opts.timeout = impl.backend_timeout(tensor);
   impl.launch(call, [&] {
         std::vector<at::Tensor> inputs{as_gloo_bytes(tensor.contiguous(), nccl)};
         return backend.allgather(outputs, inputs, opts);
@@ -369,7 +369,7 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
     outputs[0].push_back(as_gloo_bytes(flat_out.narrow(0, r * n, n), nccl));
   }
   c10d::AllgatherOptions opts;
-  opts.timeout = impl_->options.timeout;
+  opts.timeout = impl_->backend_timeout(input);
   impl_->launch(call, [&] {
           std::vector<at::Tensor> inputs{as_gloo_bytes(input.reshape({-1}), nccl)};
           return backend.allgather(outputs, inputs, opts);
@@ -401,7 +401,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
   if (impl_->uses_nccl(input)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
-    opts.timeout = impl_->options.timeout;
+    opts.timeout = impl_->backend_timeout(input);
     std::vector<std::vector<at::Tensor>> inputs(1);
     for (int r = 0; r < world; ++r) inputs[0].push_back(flat_in.narrow(0, r * n, n));
     impl_->launch(call, [&] {

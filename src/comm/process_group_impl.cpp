@@ -40,11 +40,12 @@ compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
     if (!nccl) {
       // Every rank reaches its first CUDA collective at the same point, so
       // the lazy creation is itself collective.
-      // The collective timeout (TANDEM_TIMEOUT_S) reaches NCCL's watchdog,
-      // which aborts a communicator stuck longer than that.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+      // NCCL's watchdog gets a minute more than tandem's own deadline, so a
+      // stuck collective fails with tandem's TimeoutError naming it
+      // (work.cpp, wait_for_nccl) before the watchdog takes the process down.
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = options.timeout;
+      nccl_options->timeout = backend_timeout(tensor);
       nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size,
                                                          nccl_options);
     }

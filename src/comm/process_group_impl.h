@@ -55,6 +55,13 @@ struct ProcessGroup::Impl {
   // "nccl"), without creating it.
   std::string backend_name_for(const at::Tensor& tensor) const;
 
+  // The timeout c10d is given for a collective on `tensor`: tandem's, and a
+  // minute more for NCCL, whose watchdog must not end the process before
+  // tandem's own deadline reports the collective (work.cpp).
+  std::chrono::milliseconds backend_timeout(const at::Tensor& tensor) const {
+    return uses_nccl(tensor) ? options.timeout + std::chrono::minutes(1) : options.timeout;
+  }
+
   // What to say about the other ranks when collective `sequence` times out;
   // null while setting up.
   std::function<std::string()> timeout_explainer(std::uint64_t sequence) const;

@@ -1,5 +1,7 @@
 #include "tandem/comm/work.h"
 
+#include <thread>
+
 #include "comm/comm_error.h"
 #include "core/torch_compat.h"
 #include "tandem/core/error.h"
@@ -54,6 +56,37 @@ void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds ti
                what, reason);
 }
 
+// NCCL's own bounded wait (WorkNCCL::wait with a timeout) aborts the
+// communicator when the time is up, which blocks for as long as the kernels
+// ahead of the collective run, and then tears the process down from NCCL's
+// watchdog thread before the caller's exception is out: the first GPU run
+// (docs/gpu.md) lost tandem's message that way. So tandem waits for an NCCL
+// collective itself, polling its completion against tandem's deadline, and
+// only then lets NCCL order the current stream after it (no timeout: no
+// abort). The NCCL group's own timeout is set longer (process_group_impl.cpp),
+// so this one fires first.
+bool wait_for_nccl(c10d::Work& work, std::chrono::milliseconds timeout,
+                   const std::string& description) {
+#if defined(TANDEM_WITH_NCCL)
+  if (dynamic_cast<c10d::ProcessGroupNCCL::WorkNCCL*>(&work) == nullptr) return false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!work.isCompleted()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      TANDEM_THROW(TimeoutError, "{} did not complete within {}", description,
+                   format_timeout(timeout));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  work.wait();  // orders the current stream after it; throws if it failed
+  return true;
+#else
+  (void)work;
+  (void)timeout;
+  (void)description;
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
@@ -99,7 +132,7 @@ Work::~Work() {
       future_.get();
       return;
     }
-    work_->wait(timeout_);
+    if (!detail::wait_for_nccl(*work_, timeout_, description_)) work_->wait(timeout_);
   } catch (const std::exception& e) {
     log_error("{} failed while its handle was dropped unwaited: {}", description_, e.what());
   }
@@ -116,7 +149,7 @@ void Work::wait() {
   waited_ = true;
   try {
     if (future_.valid()) future_.get();  // the transport bounds its own waits
-    if (work_) work_->wait(timeout_);
+    if (work_ && !detail::wait_for_nccl(*work_, timeout_, description_)) work_->wait(timeout_);
   } catch (...) {
     detail::rethrow_as_comm_error(description_, timeout_, explain_timeout_);
   }

@@ -1,7 +1,7 @@
 // The Accelerator on a GPU, and the CUDA paths of the loader and the
 // unscale kernel: skipped without CUDA (scripts/gpu_kit.sh run runs them on a
 // GPU machine). NCCL refuses two ranks on one GPU, so multi-rank parity runs
-// Gloo on CUDA tensors.
+// Gloo on CUDA tensors, with the ranks as processes (gpu_testing.h).
 
 #include <gtest/gtest.h>
 
@@ -15,9 +15,12 @@
 #include "data/loader_testing.h"
 #include "gpu/gpu_testing.h"
 #include "parallel/ddp_test_models.h"
+#include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/unscale.h"
+#include "tandem/core/rank_env.h"
+#include "zero/zero_test_models.h"
 #include "tandem/data/distributed_loader.h"
 
 namespace tandem {
@@ -32,44 +35,67 @@ using testing::kHidden;
 using testing::kIn;
 using testing::kOut;
 
+// The data and initial weights both sides use, from fixed seeds.
+struct TwoRankCase {
+  Mlp init{kIn, kHidden, kOut};
+  torch::Tensor x, y;
+};
+
+TwoRankCase two_rank_case() {
+  TwoRankCase c;
+  torch::manual_seed(3);
+  c.init = Mlp(kIn, kHidden, kOut);
+  c.x = torch::randn({4, 8, kIn});
+  c.y = torch::randn({4, 8, kOut});
+  return c;
+}
+
+// One rank of two processes sharing the GPU: the Accelerator over Gloo.
+TEST(AcceleratorCuda, Worker) {
+  const std::string dir = testing::gpu_worker_dir();
+  if (dir.empty()) GTEST_SKIP() << "a worker of AcceleratorCuda (launch_gpu_workers runs it)";
+  const TwoRankCase c = two_rank_case();
+  auto pg = ProcessGroup::init(RankEnv::from_environment());
+  AcceleratorOptions options;
+  options.cpu = testing::gpu_worker_device().is_cpu();
+  Accelerator accelerator(pg, Config{}, options);
+  Mlp model(kIn, kHidden, kOut);
+  copy_state(*model, *c.init);
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  accelerator.prepare_model(model);
+  auto optimizer = accelerator.prepare_optimizer(sgd);
+  for (int s = 0; s < 4; ++s) {
+    auto xs = c.x[s].narrow(0, pg->rank() * 4, 4).to(accelerator.device());
+    auto ys = c.y[s].narrow(0, pg->rank() * 4, 4).to(accelerator.device());
+    optimizer->zero_grad();
+    accelerator.backward(torch::mse_loss(model->forward(xs), ys));
+    optimizer->step();
+  }
+  testing::NamedTensors out;
+  for (const auto& p : model->named_parameters()) out[p.key()] = p.value();
+  testing::write_worker_result(dir, "mlp", pg->rank(), out);
+}
+
 TEST(AcceleratorCuda, TwoRanksOnOneGpuMatchSingleProcessTraining) {
   TANDEM_REQUIRE_CUDA();
-  torch::manual_seed(3);
-  const Mlp init(kIn, kHidden, kOut);
-  const auto x = torch::randn({4, 8, kIn}), y = torch::randn({4, 8, kOut});
+  const TwoRankCase c = two_rank_case();
   Mlp reference(kIn, kHidden, kOut);
-  copy_state(*reference, *init);
+  copy_state(*reference, *c.init);
   auto reference_sgd = std::make_shared<torch::optim::SGD>(
       reference->parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < 4; ++s) {
     reference_sgd->zero_grad();
-    torch::mse_loss(reference(x[s]), y[s]).backward();
+    torch::mse_loss(reference(c.x[s]), c.y[s]).backward();
     reference_sgd->step();
   }
-  ProcessGroupOptions options;
-  options.cuda_backend = CudaBackend::kGloo;
-  run_ranks(
-      2,
-      [&](ProcessGroup& pg) {
-        Accelerator accelerator(pg.shared_from_this(), Config{});
-        ASSERT_TRUE(accelerator.device().is_cuda());
-        Mlp model(kIn, kHidden, kOut);
-        copy_state(*model, *init);
-        auto sgd = std::make_shared<torch::optim::SGD>(
-            model->parameters(), torch::optim::SGDOptions(0.1));
-        accelerator.prepare_model(model);
-        auto optimizer = accelerator.prepare_optimizer(sgd);
-        for (int s = 0; s < 4; ++s) {
-          auto xs = x[s].narrow(0, pg.rank() * 4, 4).to(accelerator.device());
-          auto ys = y[s].narrow(0, pg.rank() * 4, 4).to(accelerator.device());
-          optimizer->zero_grad();
-          accelerator.backward(torch::mse_loss(model->forward(xs), ys));
-          optimizer->step();
-        }
-        model->to(torch::kCPU);
-        EXPECT_LT(max_relative_diff(*model, *reference), 1e-4);
-      },
-      options);
+  testing::ScratchDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing::launch_gpu_workers("AcceleratorCuda.Worker", 2, dir.path()));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_LT(max_relative_diff(testing::read_worker_result(dir.path(), "mlp", rank),
+                                testing::snapshot(*reference)),
+              1e-4)
+        << "rank " << rank;
+  }
 }
 
 TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {

@@ -2,8 +2,8 @@
 // master shards, gradient shards and Adam's state in pinned host memory,
 // updated by tandem's CPU Adam, with asynchronous copies both ways. Training
 // matches the same run without offload (stages 2 and 3, offload_param too),
-// at two ranks sharing the GPU; and one rank's step time with and without
-// offload goes into the GPU kit's summary.
+// at two ranks (processes) sharing the GPU; and one rank's step time with and
+// without offload goes into the GPU kit's summary.
 
 #include <chrono>
 
@@ -11,45 +11,55 @@
 #include <torch/torch.h>
 
 #include "gpu/gpu_testing.h"
+#include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "tandem/core/rank_env.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace gpu_offload_test {
 
-using testing::gloo_on_cuda;
 
-TEST(GpuOffload, OptimizerAndParameterOffloadTrainLikeTheRunWithout) {
-  TANDEM_REQUIRE_CUDA();
+// The runs without and with offload, on one rank of two.
+TEST(GpuOffload, Worker) {
+  const std::string dir = testing::gpu_worker_dir();
+  if (dir.empty()) GTEST_SKIP() << "a worker of GpuOffload (launch_gpu_workers runs it)";
+  auto pg = ProcessGroup::init(RankEnv::from_environment());
   testing::Recipe r;
   r.width = 19;
   r.opt = testing::Opt::kAdamW;
-  r.device = torch::Device(torch::kCUDA, 0);
+  r.device = testing::gpu_worker_device();
   for (int stage : {2, 3}) {
     ZeroOptions plain = stage == 3 ? testing::stage3() : ZeroOptions{};
     plain.stage = stage;
     plain.reduce_bucket_size = 150;
-    std::vector<testing::Params> without(2);
-    testing::run_ranks(
-        2, [&](ProcessGroup& pg) { without[pg.rank()] = testing::train_zero(pg, r, plain); },
-        gloo_on_cuda());
+    const std::string s = std::to_string(stage);
+    testing::write_worker_result(dir, "plain" + s, pg->rank(), testing::train_zero(*pg, r, plain));
     for (bool offload_param : {false, true}) {
       if (offload_param && stage != 3) continue;
       ZeroOptions offload = plain;
       offload.offload_optimizer = true;
       offload.offload_param = offload_param;
-      testing::run_ranks(
-          2,
-          [&](ProcessGroup& pg) {
-            auto got = testing::train_zero(pg, r, offload, [&](ZeroOptimizer& zero, auto& model) {
-              (void)model;
-              EXPECT_GT(zero.memory_stats().host_bytes, 0);
-            });
-            EXPECT_LT(testing::max_relative_diff(got, without[pg.rank()]), 1e-5)
-                << "stage " << stage << " offload_param " << offload_param << " rank "
-                << pg.rank();
-          },
-          gloo_on_cuda());
+      auto got = testing::train_zero(*pg, r, offload, [&](ZeroOptimizer& zero, auto&) {
+        EXPECT_GT(zero.memory_stats().host_bytes, 0) << "nothing was offloaded";
+      });
+      testing::write_worker_result(dir, (offload_param ? "offload_param" : "offload") + s,
+                                   pg->rank(), got);
+    }
+  }
+}
+
+TEST(GpuOffload, OptimizerAndParameterOffloadTrainLikeTheRunWithout) {
+  TANDEM_REQUIRE_CUDA();
+  testing::ScratchDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing::launch_gpu_workers("GpuOffload.Worker", 2, dir.path()));
+  for (const auto& [run, plain] : std::vector<std::pair<std::string, std::string>>{
+           {"offload2", "plain2"}, {"offload3", "plain3"}, {"offload_param3", "plain3"}}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_LT(testing::max_relative_diff(testing::read_worker_result(dir.path(), run, rank),
+                                           testing::read_worker_result(dir.path(), plain, rank)),
+                1e-5)
+          << run << " rank " << rank;
     }
   }
 }
