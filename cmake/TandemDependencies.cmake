@@ -1,5 +1,5 @@
 # Third-party dependencies: Debian 12 packages installed by scripts/setup.sh,
-# and PyTorch's LibTorch 2.13 or newer (docs/architecture.md, "LibTorch").
+# and PyTorch's LibTorch 2.11 or newer (docs/architecture.md, "LibTorch").
 
 # LibTorch. An explicit Torch_DIR or CMAKE_PREFIX_PATH wins; without one,
 # Torch comes from the torch package of TANDEM_PYTHON: by default the
@@ -65,6 +65,11 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
+# CLI11's file validators call std::filesystem::status, which LibTorch 2.11's
+# CUDA libtorch.so exports a copy of (docs/architecture.md, "LibTorch
+# versions"): every program parsing flags with CLI11 uses its stat() path.
+set_property(TARGET CLI11::CLI11 APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS
+             CLI11_HAS_FILESYSTEM=0)
 
 # fmt: LibTorch puts its own fmt (12.x) on the include path ahead of any
 # system one, so tandem uses exactly that copy, header-only. Linking Debian's

@@ -11,6 +11,18 @@ cmake=${CMAKE_COMMAND:-cmake}
 rm -rf "$work" && mkdir -p "$work"
 export CCACHE_BASEDIR=$src   # the subdirectory build hits the main build's cache entries
 
+# The consumer builds against the LibTorch the tandem build used, and for a
+# CUDA LibTorch with the CUDA toolkit settings that build was given (LibTorch's
+# CMake config looks for the toolkit again in every project).
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" | head -1; }
+cuda_args=()
+for var in CUDA_TOOLKIT_ROOT_DIR CMAKE_CUDA_COMPILER CUDA_nvrtc_LIBRARY; do
+  value=$(cache_value "$var")
+  if [[ -n $value && $value != *NOTFOUND ]]; then cuda_args+=("-D$var=$value"); fi
+done
+python_args=()
+if [[ -n $(cache_value TANDEM_PYTHON) ]]; then python_args+=("-DTANDEM_PYTHON=$(cache_value TANDEM_PYTHON)"); fi
+
 case $mode in
   install)
     "$cmake" --install "$build" --prefix "$work/prefix" > "$work/install.log"
@@ -24,12 +36,14 @@ case $mode in
       echo "FAIL: the CMake package names the build directory $build" >&2; exit 1
     fi
     "$cmake" -S "$src/tests/install/consumer" -B "$work/app" -G Ninja \
-      -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release > "$work/configure.log"
+      -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" \
+      > "$work/configure.log"
     launcher=$work/prefix/bin/tandem
     ;;
   subdirectory)
     "$cmake" -S "$src/tests/install/consumer" -B "$work/app" -G Ninja \
-      -DTANDEM_SOURCE_DIR="$src" -DCMAKE_BUILD_TYPE=Release > "$work/configure.log"
+      -DTANDEM_SOURCE_DIR="$src" -DCMAKE_BUILD_TYPE=Release "${python_args[@]}" \
+      "${cuda_args[@]}" > "$work/configure.log"
     launcher=$work/app/bin/tandem
     ;;
   *) echo "usage: $0 install|subdirectory BUILD_DIR SCRATCH_DIR" >&2; exit 2 ;;
