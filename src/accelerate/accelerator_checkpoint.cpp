@@ -323,7 +323,7 @@ std::size_t saved_optimizer_count(const nlohmann::json& meta) {
 
 }  // namespace
 
-void Accelerator::restore_models(const CheckpointReader& checkpoint) {
+void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimizer_states) {
   const nlohmann::json& meta = checkpoint.meta();
   std::map<std::string, std::vector<int64_t>> saved_shapes;
   for (const auto& p : meta.at("parameters")) {
@@ -366,14 +366,39 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint) {
         if (!checkpoint.has(where, prefix + name)) return at::Tensor();
         return checkpoint.read_range(where, prefix + name, begin, length);
       };
-      int64_t step = 0;
-      for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-        if (optimizer_models_[i] != static_cast<int>(m)) continue;
-        if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
-          step = saved->value("step", int64_t{0});
+      if (!optimizer_states) {
+        // Weights only: the shards (and their fp32 masters) take the saved
+        // values; the optimizer's moments and step count stay as they are.
+        // A read error must not leave the other ranks alone in the
+        // all-gather that follows: keep it, then every rank throws it.
+        std::string error;
+        zero->load_parameter_shards([&](const std::string& name, int64_t begin,
+                                        const at::Tensor& dst) {
+          if (!error.empty()) return false;
+          try {
+            const bool master = dst.scalar_type() == at::kFloat &&
+                                checkpoint.has(kMaster, prefix + name);
+            dst.copy_(checkpoint.read_range(master ? kMaster : kModel, prefix + name, begin,
+                                            dst.numel()));
+            return true;
+          } catch (const std::exception& e) {
+            error = e.what();
+            return false;
+          }
+        });
+        for (const std::string& e : process_group_->all_gather_strings(error)) {
+          if (!e.empty()) TANDEM_THROW(CheckpointError, "load_state: {}", e);
         }
+      } else {
+        int64_t step = 0;
+        for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+          if (optimizer_models_[i] != static_cast<int>(m)) continue;
+          if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
+            step = saved->value("step", int64_t{0});
+          }
+        }
+        zero->load_shards(source, step);
       }
-      zero->load_shards(source, step);
     }
     for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
       if (sharded.count(name)) continue;
@@ -540,7 +565,7 @@ nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOp
                    "load_state: prepare the model (and optimizer, schedulers, data) first; "
                    "the checkpoint is loaded into the prepared objects");
   CheckpointReader checkpoint(dir, options.tag);
-  restore_models(checkpoint);
+  restore_models(checkpoint, options.load_optimizer_states);
   if (options.load_optimizer_states && !optimizers_.empty()) restore_optimizers(checkpoint);
   restore_progress(checkpoint, options);
   wait_for_everyone();

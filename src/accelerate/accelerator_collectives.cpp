@@ -2,6 +2,7 @@
 // reduce and padding across ranks, and the unwrapped state dict.
 
 #include <algorithm>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -10,6 +11,7 @@
 
 #include "accelerate/step_controller.h"
 #include "tandem/core/error.h"
+#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 namespace {
@@ -136,11 +138,22 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() co
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict(
     const std::shared_ptr<torch::nn::Module>& model) const {
-  check_prepared(model, "get_state_dict");
+  const std::size_t index = check_prepared(model, "get_state_dict");
   torch::NoGradGuard no_grad;
+  // ZeRO-3 keeps only this rank's shard of a unit's parameters between uses:
+  // read the whole values while ZeRO holds each unit gathered.
+  std::unordered_map<const void*, at::Tensor> whole;
+  if (const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero) {
+    zero->for_each_whole_parameter([&](const std::string&, const at::Tensor& p) {
+      whole.emplace(p.unsafeGetTensorImpl(), p.detach().to(at::kCPU, /*non_blocking=*/false,
+                                                            /*copy=*/true));
+    });
+  }
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
-    state.emplace_back(item.key(), item.value().detach().cpu().clone());
+    auto it = whole.find(item.value().unsafeGetTensorImpl());
+    state.emplace_back(item.key(), it != whole.end() ? it->second.clone()
+                                                     : item.value().detach().cpu().clone());
   }
   for (const auto& item : model->named_buffers(/*recurse=*/true)) {
     state.emplace_back(item.key(), item.value().detach().cpu().clone());

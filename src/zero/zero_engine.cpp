@@ -79,9 +79,13 @@ ZeroEngine::~ZeroEngine() {
 void ZeroEngine::collect_parameters(torch::nn::Module& model) {
   // Tied weights once: one slot in the flat buffers, one gradient, one update.
   std::unordered_map<const void*, std::size_t> seen;
+  std::unordered_map<const void*, bool> frozen;
   for (const auto& item : unique_named_parameters(model)) {
     const at::Tensor& p = item.tensor;
-    if (!p.requires_grad()) continue;
+    if (!p.requires_grad()) {
+      frozen.emplace(p.unsafeGetTensorImpl(), true);
+      continue;
+    }
     seen.emplace(p.unsafeGetTensorImpl(), params_.size());
     TANDEM_CHECK_ARG(p.is_contiguous() && !p.is_sparse(),
                      "ZeroOptimizer: parameter '{}' is not a dense contiguous tensor; ZeRO "
@@ -102,12 +106,16 @@ void ZeroEngine::collect_parameters(torch::nn::Module& model) {
   auto& groups = optimizer_.param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (const auto& p : groups[g].params()) {
+      // A frozen parameter listed in the optimizer (model->parameters()
+      // includes it) gets no gradient and no update, as LibTorch's own step
+      // skips a parameter without a gradient.
+      if (frozen.count(p.unsafeGetTensorImpl())) continue;
       auto it = seen.find(p.unsafeGetTensorImpl());
       TANDEM_CHECK_ARG(it != seen.end(),
                        "ZeroOptimizer: the optimizer holds a tensor of shape {} that is not a "
-                       "trainable parameter of the model. Build the optimizer over "
-                       "model->parameters() (and prepare the optimizer before any master "
-                       "weights replace them)",
+                       "parameter of the model it shards. Build the optimizer over this "
+                       "model's parameters (model->parameters()), and prepare the optimizer "
+                       "before any master weights replace them",
                        fmt::join(p.sizes(), "x"));
       param_group_of_[it->second] = g;
     }

@@ -432,8 +432,10 @@ class Accelerator {
   // parameters in ZeroOptimizer::GatheredParameters.
   std::shared_ptr<ZeroOptimizer> zero_optimizer() const;
   std::shared_ptr<ZeroOptimizer> zero_optimizer(const std::shared_ptr<torch::nn::Module>& model) const;
-  // Parameters and buffers by module path, cloned to the CPU: of the first
-  // prepared model, or of `model`.
+  // Parameters and buffers by module path, whole and cloned to the CPU: of
+  // the first prepared model, or of `model`. Under ZeRO-3 the partitioned
+  // parameters are gathered one unit at a time (also inside a
+  // GatheredParameters guard), so it is collective: call it on every rank.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict() const;
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict(
       const std::shared_ptr<torch::nn::Module>& model) const;
@@ -556,7 +558,9 @@ class Accelerator {
   std::unordered_map<const void*, std::string> tensor_names() const;
   nlohmann::json state_meta(const SaveStateOptions& options);
   std::vector<std::pair<std::string, at::Tensor>> state_tensors();
-  void restore_models(const CheckpointReader& checkpoint);
+  // Weights (and, under ZeRO, with `optimizer_states` the optimizer's
+  // shards too: they live beside the weights).
+  void restore_models(const CheckpointReader& checkpoint, bool optimizer_states);
   void restore_optimizers(const CheckpointReader& checkpoint);
   void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
 
