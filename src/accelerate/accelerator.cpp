@@ -499,6 +499,7 @@ void Accelerator::backward(const at::Tensor& loss) {
   if (factor != 1.0) scaled = scaled * factor;
   scaled.backward();
   controller_->after_backward();
+  for (const auto& optimizer : optimizers_) optimizer->core_->note_backward(*optimizer);
 }
 
 Accelerator::AccumulateGuard::AccumulateGuard(std::shared_ptr<detail::StepController> controller)

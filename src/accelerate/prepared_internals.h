@@ -67,9 +67,17 @@ class OptimizerCore {
   // Runs `fn` on the wrapped optimizer holding the live groups and state.
   void with_wrapped(AcceleratedOptimizer& self,
                     const std::function<void(torch::optim::Optimizer&)>& fn);
-  // UsageError when the wrapped optimizer was stepped or zeroed directly;
-  // carries learning rates set on it (a scheduler built over it) over.
+  // UsageError when the wrapped optimizer was stepped or zeroed directly, or
+  // when gradients being accumulated were cleared outside tandem; carries
+  // learning rates set on the wrapped optimizer (a scheduler built over it)
+  // over.
   void check_wrapped(AcceleratedOptimizer& self);
+
+  // After Accelerator::backward(): remembers how many parameters hold a
+  // gradient, so that check_wrapped() notices them cleared behind tandem's
+  // back (LibTorch's zero_grad() is not virtual: called through a
+  // torch::optim::Optimizer&, it bypasses the accumulation rules).
+  void note_backward(AcceleratedOptimizer& self);
 
   // Carries learning rates set on the wrapped optimizer's decoy groups over
   // to the live ones (and live ones to the decoys).
@@ -95,6 +103,8 @@ class OptimizerCore {
   std::shared_ptr<ZeroOptimizer> zero_;
   bool unscaled_ = false;
   bool found_inf_ = false;
+  // Parameters holding a gradient after the last backward (note_backward).
+  std::size_t grads_after_backward_ = 0;
   // The decoy parameter left in the wrapped optimizer: a step moves it, a
   // zero_grad clears its gradient of ones.
   at::Tensor decoy_;

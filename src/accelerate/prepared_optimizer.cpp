@@ -158,7 +158,25 @@ void OptimizerCore::check_wrapped(AcceleratedOptimizer& self) {
                    "optimizer (optimizer->step()): it applies gradient accumulation, loss "
                    "scaling and clipping",
                    what);
+  if (grads_after_backward_ > 0 && controller_->state().gradients_pending) {
+    std::size_t held = 0;
+    for (const auto& p : unique_optimizer_parameters(self)) held += p.grad().defined();
+    TANDEM_CHECK_ARG(held >= grads_after_backward_,
+                     "the gradients accumulated since the last optimizer step were cleared "
+                     "outside tandem ({} of {} parameters lost their .grad), so this step would "
+                     "miss them. Most likely zero_grad() was called through a "
+                     "torch::optim::Optimizer& (LibTorch's zero_grad is not virtual, so the "
+                     "prepared optimizer's accumulation rules were bypassed). Call zero_grad() "
+                     "on the AcceleratedOptimizer that prepare returned (optimizer->zero_grad())",
+                     grads_after_backward_ - held, grads_after_backward_);
+  }
   sync_learning_rates(self);
+}
+
+void OptimizerCore::note_backward(AcceleratedOptimizer& self) {
+  std::size_t held = 0;
+  for (const auto& p : unique_optimizer_parameters(self)) held += p.grad().defined();
+  grads_after_backward_ = held;
 }
 
 void OptimizerCore::sync_learning_rates(AcceleratedOptimizer& self) {

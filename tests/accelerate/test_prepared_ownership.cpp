@@ -77,6 +77,63 @@ TEST(PreparedOptimizer, IsATorchOptimizerWithTheLiveParamGroupsAndState) {
   });
 }
 
+// Through a torch::optim::Optimizer& at 2 ranks with accumulation 2, DDP and
+// ZeRO 1: step() (virtual) and zero_grad() (not virtual; it clears every
+// gradient) called only where zeroing is right, at accumulation boundaries,
+// train exactly as the prepared optimizer's own calls.
+TEST(PreparedOptimizer, StepAndZeroGradThroughTheBaseClassAtBoundariesTrainTheSame) {
+  for (int stage : {0, 1}) {
+    const Mlp init = reference_init();  // before the rank threads: it seeds the global generator
+    const Data data = make_data(32);
+    auto train = [&](bool through_base) {
+      std::vector<torch::Tensor> out(2);
+      run_ranks(2, [&](ProcessGroup& pg) {
+        Config config = config_with_accumulation(2);
+        config.zero.stage = stage;
+        auto accelerator = std::make_shared<Accelerator>(pg.shared_from_this(), config);
+        Mlp model(kIn, kHidden, kOut);
+        copy_state(*model, *init);
+        auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                       torch::optim::SGDOptions(0.1).momentum(0.9));
+        accelerator->prepare_model(model);
+        auto optimizer = accelerator->prepare_optimizer(sgd);
+        torch::optim::Optimizer& base = *optimizer;
+        for (int micro = 0; micro < 8; ++micro) {
+          auto x = data.x.narrow(0, micro * 4 + pg.rank() * 2, 2);
+          auto y = data.y.narrow(0, micro * 4 + pg.rank() * 2, 2);
+          const bool boundary = micro % 2 == 0;
+          if (boundary) through_base ? base.zero_grad() : optimizer->zero_grad();
+          accelerator->backward(torch::mse_loss(model->forward(x), y));
+          through_base ? (void)base.step() : (void)optimizer->step();
+        }
+        EXPECT_EQ(accelerator->step(), 4);
+        out[pg.rank()] = torch::cat({model->fc1->weight.flatten(), model->fc3->bias});
+      });
+      return out;
+    };
+    const auto own = train(false), through_base = train(true);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(torch::equal(own[r], through_base[r])) << "stage " << stage << " rank " << r;
+    }
+  }
+}
+
+// zero_grad() through the base class in the middle of accumulation clears
+// the gradients of the first micro-batch: the next backward refuses, naming
+// the cause, instead of stepping on half the sum.
+TEST(PreparedOptimizer, ZeroGradThroughTheBaseClassMidAccumulationIsRefusedNotLost) {
+  run_ranks(1, [&](ProcessGroup& pg) {
+    Prepared p(pg, /*accumulation=*/2);
+    torch::optim::Optimizer& base = *p.optimizer;
+    p.optimizer->zero_grad();
+    p.backward();  // micro-step 1 of 2: gradients pending
+    base.zero_grad();
+    const std::string message = message_of([&] { p.backward(); });
+    EXPECT_NE(message.find("cleared outside tandem"), std::string::npos) << message;
+    EXPECT_NE(message.find("optimizer->zero_grad()"), std::string::npos) << message;
+  });
+}
+
 TEST(PreparedOptimizer, SteppingTheRawOptimizerIsRefusedAndChangesNothing) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Prepared p(pg);

@@ -63,9 +63,13 @@ double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, doubl
 //     Accelerator::backward() throws UsageError saying so, instead of
 //     training silently without accumulation or loss scaling.
 //
-// LibTorch's Optimizer::zero_grad() is not virtual: call zero_grad() on this
-// type (the shared_ptr prepare() returns), not through a
-// torch::optim::Optimizer&, or accumulated gradients are lost.
+// Through a torch::optim::Optimizer&: step() is virtual and does all of the
+// above. LibTorch's zero_grad() is not virtual, so through that reference it
+// clears every gradient at once, ignoring accumulation: at an accumulation
+// boundary that is harmless, and in the middle of accumulation the next
+// Accelerator::backward(), step() or zero_grad() throws UsageError saying the
+// accumulated gradients were lost, instead of training on a partial sum.
+// Call zero_grad() on this type (the shared_ptr prepare() returns).
 class AcceleratedOptimizer final : public torch::optim::Optimizer {
  public:
   ~AcceleratedOptimizer() override;
