@@ -51,4 +51,9 @@ struct UnitShard {
 // A 64-bit hash of `tensor`'s bytes (any device, made contiguous on the host).
 int64_t fingerprint_of(const at::Tensor& tensor);
 
+// Cuts `unit` (whose module is `module`) to this rank's shard when a
+// zero::Init guard is active on this thread; does nothing otherwise
+// (src/zero/zero_init.cpp).
+void cut_at_construction(ShardedUnit& unit, torch::nn::Module& module);
+
 }  // namespace tandem::detail

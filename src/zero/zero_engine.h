@@ -14,6 +14,7 @@
 
 #include "core/torch_internals.h"
 #include "tandem/zero/sharded.h"
+#include "zero/sharded_hooks.h"
 #include "tandem/zero/zero_optimizer.h"
 #include "zero/comm_queue.h"
 #include "zero/flat_group.h"

@@ -85,14 +85,6 @@ int Init::units_cut() const { return state_ == nullptr ? 0 : state_->units_cut; 
 
 }  // namespace zero
 
-void ShardedUnit::refuse_cut_forward() {
-  TANDEM_THROW(UsageError,
-               "tandem::Sharded: this unit was built under tandem::zero::Init and holds only "
-               "this rank's shard of its parameters; build the stage-3 ZeroOptimizer over the "
-               "model (or prepare the model and optimizer with the Accelerator under ZeRO-3) "
-               "before running it, or build the model without zero::Init");
-}
-
 namespace detail {
 
 Placeholder::Placeholder(int64_t nbytes, c10::Device device)
@@ -122,7 +114,7 @@ int64_t fingerprint_of(const at::Tensor& tensor) {
   return static_cast<int64_t>(h >> 1);  // 63 bits: its negation never overflows
 }
 
-void unit_constructed(ShardedUnit& unit, torch::nn::Module& module) {
+void cut_at_construction(ShardedUnit& unit, torch::nn::Module& module) {
   if (active_inits.empty()) return;
   zero::Init::State& init = *active_inits.back();
   std::vector<at::Tensor> members;

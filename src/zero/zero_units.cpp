@@ -15,6 +15,7 @@
 #include "core/torch_internals.h"
 #include "parallel/backward_callbacks.h"
 #include "tandem/core/error.h"
+#include "zero/sharded_hooks.h"
 #include "zero/zero_engine.h"
 
 namespace tandem::detail {

@@ -10,7 +10,7 @@
 //                                        tandem::Sharded<BlockImpl>(width, heads)));
 //
 // Without a ZeRO stage-3 optimizer attached, a Sharded module is the plain
-// module (one pointer test per forward). Once a ZeroOptimizer with stage 3
+// module (one out-of-line check per forward). Once a ZeroOptimizer with stage 3
 // owns the model, each unit's parameters exist only as a 1/N shard per rank
 // between uses: forward() gathers them (the next unit's gather is already
 // prefetched), runs, and frees the gathered storage; the gradient flowing
@@ -38,21 +38,8 @@
 namespace tandem {
 
 namespace detail {
-// The hooks a ZeRO stage-3 optimizer installs on a unit. Implemented in
-// src/zero; a Sharded module only forwards to them.
-class ShardedUnitHooks {
- public:
-  virtual ~ShardedUnitHooks() = default;
-  // Makes the unit's parameters whole (waits for a prefetch if one is in
-  // flight) and prefetches the next unit's.
-  virtual void before_forward() = 0;
-  // Frees the gathered parameters and ties `output`'s gradient to a gather
-  // before the unit's backward. Returns the tensor to hand on.
-  virtual at::Tensor after_forward(at::Tensor output) = 0;
-};
-
-// This rank's shard of a unit cut at construction (src/zero/zero_init.cpp).
-struct UnitShard;
+class ShardedUnitHooks;  // what a ZeRO stage-3 optimizer installs (src/zero/sharded_hooks.h)
+struct UnitShard;        // a unit cut at construction (src/zero/unit_shard.h)
 }  // namespace detail
 
 // The non-template part that a ZeRO optimizer finds by dynamic_cast while
@@ -74,19 +61,23 @@ class ShardedUnit {
   }
 
  protected:
-  // Throws UsageError: the unit runs before a ZeRO optimizer adopted the shard
-  // it was cut to.
-  [[noreturn]] static void refuse_cut_forward();
+  // Called once the wrapped module is constructed: cuts the unit to this
+  // rank's shard when a zero::Init guard is active on this thread.
+  void unit_constructed(torch::nn::Module& module);
+  // Before the wrapped forward: true when a ZeRO optimizer owns the unit
+  // (its parameters are then whole, and the next unit's gather is
+  // prefetched); false for a plain module. Throws UsageError for a unit cut
+  // by zero::Init that no optimizer adopted yet.
+  bool begin_forward();
+  // After the wrapped forward, when begin_forward() returned true: frees the
+  // gathered parameters and ties `output`'s gradient to a gather before the
+  // unit's backward. Returns the tensor to hand on.
+  at::Tensor end_forward(at::Tensor output);
 
+ private:
   detail::ShardedUnitHooks* hooks_ = nullptr;
   std::shared_ptr<detail::UnitShard> construction_shard_;
 };
-
-namespace detail {
-// Called by every Sharded unit once its module is constructed: cuts it to
-// this rank's shard when a zero::Init guard is active on this thread.
-void unit_constructed(ShardedUnit& unit, torch::nn::Module& module);
-}  // namespace detail
 
 template <typename Impl>
 class ShardedImpl : public Impl, public ShardedUnit {
@@ -99,7 +90,7 @@ class ShardedImpl : public Impl, public ShardedUnit {
   // Impl's constructors, followed by the zero::Init cut.
   template <typename... Args, typename = std::enable_if_t<kForwardsToImpl<Args...>>>
   explicit ShardedImpl(Args&&... args) : Impl(std::forward<Args>(args)...) {
-    detail::unit_constructed(*this, *this);
+    unit_constructed(*this);
   }
 
   template <typename... Args>
@@ -107,12 +98,8 @@ class ShardedImpl : public Impl, public ShardedUnit {
     using Output = decltype(Impl::forward(std::forward<Args>(args)...));
     static_assert(std::is_same_v<std::decay_t<Output>, at::Tensor>,
                   "tandem::Sharded<Impl> needs Impl::forward to return a tensor");
-    if (hooks_ == nullptr) {
-      if (construction_shard_ != nullptr) refuse_cut_forward();
-      return Impl::forward(std::forward<Args>(args)...);
-    }
-    hooks_->before_forward();
-    return hooks_->after_forward(Impl::forward(std::forward<Args>(args)...));
+    if (!begin_forward()) return Impl::forward(std::forward<Args>(args)...);
+    return end_forward(Impl::forward(std::forward<Args>(args)...));
   }
 };
 
