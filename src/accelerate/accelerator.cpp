@@ -444,30 +444,31 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config
   return prepare_scheduler(make_lr_scheduler(config_.scheduler, *optimizer, auto_values));
 }
 
-DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions options) {
-  validate(options);
-  // The first loader is the training data: its batch is the micro batch of
-  // the config's batch triple. Later ones (evaluation) change nothing.
-  if (!training_data_prepared_) resolve(options.batch_size);
-  training_data_prepared_ = true;
+DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions options) const {
+  // Batches go to the training device unless the caller named one.
   if (options.device.is_cpu()) options.device = device_;
   return options;
 }
 
+// The loaders validate their options (once, in DistributedLoader's
+// constructor) before wrap_loader() lets the first one set the batch size.
 std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at::Tensor> tensors,
                                                                  DistributedLoaderOptions options) {
-  options = data_options(options);
-  return wrap_loader(DistributedLoader(std::move(tensors), *process_group_, options));
+  return wrap_loader(DistributedLoader(std::move(tensors), *process_group_, data_options(options)));
 }
 
 std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(DistributedLoader::Fetch fetch,
                                                                  int64_t dataset_size,
                                                                  DistributedLoaderOptions options) {
-  options = data_options(options);
-  return wrap_loader(DistributedLoader(std::move(fetch), dataset_size, *process_group_, options));
+  return wrap_loader(DistributedLoader(std::move(fetch), dataset_size, *process_group_,
+                                       data_options(options)));
 }
 
 std::shared_ptr<PreparedLoader> Accelerator::wrap_loader(DistributedLoader loader) {
+  // The first loader is the training data: its batch is the micro batch of
+  // the config's batch triple. Later ones (evaluation) change nothing.
+  if (!training_data_prepared_) resolve(loader.options().batch_size);
+  training_data_prepared_ = true;
   auto cursor = std::make_shared<detail::LoaderCursor>();
   // The first loader prepared is the training data: checkpoints keep its
   // position (evaluation loaders restart every pass anyway).
@@ -477,8 +478,6 @@ std::shared_ptr<PreparedLoader> Accelerator::wrap_loader(DistributedLoader loade
 }
 
 std::shared_ptr<PreparedLoader> Accelerator::prepare_local_loader(DistributedLoader loader) {
-  if (!training_data_prepared_) resolve(loader.options().batch_size);
-  training_data_prepared_ = true;
   return wrap_loader(std::move(loader));
 }
 

@@ -52,7 +52,7 @@ Snapshot train_single(int global_batch, const Variant& v) {
     torch::nn::utils::clip_grad_norm_(unique_parameters(*model), kClip);
     opt->step();
   }
-  return testing::tied_snapshot(*model);
+  return testing::snapshot(*model);
 }
 
 struct TrainRun {
@@ -97,7 +97,7 @@ TrainRun train_accelerated(int world, const Variant& v) {
     std::optional<ZeroOptimizer::GatheredParameters> whole;
     if (v.stage == 3) whole.emplace(*accelerator.zero_optimizer());
     std::lock_guard<std::mutex> lock(mutex);
-    run.params[pg.rank()] = testing::tied_snapshot(*model);
+    run.params[pg.rank()] = testing::snapshot(*model);
   });
   return run;
 }
@@ -111,7 +111,7 @@ void expect_matches_single_process(int world, const Variant& v, const std::strin
     for (int r = 0; r < world; ++r) {
       // A mean over three ranks is inexact in fp32 and Adam magnifies it:
       // about 2e-5 at world 3. The race this guards against gave 9e-4.
-      EXPECT_LT(testing::tied_max_relative_diff(run.params[r], expected), 5e-5)
+      EXPECT_LT(testing::max_relative_diff(run.params[r], expected), 5e-5)
           << what << ", world " << world << ", rank " << r << ", repeat " << repeat;
     }
   }
@@ -194,9 +194,9 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
     auto optimizer = accelerator.prepare_optimizer(adam);
     for (int s = 0; s < 2; ++s) step(accelerator, optimizer, model, s, pg.rank());
     accelerator.save_state(dir);
-    saved[pg.rank()] = testing::tied_snapshot(*model);
+    saved[pg.rank()] = testing::snapshot(*model);
     step(accelerator, optimizer, model, 2, pg.rank());
-    continued[pg.rank()] = testing::tied_snapshot(*model);
+    continued[pg.rank()] = testing::snapshot(*model);
   });
   testing::run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config, options);
@@ -211,9 +211,9 @@ TEST(AcceleratorTiedWeights, CheckpointStoresTheSharedTensorOnceAndRestoresTheTi
     auto optimizer = accelerator.prepare_optimizer(adam);
     accelerator.load_state(dir);
     EXPECT_TRUE(model->head_weight.is_same(model->emb->weight));
-    restored[pg.rank()] = testing::tied_snapshot(*model);
+    restored[pg.rank()] = testing::snapshot(*model);
     step(accelerator, optimizer, model, 2, pg.rank());
-    resumed[pg.rank()] = testing::tied_snapshot(*model);
+    resumed[pg.rank()] = testing::snapshot(*model);
   });
   for (int r = 0; r < 2; ++r) {
     for (const auto& [name, t] : saved[r]) {

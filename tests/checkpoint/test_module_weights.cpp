@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/safetensors_test_util.h"
+#include "support/parity.h"
 #include "tandem/checkpoint/module_weights.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/core/error.h"
@@ -44,13 +45,8 @@ struct TiedNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(TiedNet);
 
-// Every parameter and buffer, by name, cloned.
-std::map<std::string, torch::Tensor> snapshot(const torch::nn::Module& m) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
-  for (const auto& b : m.named_buffers()) out[b.key()] = b.value().clone();
-  return out;
-}
+// Every parameter and buffer, by name: what a load must fill.
+testing::Params snapshot(const torch::nn::Module& m) { return testing::snapshot(m, true); }
 
 bool same(const std::map<std::string, torch::Tensor>& a,
           const std::map<std::string, torch::Tensor>& b) {

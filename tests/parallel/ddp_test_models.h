@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "support/parity.h"
+
 namespace tandem::testing {
 
 struct MlpImpl : torch::nn::Module {
@@ -27,20 +29,6 @@ inline void copy_state(torch::nn::Module& to, const torch::nn::Module& from) {
   for (auto& item : to.named_parameters()) item.value().copy_(src[item.key()]);
   auto src_buffers = from.named_buffers();
   for (auto& item : to.named_buffers()) item.value().copy_(src_buffers[item.key()]);
-}
-
-// Largest |a - b| / (|b| + 1e-8) over all parameters, pairing by name.
-inline double max_relative_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
-  double worst = 0;
-  auto pb = b.named_parameters();
-  for (const auto& item : a.named_parameters()) {
-    auto diff = (item.value() - pb[item.key()]).abs() / (pb[item.key()].abs() + 1e-8);
-    // Relative error is meaningless where the reference is ~0: use absolute there.
-    auto abs_diff = (item.value() - pb[item.key()]).abs();
-    auto err = torch::where(pb[item.key()].abs() > 1e-3, diff, abs_diff);
-    worst = std::max(worst, err.max().item<double>());
-  }
-  return worst;
 }
 
 }  // namespace tandem::testing

@@ -39,7 +39,7 @@ std::map<std::string, torch::Tensor> train_single(int global_batch, OptimizerLis
     torch::nn::functional::cross_entropy(model(x), y).backward();
     opt.step();
   }
-  return testing::tied_snapshot(*model);
+  return testing::snapshot(*model);
 }
 
 class TiedDdp : public ::testing::TestWithParam<std::tuple<int, double, OptimizerList>> {};
@@ -67,10 +67,10 @@ TEST_P(TiedDdp, TrainsLikeSingleProcessOnTheConcatenatedBatch) {
         opt.step();
       }
       ASSERT_TRUE(model->head_weight.is_same(model->emb->weight)) << "the tie must survive DDP";
-      trained[pg.rank()] = testing::tied_snapshot(*model);
+      trained[pg.rank()] = testing::snapshot(*model);
     });
     for (int r = 0; r < world; ++r) {
-      EXPECT_LT(testing::tied_max_relative_diff(trained[r], expected), 1e-5)
+      EXPECT_LT(testing::max_relative_diff(trained[r], expected), 1e-5)
           << "rank " << r << ", repeat " << repeat;
       for (const auto& [name, t] : trained[0]) {
         EXPECT_TRUE(torch::equal(trained[r].at(name), t)) << name << " differs on rank " << r;

@@ -11,6 +11,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "support/parity.h"
+
 #include "tandem/zero/sharded.h"
 
 namespace tandem::testing {
@@ -81,26 +83,6 @@ inline std::pair<torch::Tensor, torch::Tensor> tied_lm_batch(const TiedLmOptions
   auto gen = at::detail::createCPUGenerator(500 + step);
   auto ids = torch::randint(0, o.vocab, {global_batch, seq + 1}, gen);
   return {ids.narrow(1, 0, seq), ids.narrow(1, 1, seq).reshape({-1})};
-}
-
-// Parameters by every registered name, detached copies.
-inline std::map<std::string, torch::Tensor> tied_snapshot(const torch::nn::Module& model) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& item : model.named_parameters()) {
-    out[item.key()] = item.value().detach().to(torch::kFloat).clone();
-  }
-  return out;
-}
-
-// Largest |a - b| / max(|b|, 1e-3) over the parameters of `b`.
-inline double tied_max_relative_diff(const std::map<std::string, torch::Tensor>& a,
-                                     const std::map<std::string, torch::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [name, t] : b) {
-    auto err = (a.at(name) - t).abs() / t.abs().clamp_min(1e-3);
-    worst = std::max(worst, err.max().item<double>());
-  }
-  return worst;
 }
 
 }  // namespace tandem::testing

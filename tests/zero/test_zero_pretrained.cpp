@@ -61,12 +61,8 @@ PretrainedLm make_lm(uint64_t seed, const TiedLmOptions& o = {}) {
   return PretrainedLm(o);
 }
 
-Tensors snapshot(const torch::nn::Module& model) {
-  Tensors out;
-  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach().clone();
-  for (const auto& item : model.named_buffers()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
+// Parameters and buffers: what a load must fill.
+Tensors snapshot(const torch::nn::Module& model) { return testing::snapshot(model, true); }
 
 ::testing::AssertionResult same(const Tensors& a, const Tensors& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " vs " << b.size();

@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "support/parity.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/zero/init.h"
@@ -134,16 +135,6 @@ inline ZeroOptions stage3(int64_t prefetch = ZeroOptions{}.prefetch_bucket_size,
   return options;
 }
 
-using Params = std::map<std::string, torch::Tensor>;
-
-inline Params snapshot(const torch::nn::Module& model) {
-  Params out;
-  for (const auto& item : model.named_parameters()) {
-    out[item.key()] = item.value().detach().to(torch::kCPU).clone();
-  }
-  return out;
-}
-
 // DDP + torch::optim: the reference.
 inline Params train_ddp(ProcessGroup& pg, const Recipe& r) {
   Stack model = make_model(r);
@@ -184,19 +175,6 @@ inline Params train_zero(ProcessGroup& pg, const Recipe& r, ZeroOptions options,
   }
   ZeroOptimizer::GatheredParameters whole(zero);
   return snapshot(*model);
-}
-
-// Largest relative difference (absolute where the reference is ~0).
-inline double max_relative_diff(const Params& a, const Params& b) {
-  double worst = 0;
-  for (const auto& [name, ref] : b) {
-    const auto& got = a.at(name);
-    auto abs_diff = (got - ref).abs();
-    auto rel = abs_diff / (ref.abs() + 1e-12);
-    auto err = torch::where(ref.abs() > 1e-3, rel, abs_diff);
-    worst = std::max(worst, err.max().item<double>());
-  }
-  return worst;
 }
 
 }  // namespace tandem::testing

@@ -547,7 +547,7 @@ class Accelerator {
   LoadSafetensorsResult load_model_weights_at(std::size_t index, const std::string& path,
                                               const LoadSafetensorsOptions& options);
   void init_state(const AcceleratorOptions& options);
-  DistributedLoaderOptions data_options(DistributedLoaderOptions options);
+  DistributedLoaderOptions data_options(DistributedLoaderOptions options) const;
   std::shared_ptr<PreparedLoader> wrap_loader(DistributedLoader loader);
   void install_shadow_hooks();
   double join_gradient_weight();
