@@ -3,8 +3,10 @@
 //   * memcpy:  std::memcpy split over the same at::parallel_for threads, the
 //              memory-bandwidth ceiling for a pass that reads and writes once;
 //   * mul:     ATen's t.mul_(inv_scale), the multiply alone, with no check.
-// torch's own CPU unscale (_amp_foreach_non_finite_check_and_unscale_) has no
-// CPU kernel in LibTorch 1.13, so ATen's mul_ is the closest peer.
+// torch's own unscale (_amp_foreach_non_finite_check_and_unscale_) had no CPU
+// kernel in LibTorch 1.13, when this benchmark was written, so ATen's mul_ is
+// the peer. PyTorch 2.13 has a CPU kernel for it, which this benchmark does not
+// run yet.
 //
 // Every figure counts the bytes a pass reads plus the bytes it writes
 // (2 x buffer size) over the median time of --reps passes. The last line is

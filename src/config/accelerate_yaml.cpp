@@ -127,20 +127,11 @@ void check_agrees(const Value& v, const std::string& mine, const Config* ds,
 // for the mixed-precision check.
 std::optional<Config> read_deepspeed_section(const Value& section, Config& config,
                                              const std::string& base_dir) {
-  static const KeyTable table{{"zero_stage", "offload_optimizer_device", "offload_param_device",
-                               "gradient_accumulation_steps", "gradient_clipping",
-                               "zero3_init_flag", "zero3_save_16bit_model",
-                               "deepspeed_config_file"},
-                              {"deepspeed_hostfile", "deepspeed_exclusion_filter",
-                               "deepspeed_inclusion_filter", "deepspeed_moe_layer_cls_names",
-                               "seq_parallel_communication_data_type"},
-                              {"deepspeed_multinode_launcher", "offload_optimizer_nvme_path",
-                               "offload_param_nvme_path"},
-                              {}};
   // Keys first, then the file they may refer to, then the keys on top: the
   // file may come last in the section.
   std::map<std::string, Value> keys;
-  for_each_key(section, table, [&](const std::string& key, const Value& v) {
+  for_each_key(section, accelerate_deepspeed_section_keys(),
+               [&](const std::string& key, const Value& v) {
     keys.emplace(key, v);
   });
   std::optional<Config> ds;
@@ -225,7 +216,21 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
 
 }  // namespace
 
-void read_accelerate_document(const Value& root, Config& config, const std::string& base_dir) {
+const KeyTable& accelerate_deepspeed_section_keys() {
+  static const KeyTable table{{"zero_stage", "offload_optimizer_device", "offload_param_device",
+                               "gradient_accumulation_steps", "gradient_clipping",
+                               "zero3_init_flag", "zero3_save_16bit_model",
+                               "deepspeed_config_file"},
+                              {"deepspeed_hostfile", "deepspeed_exclusion_filter",
+                               "deepspeed_inclusion_filter", "deepspeed_moe_layer_cls_names",
+                               "seq_parallel_communication_data_type"},
+                              {"deepspeed_multinode_launcher", "offload_optimizer_nvme_path",
+                               "offload_param_nvme_path"},
+                              {}};
+  return table;
+}
+
+const KeyTable& accelerate_top_level_keys() {
   static const KeyTable table{
       {"compute_environment", "distributed_type", "num_processes", "num_machines",
        "machine_rank", "main_process_ip", "main_process_port", "mixed_precision", "gpu_ids",
@@ -236,9 +241,13 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
        "dynamo_config", "dynamo_backend", "megatron_lm_config", "ipex_config", "mpirun_config",
        "commands", "command_file", "use_mps_device", "fp8_config"},
       {"tpu_"}};
+  return table;
+}
+
+void read_accelerate_document(const Value& root, Config& config, const std::string& base_dir) {
   std::optional<Value> type_value, section, precision, legacy_fp16;
   config.same_network = false;  // Accelerate's ClusterConfig default
-  for_each_key(root, table, [&](const std::string& key, const Value& v) {
+  for_each_key(root, accelerate_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (key == "mixed_precision" && yaml11_boolean(v)) {
       // PyYAML hands `accelerate launch` a bool, and it fails on .lower().
       v.fail("an unquoted " + v.node().Scalar() + " is a boolean in YAML 1.1, which "

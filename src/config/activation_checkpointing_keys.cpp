@@ -32,7 +32,7 @@ std::string ignored_because(const std::string& key) {
 
 }  // namespace
 
-void read_activation_checkpointing(const Value& block, Config& config, Dialect dialect) {
+const KeyTable& activation_checkpointing_keys(Dialect dialect) {
   static const std::vector<std::string> deepspeed_keys = {
       "partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
       "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
@@ -42,12 +42,16 @@ void read_activation_checkpointing(const Value& block, Config& config, Dialect d
     table.read.insert(table.read.begin(), "enabled");
     return table;
   }();
+  return dialect == Dialect::kTandem ? tandem_table : deepspeed_table;
+}
+
+void read_activation_checkpointing(const Value& block, Config& config, Dialect dialect) {
   expect_map(block, "give a block, e.g. \"activation_checkpointing\": {} to checkpoint the "
                     "blocks the program marks, or remove the key");
   // null is JSON's "none": no checkpointing, as an absent block.
   if (block.is_null()) return;
   config.activation_checkpointing.enabled = true;
-  for_each_key(block, dialect == Dialect::kTandem ? tandem_table : deepspeed_table,
+  for_each_key(block, activation_checkpointing_keys(dialect),
                [&](const std::string& key, const Value& v) {
     if (key == "enabled") {
       config.activation_checkpointing.enabled = v.as_bool();

@@ -70,14 +70,9 @@ struct PrecisionBlocks {
 }
 
 void read_fp16(const Value& block, Config& config, PrecisionBlocks& seen) {
-  static const KeyTable table{{"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                               "hysteresis", "consecutive_hysteresis", "min_loss_scale"},
-                              {"auto_cast", "fp16_master_weights_and_grads"},
-                              {},
-                              {}};
   LossScaleConfig& scale = config.fp16;
   scale.deepspeed_semantics = true;
-  for_each_key(block, table, [&](const std::string& key, const Value& v) {
+  for_each_key(block, deepspeed_fp16_keys(), [&](const std::string& key, const Value& v) {
     if (key == "enabled") {
       if (v.is_auto()) {
         v.note_auto();
@@ -100,10 +95,7 @@ void read_fp16(const Value& block, Config& config, PrecisionBlocks& seen) {
 }
 
 void read_bf16(const Value& block, Config& config, PrecisionBlocks& seen) {
-  static const KeyTable table{
-      {"enabled"}, {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-                    "bf16_optimizer_states"}, {}, {}};
-  for_each_key(block, table, [&](const std::string&, const Value& v) {
+  for_each_key(block, deepspeed_bf16_keys(), [&](const std::string&, const Value& v) {
     if (v.is_auto()) {
       v.note_auto();
       return;
@@ -155,7 +147,7 @@ bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig
   return true;
 }
 
-void read_deepspeed_document(const Value& root, Config& config) {
+const KeyTable& deepspeed_top_level_keys() {
   static const KeyTable table = [] {
     KeyTable keys{{"train_batch_size", "train_micro_batch_size_per_gpu",
                    "gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16",
@@ -165,12 +157,33 @@ void read_deepspeed_document(const Value& root, Config& config) {
                   warned_top_level_keys(),
                   {},
                   {}};
+    // Read only to be refused, with DeepSpeed's replacement as the fix.
     for (const auto& name : removed_key_names()) keys.read.push_back(name);
     return keys;
   }();
+  return table;
+}
+
+const KeyTable& deepspeed_fp16_keys() {
+  static const KeyTable table{{"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
+                               "hysteresis", "consecutive_hysteresis", "min_loss_scale"},
+                              {"auto_cast", "fp16_master_weights_and_grads"},
+                              {},
+                              {}};
+  return table;
+}
+
+const KeyTable& deepspeed_bf16_keys() {
+  static const KeyTable table{
+      {"enabled"}, {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                    "bf16_optimizer_states"}, {}, {}};
+  return table;
+}
+
+void read_deepspeed_document(const Value& root, Config& config) {
   config.distributed_type = DistributedType::kDeepSpeed;
   PrecisionBlocks precision;
-  for_each_key(root, table, [&](const std::string& key, const Value& v) {
+  for_each_key(root, deepspeed_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (read_shared_training_key(key, v, config)) return;
     if (key == "train_batch_size") {
       config.train_batch_size = read_batch_count(v);

@@ -60,15 +60,35 @@ void read_betas(const Value& v, OptimizerConfig& optimizer) {
 
 }  // namespace
 
-void read_optimizer(const Value& block, Config& config, Dialect dialect) {
+const KeyTable& optimizer_keys() {
   static const KeyTable table{{"type", "params"}, {"legacy_fusion"}, {}, {}};
+  return table;
+}
+
+const std::vector<std::string>& optimizer_types() {
+  static const std::vector<std::string> types = {"Adam", "AdamW", "SGD"};
+  return types;
+}
+
+const KeyTable& optimizer_params_keys(const std::string& type) {
+  static const KeyTable adam_params{
+      {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
+      {"amsgrad", "bias_correction", "max_grad_norm"},
+      {},
+      {}};
+  static const KeyTable sgd_params{
+      {"lr", "momentum", "weight_decay"}, {"nesterov", "dampening", "max_grad_norm"}, {}, {}};
+  return type == "SGD" ? sgd_params : adam_params;
+}
+
+void read_optimizer(const Value& block, Config& config, Dialect dialect) {
   expect_map(block, "write it as {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}");
   if (block.is_null()) return;
   OptimizerConfig& optimizer = config.optimizer;
   optimizer = OptimizerConfig{};
   // The type decides which params are valid, so read it before the params
   // whatever their order in the file.
-  optimizer.type = read_type(block.child("type"), {"Adam", "AdamW", "SGD"},
+  optimizer.type = read_type(block.child("type"), optimizer_types(),
                              {"Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Lion",
                               "MuAdam", "MuAdamW", "MuSGD", "Muon", "CPUAdam", "FusedAdam"},
                              "optimizer",
@@ -76,16 +96,9 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
                              "Accelerator");
   const bool sgd = optimizer.type == "SGD";
   bool adam_w_mode = true;  // DeepSpeed's ADAM_W_MODE_DEFAULT
-  for_each_key(block, table, [&](const std::string& key, const Value& params) {
+  for_each_key(block, optimizer_keys(), [&](const std::string& key, const Value& params) {
     if (key != "params") return;
-    static const KeyTable adam_params{
-        {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
-        {"amsgrad", "bias_correction", "max_grad_norm"},
-        {},
-        {}};
-    static const KeyTable sgd_params{
-        {"lr", "momentum", "weight_decay"}, {"nesterov", "dampening", "max_grad_norm"}, {}, {}};
-    for_each_key(params, sgd ? sgd_params : adam_params,
+    for_each_key(params, optimizer_params_keys(optimizer.type),
                  [&](const std::string& name, const Value& v) {
       if (name == "lr") optimizer.lr = number_or_auto(v, 0.0, kInf);
       if (name == "weight_decay") optimizer.weight_decay = number_or_auto(v, 0.0, kInf);
@@ -110,15 +123,49 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
   }
 }
 
-void read_scheduler(const Value& block, Config& config) {
+const KeyTable& scheduler_keys() {
   static const KeyTable table{{"type", "params"}, {}, {}, {}};
+  return table;
+}
+
+const std::vector<std::string>& scheduler_types() {
+  static const std::vector<std::string> types = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
+                                                 "OneCycle"};
+  return types;
+}
+
+const KeyTable& scheduler_params_keys(const std::string& type) {
+  static const std::map<std::string, KeyTable> tables = [] {
+    const std::map<std::string, std::vector<std::string>> params_of = {
+        {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
+        {"WarmupDecayLR",
+         {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
+        {"WarmupCosineLR",
+         {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+          "warmup_type"}},
+        {"OneCycle",
+         {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
+          "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
+          "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom",
+          "decay_mom_rate"}}};
+    std::map<std::string, KeyTable> by_type;
+    for (const auto& [name, params] : params_of) {
+      KeyTable table{params, {}, {}, {}};
+      // DeepSpeed's resume position; tandem resumes from checkpoints instead.
+      table.read.push_back("last_batch_iteration");
+      by_type.emplace(name, std::move(table));
+    }
+    return by_type;
+  }();
+  return tables.at(type);
+}
+
+void read_scheduler(const Value& block, Config& config) {
   expect_map(block, "write it as {\"type\": \"WarmupLR\", \"params\": {...}}");
   if (block.is_null()) return;
   SchedulerConfig& scheduler = config.scheduler;
   scheduler = SchedulerConfig{};
-  scheduler.type = read_type(block.child("type"),
-                             {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle"},
-                             {"LRRangeTest"}, "scheduler",
+  scheduler.type = read_type(block.child("type"), scheduler_types(), {"LRRangeTest"}, "scheduler",
                              ", or remove the scheduler block and build one in code");
 
   // The whole-number parameters and their minimum.
@@ -130,25 +177,11 @@ void read_scheduler(const Value& block, Config& config) {
   // Fractions of the learning rate or momentum.
   static const std::set<std::string> ratios = {"warmup_min_ratio", "cos_min_ratio",
                                                "cycle_min_mom", "cycle_max_mom"};
-  static const std::map<std::string, std::vector<std::string>> params_of = {
-      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
-      {"WarmupDecayLR",
-       {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
-      {"WarmupCosineLR",
-       {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
-        "warmup_type"}},
-      {"OneCycle",
-       {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
-        "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
-        "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom",
-        "decay_mom_rate"}}};
-  KeyTable params_table{params_of.at(scheduler.type), {}, {}, {}};
-  // DeepSpeed's resume position; tandem resumes from checkpoints instead.
-  params_table.read.push_back("last_batch_iteration");
 
-  for_each_key(block, table, [&](const std::string& key, const Value& params) {
+  for_each_key(block, scheduler_keys(), [&](const std::string& key, const Value& params) {
     if (key != "params") return;
-    for_each_key(params, params_table, [&](const std::string& name, const Value& v) {
+    for_each_key(params, scheduler_params_keys(scheduler.type),
+                 [&](const std::string& name, const Value& v) {
       if (name == "last_batch_iteration") {
         if (v.as_int(-1) != -1) v.warn_not_implemented();
         return;

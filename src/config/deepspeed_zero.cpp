@@ -19,13 +19,7 @@ OffloadDevice read_device(const Value& v) {
 
 // offload_optimizer / offload_param: {device, pin_memory, ...}.
 void read_offload(const Value& block, OffloadDevice& device, Config& config) {
-  static const KeyTable table{{"device", "pin_memory"},
-                              {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
-                               "pipeline_read", "pipeline_write", "fast_init", "ratio",
-                               "pipeline"},
-                              {},
-                              {}};
-  for_each_key(block, table, [&](const std::string& key, const Value& v) {
+  for_each_key(block, offload_keys(), [&](const std::string& key, const Value& v) {
     if (key == "device") device = read_device(v);
     if (key == "pin_memory") config.zero.offload_pin_memory = v.as_bool();
   });
@@ -50,7 +44,17 @@ bool is_removed_key(const std::string& key) {
 
 }  // namespace
 
-void read_zero_optimization(const Value& block, Config& config, Dialect dialect) {
+const KeyTable& offload_keys() {
+  static const KeyTable table{{"device", "pin_memory"},
+                              {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                               "pipeline_read", "pipeline_write", "fast_init", "ratio",
+                               "pipeline"},
+                              {},
+                              {}};
+  return table;
+}
+
+const KeyTable& zero_optimization_keys(Dialect dialect) {
   // DeepSpeed's pydantic model takes the stage3_* names and their short
   // field names alike.
   static const std::vector<std::string> read_keys = {
@@ -79,10 +83,13 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
     table.read.push_back("zero3_init");
     return table;
   }();
+  return dialect == Dialect::kTandem ? tandem_table : deepspeed_table;
+}
 
+void read_zero_optimization(const Value& block, Config& config, Dialect dialect) {
   ZeroConfig& zero = config.zero;
   std::map<std::string, Value> given;  // for the deprecated spellings below
-  for_each_key(block, dialect == Dialect::kTandem ? tandem_table : deepspeed_table,
+  for_each_key(block, zero_optimization_keys(dialect),
                [&](const std::string& key, const Value& v) {
     given.emplace(key, v);
     if (key == "stage") {

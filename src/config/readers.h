@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "config/yaml_reader.h"
 #include "tandem/config/config.h"
@@ -77,5 +78,29 @@ void check_launch_settings(const Config& config);
 
 // "FILE:LINE:COL" where `path` was read, else the source name.
 std::string location_of(const Config& config, const std::string& path);
+
+// --- Key tables --------------------------------------------------------------
+// The keys each reader accepts at one level of a file, exactly the tables it
+// checks that level against. Static: each lives as long as the program.
+// key_index.h lists them all, level by level.
+const KeyTable& deepspeed_top_level_keys();
+const KeyTable& deepspeed_fp16_keys();
+const KeyTable& deepspeed_bf16_keys();  // also under the legacy name bfloat16
+const KeyTable& zero_optimization_keys(Dialect dialect);
+const KeyTable& offload_keys();  // offload_optimizer and offload_param
+const KeyTable& activation_checkpointing_keys(Dialect dialect);
+const KeyTable& optimizer_keys();
+// The optimizer and scheduler types tandem builds, in their canonical
+// spelling; each selects its own params table.
+const std::vector<std::string>& optimizer_types();
+const KeyTable& optimizer_params_keys(const std::string& type);
+const std::vector<std::string>& scheduler_types();
+const KeyTable& scheduler_keys();
+const KeyTable& scheduler_params_keys(const std::string& type);
+const KeyTable& accelerate_top_level_keys();
+const KeyTable& accelerate_deepspeed_section_keys();
+const KeyTable& tandem_top_level_keys();
+const KeyTable& tandem_fp16_keys();
+const KeyTable& ddp_keys();
 
 }  // namespace tandem::config_detail

@@ -16,13 +16,7 @@ std::string precision_hint(const std::string& key) {
 }
 
 void read_loss_scale(const Value& block, LossScaleConfig& scale) {
-  static const KeyTable table{{"loss_scale", "initial_scale_power", "loss_scale_window",
-                               "hysteresis", "consecutive_hysteresis", "min_loss_scale",
-                               "deepspeed_semantics"},
-                              {},
-                              {},
-                              {}};
-  for_each_key(block, table, [&](const std::string& key, const Value& v) {
+  for_each_key(block, tandem_fp16_keys(), [&](const std::string& key, const Value& v) {
     if (key == "deepspeed_semantics") {
       scale.deepspeed_semantics = v.as_bool();
     } else {
@@ -32,12 +26,7 @@ void read_loss_scale(const Value& block, LossScaleConfig& scale) {
 }
 
 void read_ddp(const Value& block, DdpConfig& ddp) {
-  static const KeyTable table{{"bucket_cap_mb", "first_bucket_cap_mb", "find_unused_parameters",
-                               "broadcast_buffers", "comm_hook", "cache_cpu_allocations"},
-                              {},
-                              {},
-                              {}};
-  for_each_key(block, table, [&](const std::string& key, const Value& v) {
+  for_each_key(block, ddp_keys(), [&](const std::string& key, const Value& v) {
     if (key == "bucket_cap_mb") ddp.bucket_cap_mb = v.as_positive_number();
     if (key == "first_bucket_cap_mb") ddp.first_bucket_cap_mb = v.as_positive_number();
     if (key == "find_unused_parameters") ddp.find_unused_parameters = v.as_bool();
@@ -54,7 +43,7 @@ std::optional<int64_t> count_or_auto(const Value& v) {
 
 }  // namespace
 
-void read_tandem_document(const Value& root, Config& config) {
+const KeyTable& tandem_top_level_keys() {
   static const KeyTable table{
       {"distributed", "num_processes", "num_machines", "machine_rank", "main_process_ip",
        "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend", "same_network",
@@ -65,7 +54,30 @@ void read_tandem_document(const Value& root, Config& config) {
       {},
       {},
       {}};
-  for_each_key(root, table, [&](const std::string& key, const Value& v) {
+  return table;
+}
+
+const KeyTable& tandem_fp16_keys() {
+  static const KeyTable table{{"loss_scale", "initial_scale_power", "loss_scale_window",
+                               "hysteresis", "consecutive_hysteresis", "min_loss_scale",
+                               "deepspeed_semantics"},
+                              {},
+                              {},
+                              {}};
+  return table;
+}
+
+const KeyTable& ddp_keys() {
+  static const KeyTable table{{"bucket_cap_mb", "first_bucket_cap_mb", "find_unused_parameters",
+                               "broadcast_buffers", "comm_hook", "cache_cpu_allocations"},
+                              {},
+                              {},
+                              {}};
+  return table;
+}
+
+void read_tandem_document(const Value& root, Config& config) {
+  for_each_key(root, tandem_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (read_launch_key(key, v, config) || read_shared_training_key(key, v, config)) return;
     if (key == "distributed") {
       config.distributed_type = read_distributed_type(v);

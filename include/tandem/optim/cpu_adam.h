@@ -11,9 +11,10 @@
 // AVX2+FMA or scalar code picked at run time for this CPU. Every element goes
 // through the same operations, in the same order, as LibTorch's
 // torch::optim::Adam / AdamW step on AVX2 (including the fused multiply-adds
-// its kernels use), so results match torch's to the last bit (LibTorch 1.13)
-// or within float32 tolerance (2.13, whose MKL sqrt is not correctly
-// rounded), and they are bitwise identical whatever the thread count or ISA.
+// its kernels use). Results match PyTorch 2.13's pip LibTorch within float32
+// tolerance, not bitwise, because its MKL sqrt is not correctly rounded
+// (Debian's LibTorch 1.13, which tandem built against before, matched to the
+// last bit), and they are bitwise identical whatever the thread count or ISA.
 
 #include <cstdint>
 #include <vector>
