@@ -239,9 +239,9 @@ void OptimizerCore::unscale_gradients(AcceleratedOptimizer& self) {
     }
     found_inf = unscale_and_find_inf(grads, inv_scale);
   }
-  // DDP's all-reduce spreads an inf/NaN to every rank, but a parameter
-  // outside the wrapped model (a loss module's, say) is not all-reduced: one
-  // tiny MAX all-reduce makes every rank take the same decision regardless.
+  // Each rank checked only what it holds (under ZeRO its gradient shard;
+  // under DDP a parameter outside the wrapped model, a loss module's say, is
+  // not all-reduced): one tiny MAX all-reduce makes every rank decide alike.
   if (scaling && group_ != nullptr && group_->world_size() > 1) {
     found_inf = any_rank_found_inf(*group_, found_inf);
   }

@@ -48,8 +48,8 @@ struct ProcessGroupCapsule : torch::CustomClassHolder {
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
   // y = (x - mean) * invstd * weight + bias, with mean/invstd already global.
-  // weight and bias come as optionals: Function::apply (1.13 at least)
-  // rejects an undefined at::Tensor argument but skips an empty optional.
+  // weight and bias come as optionals: Function::apply counts an undefined
+  // at::Tensor argument as an input but skips an empty optional.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
                             const c10::optional<at::Tensor>& weight_arg,
                             const c10::optional<at::Tensor>& bias_arg, const at::Tensor& mean,

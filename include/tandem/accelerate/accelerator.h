@@ -129,7 +129,8 @@ class Accelerator {
   // of models (each its own
   // DDP wrapper; under ZeRO each is sharded when the optimizer over its
   // parameters is prepared, and a model no optimizer covers, such as a
-  // frozen one, stays whole, its parameters broadcast from rank 0).
+  // frozen one, stays whole, its frozen parameters and buffers broadcast
+  // from rank 0).
   // Checkpoints name model k >= 1's tensors "model_<k>." + module path.
   template <typename ModuleImpl>
   torch::nn::ModuleHolder<ModuleImpl> prepare_model(
