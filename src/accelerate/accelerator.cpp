@@ -321,7 +321,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   auto core = std::make_unique<detail::OptimizerCore>(std::move(parts));
   detail::OptimizerCore& core_ref = *core;
   auto prepared = std::shared_ptr<AcceleratedOptimizer>(
-      new AcceleratedOptimizer(std::move(optimizer), std::move(core), sharded));
+      new AcceleratedOptimizer(std::move(optimizer), std::move(core)));
+  if (!sharded) core_ref.set_update(detail::make_replicated_update(*prepared));
   if (sharded) {
     ZeroOptions zero;
     zero.stage = config_.zero.stage;
@@ -333,7 +334,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     zero.max_live_parameters = config_.zero.stage3_max_live_parameters;
     zero.param_persistence_threshold = config_.zero.stage3_param_persistence_threshold;
     auto sharder = std::make_shared<ZeroOptimizer>(model, *prepared, process_group_, zero);
-    core_ref.attach_zero(sharder);
+    core_ref.set_update(detail::make_sharded_update(sharder));
     controller_->attach(sharder);
     models_[static_cast<std::size_t>(model_index)].zero = std::move(sharder);
   }

@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "accelerate/optimizer_update.h"
 #include "core/torch_internals.h"
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/amp/master_weights.h"
@@ -46,16 +47,16 @@ class OptimizerCore {
     double gradient_clipping = 0;
     // The ranks that must agree on skipping an overflowing step.
     std::shared_ptr<ProcessGroup> group;
-    // The ZeRO optimizer that owns the update (null: `wrapped` steps); it
-    // keeps its own fp32 master shards.
-    std::shared_ptr<ZeroOptimizer> zero;
   };
   explicit OptimizerCore(Parts parts);
-  void attach_zero(std::shared_ptr<ZeroOptimizer> zero) { zero_ = std::move(zero); }
 
   // Takes `self`'s param groups and state from the wrapped optimizer (which
-  // gets the decoy), and makes fp32 masters for a bf16/fp16 model.
-  void adopt(AcceleratedOptimizer& self, bool sharded);
+  // gets the decoy).
+  void adopt(AcceleratedOptimizer& self);
+  // How the update runs (replicated or sharded); set once, after adopt()
+  // and before the first step.
+  void set_update(std::unique_ptr<OptimizerUpdate> update) { update_ = std::move(update); }
+  const OptimizerUpdate& update() const { return *update_; }
 
   // Unscales the current step's gradients once (into the fp32 masters when
   // there are any) and records whether any is inf/NaN. Later calls in the
@@ -88,8 +89,8 @@ class OptimizerCore {
   int id() const { return id_; }
   // The optimizer the user passed (a scheduler may have been built over it).
   const torch::optim::Optimizer& wrapped() const { return *wrapped_; }
-  const MasterWeights* master_weights() const { return master_.get(); }
-  ZeroOptimizer* zero() const { return zero_.get(); }
+  const MasterWeights* master_weights() const { return update_->master_weights(); }
+  ZeroOptimizer* zero() const { return update_->zero(); }
 
  private:
 
@@ -97,10 +98,9 @@ class OptimizerCore {
   std::shared_ptr<StepController> controller_;
   int id_ = 0;
   std::shared_ptr<LossScaler> scaler_;
-  std::unique_ptr<MasterWeights> master_;
+  std::unique_ptr<OptimizerUpdate> update_;
   double gradient_clipping_;
   std::shared_ptr<ProcessGroup> group_;
-  std::shared_ptr<ZeroOptimizer> zero_;
   bool unscaled_ = false;
   bool found_inf_ = false;
   // Parameters holding a gradient after the last backward (note_backward).

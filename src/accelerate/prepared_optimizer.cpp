@@ -62,15 +62,6 @@ double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, doubl
 namespace detail {
 namespace {
 
-bool has_low_precision_params(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& p : group.params()) {
-      if (p.scalar_type() == at::kBFloat16 || p.scalar_type() == at::kHalf) return true;
-    }
-  }
-  return false;
-}
-
 // NaN for options without a learning rate (a custom optimizer's).
 double learning_rate(const torch::optim::OptimizerParamGroup& group) {
   if (!group.has_options()) return std::numeric_limits<double>::quiet_NaN();
@@ -105,13 +96,12 @@ OptimizerCore::OptimizerCore(Parts parts)
       controller_(std::move(parts.controller)),
       scaler_(std::move(parts.scaler)),
       gradient_clipping_(parts.gradient_clipping),
-      group_(std::move(parts.group)),
-      zero_(std::move(parts.zero)) {
+      group_(std::move(parts.group)) {
   TANDEM_CHECK_ARG(wrapped_ != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
   id_ = controller_->add_optimizer();
 }
 
-void OptimizerCore::adopt(AcceleratedOptimizer& self, bool sharded) {
+void OptimizerCore::adopt(AcceleratedOptimizer& self) {
   self.param_groups().swap(wrapped_->param_groups());
   self.state().swap(wrapped_->state());
   // The decoy: one parameter with a gradient of ones, in a group per live
@@ -129,10 +119,6 @@ void OptimizerCore::adopt(AcceleratedOptimizer& self, bool sharded) {
   }
   decoy_groups.front().params().push_back(decoy_);
   wrapped_->param_groups() = std::move(decoy_groups);
-  // A bf16/fp16 model trains through fp32 copies (DeepSpeed's fp16/bf16
-  // optimizers): updates smaller than the low-precision spacing would
-  // otherwise round away. ZeRO keeps fp32 master shards itself.
-  if (!sharded && has_low_precision_params(self)) master_ = std::make_unique<MasterWeights>(self);
 }
 
 void OptimizerCore::check_wrapped(AcceleratedOptimizer& self) {
@@ -220,25 +206,7 @@ void OptimizerCore::unscale_gradients(AcceleratedOptimizer& self) {
                    "there is nothing to unscale (clip_grad_norm must come after "
                    "accelerator.backward(loss) and before optimizer->step())");
   const double inv_scale = scaling ? scaler_->inv_scale() : 1.0;
-  bool found_inf = false;
-  if (zero_ != nullptr) {
-    // The reduced fp32 gradient shards are what the update reads.
-    if (scaling) found_inf = unscale_and_find_inf(zero_->gradient_shards(), inv_scale);
-  } else if (master_) {
-    master_->copy_grads_to_master(inv_scale);
-    if (scaling) {
-      std::vector<at::Tensor> grads;
-      for (const auto& p : master_->master_params()) grads.push_back(p.grad());
-      found_inf = unscale_and_find_inf(grads, 1.0);
-    }
-  } else if (scaling) {
-    std::vector<at::Tensor> grads;
-    // A tied tensor listed twice: unscale_and_find_inf() scales it once.
-    for (auto& group : self.param_groups()) {
-      for (auto& p : group.params()) grads.push_back(p.grad());
-    }
-    found_inf = unscale_and_find_inf(grads, inv_scale);
-  }
+  bool found_inf = update_->unscale(self, inv_scale, /*check_inf=*/scaling);
   // Each rank checked only what it holds (under ZeRO its gradient shard;
   // under DDP a parameter outside the wrapped model, a loss module's say, is
   // not all-reduced): one tiny MAX all-reduce makes every rank decide alike.
@@ -252,14 +220,7 @@ void OptimizerCore::unscale_gradients(AcceleratedOptimizer& self) {
 double OptimizerCore::clip(AcceleratedOptimizer& self, double max_norm, double norm_type) {
   unscale_gradients(self);
   if (found_inf_) return std::numeric_limits<double>::infinity();
-  double norm = 0;
-  if (zero_ != nullptr) {
-    TANDEM_CHECK_ARG(norm_type == 2.0, "clip_grad_norm under ZeRO clips the L2 norm "
-                     "(norm_type 2), got norm_type {}", norm_type);
-    norm = zero_->clip_grad_norm(max_norm);
-  } else {
-    norm = clip_gradients(self, max_norm, norm_type, nullptr);
-  }
+  const double norm = update_->clip(self, max_norm, norm_type);
   controller_->note_clipped(id_);
   return norm;
 }
@@ -279,9 +240,7 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
       "accelerator.backward(loss) instead of loss.backward(), or wrap the step in "
       "`auto guard = accelerator.accumulate(model);`",
       state.accumulation_steps);
-  TANDEM_CHECK_ARG(closure == nullptr || zero_ == nullptr,
-                   "optimizer->step(closure): ZeRO steps from the gradients of the last "
-                   "backward and takes no closure; call step() without one");
+  update_->check_closure(closure);
   // Whatever happens below, the step's per-step flags end with it.
   struct EndStep {
     OptimizerCore* core;
@@ -296,18 +255,13 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   at::Tensor loss;
   if (!skip) {
     if (gradient_clipping_ > 0 && !controller_->optimizer(id_).clipped) {
-      if (zero_ != nullptr) {
-        zero_->clip_grad_norm(gradient_clipping_);
-      } else {
-        clip_gradients(self, gradient_clipping_, 2.0, nullptr);
-      }
+      update_->clip(self, gradient_clipping_, 2.0);
     }
-    if (zero_ != nullptr) {
-      zero_->step();
-    } else {
-      with_wrapped(self, [&](torch::optim::Optimizer& wrapped) { loss = wrapped.step(closure); });
-    }
-    if (master_) master_->copy_master_to_model();
+    loss = update_->apply(std::move(closure), [&](torch::optim::Optimizer::LossClosure c) {
+      at::Tensor out;
+      with_wrapped(self, [&](torch::optim::Optimizer& wrapped) { out = wrapped.step(c); });
+      return out;
+    });
   }
   // The step consumed the accumulated gradients (or discarded them).
   controller_->optimizer_step(id_, !skip);
@@ -319,33 +273,17 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
 void OptimizerCore::zero_grad(AcceleratedOptimizer& self) {
   check_wrapped(self);
   if (!controller_->zero_grad(id_)) return;
-  if (zero_ != nullptr) {
-    zero_->zero_grad();
-    return;
-  }
-  // In place, so DDP's .grad views of its buckets stay in place (no
-  // set-to-None: the next backward would have to re-adopt every gradient).
-  torch::NoGradGuard no_grad;
-  auto zero = [](at::Tensor& p) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-  };
-  for (auto& group : self.param_groups()) {
-    for (auto& p : group.params()) zero(p);
-  }
-  if (master_) {
-    for (auto p : master_->model_params()) zero(p);
-  }
+  update_->zero_grad(self);
 }
 
 }  // namespace detail
 
 AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
-                                           std::unique_ptr<detail::OptimizerCore> core,
-                                           bool sharded)
+                                           std::unique_ptr<detail::OptimizerCore> core)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
                               wrapped->defaults().clone()),
       core_(std::move(core)) {
-  core_->adopt(*this, sharded);
+  core_->adopt(*this);
 }
 
 AcceleratedOptimizer::~AcceleratedOptimizer() = default;

@@ -106,7 +106,7 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
   friend class AcceleratedScheduler;
   friend struct detail::SchedulerCore;
   AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
-                       std::unique_ptr<detail::OptimizerCore> core, bool sharded);
+                       std::unique_ptr<detail::OptimizerCore> core);
 
   std::unique_ptr<detail::OptimizerCore> core_;
 };
