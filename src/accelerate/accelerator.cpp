@@ -16,6 +16,7 @@
 #include <torch/utils.h>
 
 #include "accelerate/consistency_check.h"
+#include "accelerate/model_strategy.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "tandem/amp/autocast.h"
@@ -182,22 +183,14 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   apply_activation_checkpointing(*model, config_.activation_checkpointing);
   PreparedModel prepared;
   prepared.module = model;
-  // One process has nothing to synchronise (as Accelerate, which does not
-  // wrap at num_processes == 1).
-  // ZeRO shards when the optimizer is prepared: it needs both.
-  if (num_processes() > 1 && config_.zero.stage == 0) {
-    prepared.ddp = std::make_shared<DistributedDataParallel>(model, process_group_, *ddp_options_);
-    controller_->attach(prepared.ddp);
-  } else if (num_processes() > 1) {
-    // ZeRO broadcasts the parameters it shards; frozen ones and buffers
-    // start from rank 0's values here, as DDP would make them.
-    std::vector<at::Tensor> state;
-    for (const auto& p : unique_parameters(*model)) {
-      if (!p.requires_grad()) state.push_back(p.detach());
-    }
-    for (const auto& [name, b] : unique_named_buffers(*model)) state.push_back(b.detach());
-    broadcast_coalesced(*process_group_, state);
-  }
+  prepared.prefix = detail::model_prefix(models_.size());
+  detail::ModelStrategyParts parts;
+  parts.module = model;
+  parts.group = process_group_;
+  parts.controller = controller_;
+  parts.zero = config_.zero;
+  parts.ddp = *ddp_options_;
+  prepared.strategy = detail::make_model_strategy(std::move(parts));
   models_.push_back(std::move(prepared));
   models_checked_ = false;
   join_hooks_.reset();  // reinstalled over every model at the next joined backward
@@ -232,12 +225,12 @@ std::shared_ptr<torch::nn::Module> Accelerator::unwrap_model() const {
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer() const {
-  return models_.empty() ? nullptr : models_.front().zero;
+  return models_.empty() ? nullptr : models_.front().strategy->zero();
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer(
     const std::shared_ptr<torch::nn::Module>& model) const {
-  return models_[check_prepared(model, "zero_optimizer")].zero;
+  return models_[check_prepared(model, "zero_optimizer")].strategy->zero();
 }
 
 namespace {
@@ -291,27 +284,23 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
                        fmt::join(p.sizes(), ", "));
     }
   }
-  const bool sharded = config_.zero.stage > 0;
-  TANDEM_CHECK_ARG(!sharded || !models_.empty(),
+  // Under ZeRO an optimizer belongs to the one model it shards, prepared
+  // before it; otherwise it stands alone and may span models.
+  const bool bound = detail::binds_optimizers(config_.zero);
+  TANDEM_CHECK_ARG(!bound || !models_.empty(),
                    "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
                    "with its optimizer; prepare the model first (or use prepare(model, "
                    "optimizer, data))",
                    config_.zero.stage);
-  int model_index = -1;
-  if (sharded) {
+  std::optional<std::size_t> owner;
+  if (bound) {
     std::vector<std::shared_ptr<torch::nn::Module>> modules;
     for (const auto& m : models_) modules.push_back(m.module);
-    model_index = static_cast<int>(model_of_optimizer(*optimizer, modules));
-    TANDEM_CHECK_ARG(models_[static_cast<std::size_t>(model_index)].zero == nullptr,
-                     "Accelerator::prepare_optimizer: prepared model {} is already sharded with "
-                     "another optimizer; under ZeRO put all of a model's parameter groups in one "
-                     "optimizer",
-                     model_index);
+    owner = model_of_optimizer(*optimizer, modules);
   }
   std::shared_ptr<torch::nn::Module> model =
-      model_index >= 0 ? models_[static_cast<std::size_t>(model_index)].module
-                       : (models_.empty() ? nullptr : models_.front().module);
-  warn_if_listed_twice(*optimizer, model.get(), sharded);
+      owner ? models_[*owner].module : (models_.empty() ? nullptr : models_.front().module);
+  warn_if_listed_twice(*optimizer, model.get(), bound);
   detail::OptimizerCore::Parts parts;
   parts.wrapped = optimizer;
   parts.controller = controller_;
@@ -322,24 +311,10 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   detail::OptimizerCore& core_ref = *core;
   auto prepared = std::shared_ptr<AcceleratedOptimizer>(
       new AcceleratedOptimizer(std::move(optimizer), std::move(core)));
-  if (!sharded) core_ref.set_update(detail::make_replicated_update(*prepared));
-  if (sharded) {
-    ZeroOptions zero;
-    zero.stage = config_.zero.stage;
-    zero.reduce_bucket_size = config_.zero.reduce_bucket_size;
-    zero.offload_optimizer = config_.zero.offload_optimizer == OffloadDevice::kCpu;
-    zero.offload_param = config_.zero.offload_param == OffloadDevice::kCpu;
-    zero.pin_memory = config_.zero.offload_pin_memory;
-    zero.prefetch_bucket_size = config_.zero.stage3_prefetch_bucket_size;
-    zero.max_live_parameters = config_.zero.stage3_max_live_parameters;
-    zero.param_persistence_threshold = config_.zero.stage3_param_persistence_threshold;
-    auto sharder = std::make_shared<ZeroOptimizer>(model, *prepared, process_group_, zero);
-    core_ref.set_update(detail::make_sharded_update(sharder));
-    controller_->attach(sharder);
-    models_[static_cast<std::size_t>(model_index)].zero = std::move(sharder);
-  }
+  core_ref.set_update(owner ? models_[*owner].strategy->attach_optimizer(*prepared)
+                            : detail::make_replicated_update(*prepared));
+  if (owner) models_[*owner].optimizers.push_back(optimizers_.size());
   optimizers_.push_back(prepared);
-  optimizer_models_.push_back(model_index);
   models_checked_ = false;
   return prepared;
 }
@@ -510,21 +485,7 @@ Accelerator::AccumulateGuard::~AccumulateGuard() {
 }
 
 void Accelerator::check_models_synchronised() {
-  // Under ZeRO a model's gradients are reduced by the ZeRO optimizer over
-  // it; a trainable model without one would train apart on each rank.
-  if (num_processes() > 1 && config_.zero.stage > 0) {
-    for (std::size_t i = 0; i < models_.size(); ++i) {
-      if (models_[i].zero != nullptr) continue;
-      for (const auto& item : unique_named_parameters(*models_[i].module)) {
-        TANDEM_CHECK_ARG(!item.tensor.requires_grad(),
-                         "Accelerator::backward: prepared model {} has trainable parameter '{}' "
-                         "but no prepared optimizer over it; under ZeRO its gradients would not "
-                         "be reduced across ranks. Prepare an optimizer over its parameters, or "
-                         "freeze it (requires_grad_(false))",
-                         i, item.name);
-      }
-    }
-  }
+  for (std::size_t i = 0; i < models_.size(); ++i) models_[i].strategy->check_ready(i);
   models_checked_ = true;
 }
 

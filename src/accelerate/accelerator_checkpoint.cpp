@@ -28,16 +28,13 @@
 namespace tandem {
 namespace {
 
-constexpr const char* kModel = "model";
-constexpr const char* kMaster = "master";
-
-std::string optim_section(const std::string& state) { return "optim/" + state; }
-
-// Checkpoint names: the first prepared model's tensors by module path (as
-// a one-model run has always saved them), model k >= 1's under "model_<k>.".
-std::string model_prefix(std::size_t index) {
-  return index == 0 ? std::string() : "model_" + std::to_string(index) + ".";
-}
+using detail::flat;
+using detail::kMasterSection;
+using detail::kModelSection;
+using detail::name_of;
+using detail::NamedTensors;
+using detail::optim_section;
+using detail::TensorNames;
 
 // unique_named_parameters() as (name, tensor) pairs: tied weights once,
 // under their first name, behind `prefix`.
@@ -57,37 +54,11 @@ std::vector<std::pair<std::string, at::Tensor>> buffers_by_name(torch::nn::Modul
   return out;
 }
 
-// The optimizers' tensors by checkpoint name, keyed by TensorImpl: every
-// model parameter by its name (tied weights once), and every fp32 master
-// copy by its parameter's name.
-using TensorNames = std::unordered_map<const void*, std::string>;
-
-void add_master_names(TensorNames& names, const MasterWeights* master) {
-  if (master == nullptr) return;
-  for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-    names[master->master_params()[i].unsafeGetTensorImpl()] =
-        names[master->model_params()[i].unsafeGetTensorImpl()];
-  }
-}
-
-// The name of `t`; a UsageError from `caller` when the optimizer holds a
-// tensor that is neither a parameter of the model nor a master copy of one.
-const std::string& name_of(const TensorNames& names, const at::Tensor& t, const char* caller) {
-  const auto it = names.find(t.unsafeGetTensorImpl());
-  TANDEM_CHECK_ARG(it != names.end(),
-                   "{}: the optimizer holds a tensor of shape {} that is not a parameter of a "
-                   "prepared model; build the optimizer over model->parameters()",
-                   caller, fmt::join(t.sizes(), "x"));
-  return it->second;
-}
-
 nlohmann::json describe(const std::string& name, const at::Tensor& t) {
   return {{"name", name},
           {"shape", t.sizes().vec()},
           {"dtype", safetensors_dtype_name(t.scalar_type())}};
 }
-
-at::Tensor flat(const at::Tensor& t) { return t.detach().reshape({-1}); }
 
 const char* precision_name(MixedPrecision mp) {
   switch (mp) {
@@ -128,26 +99,24 @@ bool Accelerator::has_checkpoint(const std::string& dir) {
 
 TensorNames Accelerator::tensor_names() const {
   TensorNames names;
-  for (std::size_t m = 0; m < models_.size(); ++m) {
-    for (const auto& [name, p] : parameters_by_name(*models_[m].module, model_prefix(m))) {
+  for (const auto& model : models_) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       TANDEM_CHECK_ARG(names.emplace(p.unsafeGetTensorImpl(), name).second,
                        "save_state: parameter '{}' is also a parameter of another prepared model; "
                        "prepare a container module holding both instead",
                        name);
     }
   }
-  for (const auto& optimizer : optimizers_) {
-    add_master_names(names, optimizer->core_->master_weights());
-  }
+  for (const auto& optimizer : optimizers_) optimizer->core_->update().add_master_names(names);
   return names;
 }
 
 nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json meta;
-  const std::shared_ptr<ZeroOptimizer> first_zero = zero_optimizer();
+  const detail::ModelStrategy& first = *models_.front().strategy;
   meta["step"] = step();
-  meta["strategy"] = first_zero ? "zero" : (num_processes() > 1 ? "ddp" : "single");
-  meta["zero_stage"] = first_zero ? first_zero->stage() : 0;
+  meta["strategy"] = first.name();
+  meta["zero_stage"] = first.zero_stage();
   meta["mixed_precision"] = precision_name(config_.mixed_precision);
   meta["tandem_version"] = version();
   meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
@@ -156,18 +125,16 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json params = nlohmann::json::array();
   nlohmann::json buffers = nlohmann::json::array();
   nlohmann::json models = nlohmann::json::array();
-  for (std::size_t m = 0; m < models_.size(); ++m) {
-    const std::string prefix = model_prefix(m);
-    for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
+  for (const auto& model : models_) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       nlohmann::json d = describe(name, p);
       d["trainable"] = p.requires_grad();
       params.push_back(d);
     }
-    for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
+    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
       buffers.push_back(describe(name, b));
     }
-    models.push_back({{"prefix", prefix},
-                      {"zero_stage", models_[m].zero ? models_[m].zero->stage() : 0}});
+    models.push_back({{"prefix", model.prefix}, {"zero_stage", model.strategy->zero_stage()}});
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
@@ -176,33 +143,11 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json optimizers = nlohmann::json::array();
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {
     auto& optimizer = *optimizers_[i];
-    const ZeroOptimizer* zero = optimizer.core_->zero();
     nlohmann::json opt;
     opt["type"] = detail::optimizer_type(optimizer);
     opt["param_groups"] = detail::param_group_options(optimizer);
     opt["real_steps"] = controller_->optimizer(optimizer.core_->id()).steps;
-    nlohmann::json steps = nlohmann::json::object();
-    int64_t step = 0;
-    if (zero) {
-      step = zero->step_count();
-      opt["state_names"] = zero->state_names();
-    } else {
-      std::vector<std::string> state_names;
-      for (const auto& p : unique_optimizer_parameters(optimizer)) {
-        const std::string& name = name_of(names, p, "save_state");
-        const detail::ParamState ps = detail::get_param_state(optimizer, p);
-        if (ps.step >= 0) steps[name] = ps.step;
-        step = std::max(step, ps.step);
-        for (const auto& [sname, t] : ps.tensors) {
-          if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
-            state_names.push_back(sname);
-          }
-        }
-      }
-      opt["state_names"] = state_names;
-    }
-    opt["step"] = step;
-    opt["param_steps"] = steps;
+    optimizer.core_->update().describe_state(optimizer, names, opt);
     optimizers.push_back(opt);
   }
   // "optimizer": the first one, as one-optimizer checkpoints have it.
@@ -229,55 +174,27 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
-  std::vector<std::pair<std::string, at::Tensor>> out;
+  NamedTensors out;
   const bool rank0 = is_main_process();
-  for (std::size_t m = 0; m < models_.size(); ++m) {
-    const std::string prefix = model_prefix(m);
-    const std::shared_ptr<ZeroOptimizer>& zero = models_[m].zero;
-    std::unordered_map<std::string, bool> sharded;
-    if (zero) {
-      const std::vector<std::string> states = zero->state_names();
-      for (const auto& f : zero->shard_fragments()) {
-        const std::string name = prefix + f.name;
-        out.emplace_back(fragment_key(kModel, name, f.begin), f.value);
-        if (f.master.defined()) out.emplace_back(fragment_key(kMaster, name, f.begin), f.master);
-        for (std::size_t s = 0; s < states.size(); ++s) {
-          out.emplace_back(fragment_key(optim_section(states[s]), name, f.begin), f.state[s]);
-        }
-      }
-      for (const auto& group : zero->group_parameter_names()) {
-        for (const auto& name : group) sharded[prefix + name] = true;
-      }
+  for (const auto& model : models_) {
+    // Partitioned parameters: every rank its fragments; the rest: rank 0.
+    model.strategy->append_shard_tensors(model.prefix, out);
+    if (!rank0) continue;
+    std::unordered_map<std::string, bool> partitioned;
+    for (const auto& name : model.strategy->partitioned_names()) {
+      partitioned[model.prefix + name] = true;
     }
-    if (rank0) {
-      for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
-        if (!sharded.count(name)) out.emplace_back(fragment_key(kModel, name, 0), flat(p));
-      }
-      for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
-        out.emplace_back("buffer/" + name, b);
-      }
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
+      if (!partitioned.count(name)) out.emplace_back(fragment_key(kModelSection, name, 0), flat(p));
+    }
+    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
+      out.emplace_back("buffer/" + name, b);
     }
   }
   if (rank0) {
     const TensorNames names = tensor_names();
     for (const auto& prepared : optimizers_) {
-      if (prepared->core_->zero() != nullptr) continue;
-      auto& optimizer = *prepared;
-      const MasterWeights* master = prepared->core_->master_weights();
-      if (master != nullptr) {
-        for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-          const at::Tensor& m = master->master_params()[i];
-          if (m.unsafeGetTensorImpl() != master->model_params()[i].unsafeGetTensorImpl()) {
-            out.emplace_back(fragment_key(kMaster, name_of(names, m, "save_state"), 0), flat(m));
-          }
-        }
-      }
-      for (const auto& p : unique_optimizer_parameters(optimizer)) {
-        const std::string& name = name_of(names, p, "save_state");
-        for (const auto& [sname, t] : detail::get_param_state(optimizer, p).tensors) {
-          out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
-        }
-      }
+      prepared->core_->update().append_state_tensors(*prepared, names, out);
     }
   }
   for (const auto& key : generator_keys()) {
@@ -329,8 +246,8 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
   for (const auto& p : meta.at("parameters")) {
     saved_shapes[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<int64_t>>();
   }
-  for (std::size_t m = 0; m < models_.size(); ++m) {
-    for (const auto& [name, p] : parameters_by_name(*models_[m].module, model_prefix(m))) {
+  for (const auto& model : models_) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       const auto it = saved_shapes.find(name);
       TANDEM_CHECK_ARG(it != saved_shapes.end(),
                        "load_state: the model has parameter '{}' but checkpoint '{}' does not. "
@@ -352,59 +269,25 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
                    checkpoint.path(), saved_shapes.empty() ? "" : saved_shapes.begin()->first);
 
   torch::NoGradGuard no_grad;
-  for (std::size_t m = 0; m < models_.size(); ++m) {
-    const std::string prefix = model_prefix(m);
-    std::unordered_map<std::string, bool> sharded;
-    if (const std::shared_ptr<ZeroOptimizer>& zero = models_[m].zero) {
-      for (const auto& group : zero->group_parameter_names()) {
-        for (const auto& name : group) sharded[prefix + name] = true;
-      }
-      auto source = [&checkpoint, &prefix](const std::string& section, const std::string& name,
-                                           int64_t begin, int64_t length) {
-        const std::string where =
-            section == kModel || section == kMaster ? section : optim_section(section);
-        if (!checkpoint.has(where, prefix + name)) return at::Tensor();
-        return checkpoint.read_range(where, prefix + name, begin, length);
-      };
-      if (!optimizer_states) {
-        // Weights only: the shards (and their fp32 masters) take the saved
-        // values; the optimizer's moments and step count stay as they are.
-        // A read error must not leave the other ranks alone in the
-        // all-gather that follows: keep it, then every rank throws it.
-        std::string error;
-        zero->load_parameter_shards([&](const std::string& name, int64_t begin,
-                                        const at::Tensor& dst) {
-          if (!error.empty()) return false;
-          try {
-            const bool master = dst.scalar_type() == at::kFloat &&
-                                checkpoint.has(kMaster, prefix + name);
-            dst.copy_(checkpoint.read_range(master ? kMaster : kModel, prefix + name, begin,
-                                            dst.numel()));
-            return true;
-          } catch (const std::exception& e) {
-            error = e.what();
-            return false;
-          }
-        });
-        for (const std::string& e : process_group_->all_gather_strings(error)) {
-          if (!e.empty()) TANDEM_THROW(CheckpointError, "load_state: {}", e);
-        }
-      } else {
-        int64_t step = 0;
-        for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-          if (optimizer_models_[i] != static_cast<int>(m)) continue;
-          if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
-            step = saved->value("step", int64_t{0});
-          }
-        }
-        zero->load_shards(source, step);
+  for (const auto& model : models_) {
+    // The optimizer step count its shards were saved at (ZeRO: the one
+    // optimizer over the model).
+    int64_t step = 0;
+    for (std::size_t i : model.optimizers) {
+      if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
+        step = saved->value("step", int64_t{0});
       }
     }
-    for (const auto& [name, p] : parameters_by_name(*models_[m].module, prefix)) {
-      if (sharded.count(name)) continue;
-      checkpoint.read_range_into(kModel, name, 0, p.detach());
+    model.strategy->restore_shards(checkpoint, model.prefix, optimizer_states, step);
+    std::unordered_map<std::string, bool> partitioned;
+    for (const auto& name : model.strategy->partitioned_names()) {
+      partitioned[model.prefix + name] = true;
     }
-    for (const auto& [name, b] : buffers_by_name(*models_[m].module, prefix)) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
+      if (partitioned.count(name)) continue;
+      checkpoint.read_range_into(kModelSection, name, 0, p.detach());
+    }
+    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
       std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
       TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
                        checkpoint.path(), name);
@@ -436,37 +319,7 @@ void Accelerator::restore_optimizers(const CheckpointReader& checkpoint) {
                    "is {}; build the same optimizer type (or pass load_optimizer_states = false)",
                    checkpoint.path(), saved.at("type").get<std::string>(), i, type);
     }
-    if (optimizer.core_->zero() != nullptr) continue;  // restore_models() loaded its shards
-    const MasterWeights* master = optimizer.core_->master_weights();
-    if (master != nullptr) {
-      for (std::size_t k = 0; k < master->model_params().size(); ++k) {
-        const at::Tensor& m = master->master_params()[k];
-        const at::Tensor& model_param = master->model_params()[k];
-        if (m.unsafeGetTensorImpl() != model_param.unsafeGetTensorImpl()) {
-          const std::string& name = name_of(names, model_param, "load_state");
-          if (checkpoint.has(kMaster, name)) {
-            checkpoint.read_range_into(kMaster, name, 0, m.detach());
-          } else {
-            m.detach().copy_(model_param.detach().to(m.scalar_type()));
-          }
-        }
-      }
-    }
-    const auto state_names = saved.value("state_names", std::vector<std::string>{});
-    const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
-    for (const auto& p : unique_optimizer_parameters(optimizer)) {
-      const std::string& name = name_of(names, p, "load_state");
-      detail::ParamState ps;
-      ps.step = steps.contains(name) ? steps[name].get<int64_t>()
-                                     : saved.value("step", int64_t{-1});
-      for (const auto& sname : state_names) {
-        if (checkpoint.has(optim_section(sname), name)) {
-          ps.tensors.emplace_back(
-              sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
-        }
-      }
-      detail::set_param_state(optimizer, p, ps);
-    }
+    optimizer.core_->update().restore_state(optimizer, checkpoint, saved, names);
   }
 }
 

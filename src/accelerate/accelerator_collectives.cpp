@@ -9,9 +9,9 @@
 
 #include "tandem/accelerate/accelerator.h"
 
+#include "accelerate/model_strategy.h"
 #include "accelerate/step_controller.h"
 #include "tandem/core/error.h"
-#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 namespace {
@@ -140,15 +140,14 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict(
     const std::shared_ptr<torch::nn::Module>& model) const {
   const std::size_t index = check_prepared(model, "get_state_dict");
   torch::NoGradGuard no_grad;
-  // ZeRO-3 keeps only this rank's shard of a unit's parameters between uses:
-  // read the whole values while ZeRO holds each unit gathered.
+  // A partitioned parameter (ZeRO-3) holds only this rank's shard between
+  // uses: read its whole value while the strategy holds it gathered.
   std::unordered_map<const void*, at::Tensor> whole;
-  if (const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero) {
-    zero->for_each_whole_parameter([&](const std::string&, const at::Tensor& p) {
-      whole.emplace(p.unsafeGetTensorImpl(), p.detach().to(at::kCPU, /*non_blocking=*/false,
-                                                            /*copy=*/true));
-    });
-  }
+  models_[index].strategy->for_each_partitioned_whole(
+      [&](const std::string&, const at::Tensor& p) {
+        whole.emplace(p.unsafeGetTensorImpl(), p.detach().to(at::kCPU, /*non_blocking=*/false,
+                                                              /*copy=*/true));
+      });
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
     auto it = whole.find(item.value().unsafeGetTensorImpl());

@@ -2,24 +2,20 @@
 // rank's shards, and load_model_weights() for pretrained weights into a
 // prepared model, through the ZeRO shards when it is sharded.
 
-#include <exception>
 #include <memory>
-#include <unordered_map>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "accelerate/model_strategy.h"
 #include "accelerate/prepared_internals.h"
 #include "tandem/accelerate/accelerator.h"
-#include "tandem/checkpoint/safetensors_set.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
-#include "tandem/zero/zero_weights.h"
 
 namespace tandem {
 
 zero::Init Accelerator::zero_init() const {
-  if (config_.zero.stage != 3 || !config_.zero.zero3_init) return zero::Init::disabled();
-  return zero::Init(*process_group_, config_.zero.stage3_param_persistence_threshold, device_);
+  return detail::make_zero_init(config_.zero, *process_group_, device_);
 }
 
 void detail::refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device) {
@@ -48,55 +44,11 @@ LoadSafetensorsResult Accelerator::load_model_weights(
 LoadSafetensorsResult Accelerator::load_model_weights_at(std::size_t index,
                                                          const std::string& path,
                                                          const LoadSafetensorsOptions& options) {
-  if (const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero) {
-    return load_safetensors_into_shards(*zero, path, options);
+  std::vector<const MasterWeights*> masters;
+  for (const auto& optimizer : optimizers_) {
+    if (const MasterWeights* master = optimizer->core_->master_weights()) masters.push_back(master);
   }
-  torch::nn::Module& model = *models_[index].module;
-  LoadSafetensorsResult result;
-  std::string error;
-  std::exception_ptr own;
-  try {
-    result = load_safetensors(model, path, options);
-    // The optimizer steps fp32 masters of bf16/fp16 parameters: they take
-    // the file's values too (at the file's precision, not the rounded one).
-    std::unordered_map<const void*, std::vector<std::string>> names;
-    for (auto& p : unique_named_parameters(model)) {
-      std::vector<std::string>& all = names[p.tensor.unsafeGetTensorImpl()];
-      all.push_back(p.name);
-      all.insert(all.end(), p.aliases.begin(), p.aliases.end());
-    }
-    std::unique_ptr<SafetensorsSet> set;
-    torch::NoGradGuard no_grad;
-    for (const auto& optimizer : optimizers_) {
-      const MasterWeights* master = optimizer->core_->master_weights();
-      if (master == nullptr) continue;
-      for (std::size_t i = 0; i < master->model_params().size(); ++i) {
-        const at::Tensor& m = master->master_params()[i];
-        const auto it = names.find(master->model_params()[i].unsafeGetTensorImpl());
-        if (it == names.end() || m.unsafeGetTensorImpl() == it->first) continue;
-        if (!set) set = std::make_unique<SafetensorsSet>(path);
-        for (const auto& name : it->second) {
-          if (set->find(options.prefix + name) == nullptr) continue;
-          set->read_range_into(options.prefix + name, 0, m.detach());
-          break;
-        }
-      }
-    }
-    if (set) result.bytes_read += set->bytes_read();
-  } catch (const std::exception& e) {
-    error = e.what();
-    own = std::current_exception();
-  }
-  // Ranks read the same files, so they normally fail alike; agreeing keeps
-  // one odd rank (a missing mount) from leaving the others in a collective.
-  const std::vector<std::string> errors = process_group_->all_gather_strings(error);
-  if (own) std::rethrow_exception(own);
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r].empty()) continue;
-    TANDEM_THROW(CheckpointError, "load_model_weights: [rank {}/{}] {}", r, errors.size(),
-                 errors[r]);
-  }
-  return result;
+  return models_[index].strategy->load_weights(path, options, masters);
 }
 
 }  // namespace tandem

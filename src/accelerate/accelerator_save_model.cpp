@@ -1,10 +1,11 @@
 // Accelerator::save_model: one prepared model's consolidated weights as one
-// safetensors file, streamed from the shards under ZeRO.
+// safetensors file, its partitioned parameters streamed from the shards.
 
 #include <functional>
 #include <memory>
 #include <unordered_map>
 
+#include "accelerate/model_strategy.h"
 #include "checkpoint/checkpoint_fs.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors.h"
@@ -25,7 +26,7 @@ void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
 
 void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   torch::nn::Module& model = *models_[index].module;
-  const std::shared_ptr<ZeroOptimizer>& zero = models_[index].zero;
+  detail::ModelStrategy& strategy = *models_[index].strategy;
   const bool rank0 = is_main_process();
   std::vector<SafetensorsSpec> specs;
   std::unordered_map<std::string, bool> sharded;
@@ -33,14 +34,11 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (auto& item : unique_named_parameters(model)) params.emplace_back(item.name, item.tensor);
   std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
-  if (zero) {
-    for (const auto& group : zero->group_parameter_names()) {
-      for (const auto& name : group) {
-        const at::Tensor& p = by_name.at(name);
-        specs.push_back({name, p.scalar_type(), p.sizes().vec()});
-        sharded[name] = true;
-      }
-    }
+  // Partitioned parameters first, in the order the strategy gathers them.
+  for (const auto& name : strategy.partitioned_names()) {
+    const at::Tensor& p = by_name.at(name);
+    specs.push_back({name, p.scalar_type(), p.sizes().vec()});
+    sharded[name] = true;
   }
   for (const auto& [name, p] : params) {
     if (!sharded.count(name)) rest.emplace_back(name, p);
@@ -65,12 +63,10 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
     detail::make_directories(dir);
     writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
   });
-  if (zero) {
-    // Collective even after a rank-0 failure, so no rank is left waiting.
-    zero->for_each_whole_parameter([&](const std::string& name, const at::Tensor& p) {
-      guarded([&] { writer->write(name, p); });
-    });
-  }
+  // Collective even after a rank-0 failure, so no rank is left waiting.
+  strategy.for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
+    guarded([&] { writer->write(name, p); });
+  });
   guarded([&] {
     for (const auto& [name, t] : rest) writer->write(name, t);
     writer->finish(/*sync=*/true);

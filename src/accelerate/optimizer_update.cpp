@@ -2,12 +2,17 @@
 
 #include "accelerate/optimizer_update.h"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "accelerate/optimizer_state.h"
 #include "tandem/accelerate/prepared.h"
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/amp/master_weights.h"
 #include "tandem/amp/unscale.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 #include "tandem/zero/zero_optimizer.h"
 
 namespace tandem::detail {
@@ -79,6 +84,87 @@ class ReplicatedUpdate final : public OptimizerUpdate {
 
   const MasterWeights* master_weights() const override { return master_.get(); }
 
+  void add_master_names(TensorNames& names) const override {
+    if (!master_) return;
+    for (std::size_t i = 0; i < master_->model_params().size(); ++i) {
+      names[master_->master_params()[i].unsafeGetTensorImpl()] =
+          names[master_->model_params()[i].unsafeGetTensorImpl()];
+    }
+  }
+
+  void describe_state(AcceleratedOptimizer& self, const TensorNames& names,
+                      nlohmann::json& out) const override {
+    std::vector<std::string> state_names;
+    nlohmann::json steps = nlohmann::json::object();
+    int64_t step = 0;
+    for (const auto& p : unique_optimizer_parameters(self)) {
+      const std::string& name = name_of(names, p, "save_state");
+      const ParamState ps = get_param_state(self, p);
+      if (ps.step >= 0) steps[name] = ps.step;
+      step = std::max(step, ps.step);
+      for (const auto& [sname, t] : ps.tensors) {
+        if (std::find(state_names.begin(), state_names.end(), sname) == state_names.end()) {
+          state_names.push_back(sname);
+        }
+      }
+    }
+    out["state_names"] = state_names;
+    out["step"] = step;
+    out["param_steps"] = steps;
+  }
+
+  void append_state_tensors(AcceleratedOptimizer& self, const TensorNames& names,
+                            NamedTensors& out) const override {
+    if (master_) {
+      for (std::size_t i = 0; i < master_->model_params().size(); ++i) {
+        const at::Tensor& m = master_->master_params()[i];
+        if (m.unsafeGetTensorImpl() != master_->model_params()[i].unsafeGetTensorImpl()) {
+          out.emplace_back(fragment_key(kMasterSection, name_of(names, m, "save_state"), 0),
+                           flat(m));
+        }
+      }
+    }
+    for (const auto& p : unique_optimizer_parameters(self)) {
+      const std::string& name = name_of(names, p, "save_state");
+      for (const auto& [sname, t] : get_param_state(self, p).tensors) {
+        out.emplace_back(fragment_key(optim_section(sname), name, 0), flat(t));
+      }
+    }
+  }
+
+  void restore_state(AcceleratedOptimizer& self, const CheckpointReader& checkpoint,
+                     const nlohmann::json& saved, const TensorNames& names) override {
+    torch::NoGradGuard no_grad;
+    if (master_) {
+      for (std::size_t k = 0; k < master_->model_params().size(); ++k) {
+        const at::Tensor& m = master_->master_params()[k];
+        const at::Tensor& model_param = master_->model_params()[k];
+        if (m.unsafeGetTensorImpl() == model_param.unsafeGetTensorImpl()) continue;
+        const std::string& name = name_of(names, model_param, "load_state");
+        if (checkpoint.has(kMasterSection, name)) {
+          checkpoint.read_range_into(kMasterSection, name, 0, m.detach());
+        } else {
+          m.detach().copy_(model_param.detach().to(m.scalar_type()));
+        }
+      }
+    }
+    const auto state_names = saved.value("state_names", std::vector<std::string>{});
+    const nlohmann::json steps = saved.value("param_steps", nlohmann::json::object());
+    for (const auto& p : unique_optimizer_parameters(self)) {
+      const std::string& name = name_of(names, p, "load_state");
+      ParamState ps;
+      ps.step = steps.contains(name) ? steps[name].get<int64_t>()
+                                     : saved.value("step", int64_t{-1});
+      for (const auto& sname : state_names) {
+        if (checkpoint.has(optim_section(sname), name)) {
+          ps.tensors.emplace_back(
+              sname, checkpoint.read_whole(optim_section(sname), name, p.sizes().vec()));
+        }
+      }
+      set_param_state(self, p, ps);
+    }
+  }
+
  private:
   std::unique_ptr<MasterWeights> master_;
 };
@@ -113,7 +199,19 @@ class ShardedUpdate final : public OptimizerUpdate {
 
   void zero_grad(AcceleratedOptimizer&) override { zero_->zero_grad(); }
 
-  ZeroOptimizer* zero() const override { return zero_.get(); }
+  void describe_state(AcceleratedOptimizer&, const TensorNames&,
+                      nlohmann::json& out) const override {
+    out["state_names"] = zero_->state_names();
+    out["step"] = zero_->step_count();
+    out["param_steps"] = nlohmann::json::object();
+  }
+
+  // The shards (masters and optimizer state included) are the model's to
+  // save and restore: ModelStrategy::append_shard_tensors / restore_shards.
+  void append_state_tensors(AcceleratedOptimizer&, const TensorNames&,
+                            NamedTensors&) const override {}
+  void restore_state(AcceleratedOptimizer&, const CheckpointReader&, const nlohmann::json&,
+                     const TensorNames&) override {}
 
  private:
   std::shared_ptr<ZeroOptimizer> zero_;

@@ -7,14 +7,19 @@
 //
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
 
+#include <functional>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
+
+#include "accelerate/checkpoint_layout.h"
 
 namespace tandem {
 
 class AcceleratedOptimizer;
+class CheckpointReader;
 class MasterWeights;
 class ZeroOptimizer;
 
@@ -41,10 +46,25 @@ class OptimizerUpdate {
   // Zeroes the gradients in place.
   virtual void zero_grad(AcceleratedOptimizer& self) = 0;
 
-  // The fp32 masters of a replicated bf16/fp16 model (checkpoints save them).
+  // The fp32 masters of a replicated bf16/fp16 model (null otherwise).
   virtual const MasterWeights* master_weights() const { return nullptr; }
-  // The ZeRO optimizer of a sharded update.
-  virtual ZeroOptimizer* zero() const { return nullptr; }
+
+  // --- Checkpoints. `names` maps every prepared parameter, and every fp32
+  // master copy, to its checkpoint name.
+  // Names this update's master copies after their parameters.
+  virtual void add_master_names(TensorNames& names) const { (void)names; }
+  // save_state's metadata for this optimizer: "state_names", "step" and
+  // "param_steps".
+  virtual void describe_state(AcceleratedOptimizer& self, const TensorNames& names,
+                              nlohmann::json& out) const = 0;
+  // The tensors rank 0 writes for this optimizer (replicated: its masters
+  // and per-parameter state; sharded: none, the model's shards carry them).
+  virtual void append_state_tensors(AcceleratedOptimizer& self, const TensorNames& names,
+                                    NamedTensors& out) const = 0;
+  // load_state: restores what append_state_tensors() wrote; `saved` is
+  // this optimizer's metadata entry.
+  virtual void restore_state(AcceleratedOptimizer& self, const CheckpointReader& checkpoint,
+                             const nlohmann::json& saved, const TensorNames& names) = 0;
 };
 
 // Steps the optimizer the user passed; makes fp32 masters when `self`'s

@@ -56,7 +56,6 @@ class OptimizerCore {
   // How the update runs (replicated or sharded); set once, after adopt()
   // and before the first step.
   void set_update(std::unique_ptr<OptimizerUpdate> update) { update_ = std::move(update); }
-  const OptimizerUpdate& update() const { return *update_; }
 
   // Unscales the current step's gradients once (into the fp32 masters when
   // there are any) and records whether any is inf/NaN. Later calls in the
@@ -90,7 +89,7 @@ class OptimizerCore {
   // The optimizer the user passed (a scheduler may have been built over it).
   const torch::optim::Optimizer& wrapped() const { return *wrapped_; }
   const MasterWeights* master_weights() const { return update_->master_weights(); }
-  ZeroOptimizer* zero() const { return update_->zero(); }
+  OptimizerUpdate& update() { return *update_; }
 
  private:
 

@@ -3,8 +3,6 @@
 #include <algorithm>
 
 #include "tandem/core/error.h"
-#include "tandem/parallel/ddp.h"
-#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem::detail {
 
@@ -41,8 +39,7 @@ void StepController::begin_micro_step() {
   state_.sync_gradients =
       state_.end_of_dataloader || state_.micro_step % state_.accumulation_steps == 0;
   if (state_.sync_gradients) state_.micro_step = 0;
-  for (const auto& ddp : ddps_) ddp->set_gradient_sync(state_.sync_gradients);
-  for (const auto& zero : zeros_) zero->set_gradient_sync(state_.sync_gradients);
+  for (const auto& set_sync : sync_targets_) set_sync(state_.sync_gradients);
 }
 
 bool StepController::enter_accumulate_guard() {

@@ -23,6 +23,7 @@
 // training thread changes it; autograd hooks of the same backward read it.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,8 +31,6 @@
 
 namespace tandem {
 
-class DistributedDataParallel;
-class ZeroOptimizer;
 
 namespace detail {
 
@@ -66,10 +65,13 @@ class StepController {
 
   // Configuration (prepare time).
   void set_accumulation_steps(int64_t steps);
-  // The wrapper whose gradient sync follows sync_gradients; shared, so a
+  // Something whose gradient sync follows sync_gradients (a model
+  // strategy's DDP or ZeRO optimizer): called with the new value at the
+  // start of every micro-step. The function keeps what it needs alive, so a
   // micro-step begun through any handle reaches it while the handle lives.
-  void attach(std::shared_ptr<DistributedDataParallel> ddp) { ddps_.push_back(std::move(ddp)); }
-  void attach(std::shared_ptr<ZeroOptimizer> zero) { zeros_.push_back(std::move(zero)); }
+  void attach_gradient_sync(std::function<void(bool)> set_sync) {
+    sync_targets_.push_back(std::move(set_sync));
+  }
   // A prepared optimizer joins; returns its id.
   int add_optimizer();
   const OptimizerRecord& optimizer(int id) const { return optimizers_.at(static_cast<size_t>(id)); }
@@ -130,8 +132,7 @@ class StepController {
   GradientState state_;
   int64_t micro_steps_begun_ = 0;
   std::vector<OptimizerRecord> optimizers_;
-  std::vector<std::shared_ptr<DistributedDataParallel>> ddps_;
-  std::vector<std::shared_ptr<ZeroOptimizer>> zeros_;
+  std::vector<std::function<void(bool)>> sync_targets_;
 };
 
 }  // namespace detail

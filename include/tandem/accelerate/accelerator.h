@@ -77,6 +77,7 @@ namespace tandem {
 
 namespace detail {
 struct JoinHooks;
+class ModelStrategy;
 class StepController;
 }  // namespace detail
 
@@ -523,11 +524,14 @@ class Accelerator {
   void end_training();
 
  private:
-  // One prepared model and what its strategy wrapped it in.
+  // One prepared model: how it is held across ranks, the optimizers
+  // prepared over it (indices into optimizers_; under ZeRO at most one), and
+  // the prefix of its tensors' checkpoint names.
   struct PreparedModel {
     std::shared_ptr<torch::nn::Module> module;
-    std::shared_ptr<DistributedDataParallel> ddp;  // DDP, world > 1
-    std::shared_ptr<ZeroOptimizer> zero;           // ZeRO, once its optimizer is prepared
+    std::unique_ptr<detail::ModelStrategy> strategy;
+    std::vector<std::size_t> optimizers;
+    std::string prefix;
   };
   template <typename ModuleImpl>
   static std::shared_ptr<torch::nn::Module> module_of(
@@ -579,9 +583,6 @@ class Accelerator {
   std::vector<PreparedModel> models_;
   std::shared_ptr<LossScaler> scaler_;
   std::vector<std::shared_ptr<AcceleratedOptimizer>> optimizers_;
-  // Per optimizer: the model it shards under ZeRO (index into models_), or
-  // -1 (DDP, one process).
-  std::vector<int> optimizer_models_;
   bool models_checked_ = false;  // check_models_synchronised() ran
   std::shared_ptr<detail::LoaderCursor> train_cursor_;  // the training loader's position
   std::vector<std::shared_ptr<detail::SchedulerCore>> schedulers_;

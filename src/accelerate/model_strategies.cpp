@@ -1,0 +1,272 @@
+// The ways the Accelerator holds a prepared model (model_strategy.h):
+// replicated (one process, or DDP) and sharded with its optimizer (ZeRO).
+
+#include <exception>
+#include <unordered_map>
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "accelerate/model_strategy.h"
+#include "accelerate/step_controller.h"
+#include "tandem/accelerate/prepared.h"
+#include "tandem/amp/master_weights.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
+#include "tandem/zero/init.h"
+#include "tandem/zero/zero_optimizer.h"
+#include "tandem/zero/zero_weights.h"
+
+namespace tandem::detail {
+namespace {
+
+// Every rank learns every rank's error message (empty: none) and all throw
+// the first, so no rank goes on into a collective alone.
+void agree_or_throw(ProcessGroup& group, const std::string& mine, const char* what) {
+  const std::vector<std::string> errors = group.all_gather_strings(mine);
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    TANDEM_THROW(CheckpointError, "{}: [rank {}/{}] {}", what, r, errors.size(), errors[r]);
+  }
+}
+
+// load_model_weights into a model held whole on every rank, and into the
+// fp32 masters of `masters`. Collective: a failure on any rank throws on all.
+LoadSafetensorsResult load_whole_weights(torch::nn::Module& module, ProcessGroup& group,
+                                       const std::string& path,
+                                       const LoadSafetensorsOptions& options,
+                                       const std::vector<const MasterWeights*>& masters) {
+  LoadSafetensorsResult result;
+  std::string error;
+  std::exception_ptr own;
+  try {
+    result = load_safetensors(module, path, options);
+    // The optimizer steps fp32 masters of bf16/fp16 parameters: they take
+    // the file's values too (at the file's precision, not the rounded one).
+    std::unordered_map<const void*, std::vector<std::string>> names;
+    for (auto& p : unique_named_parameters(module)) {
+      std::vector<std::string>& all = names[p.tensor.unsafeGetTensorImpl()];
+      all.push_back(p.name);
+      all.insert(all.end(), p.aliases.begin(), p.aliases.end());
+    }
+    std::unique_ptr<SafetensorsSet> set;
+    torch::NoGradGuard no_grad;
+    for (const MasterWeights* master : masters) {
+      for (std::size_t i = 0; i < master->model_params().size(); ++i) {
+        const at::Tensor& m = master->master_params()[i];
+        const auto it = names.find(master->model_params()[i].unsafeGetTensorImpl());
+        if (it == names.end() || m.unsafeGetTensorImpl() == it->first) continue;
+        if (!set) set = std::make_unique<SafetensorsSet>(path);
+        for (const auto& name : it->second) {
+          if (set->find(options.prefix + name) == nullptr) continue;
+          set->read_range_into(options.prefix + name, 0, m.detach());
+          break;
+        }
+      }
+    }
+    if (set) result.bytes_read += set->bytes_read();
+  } catch (const std::exception& e) {
+    error = e.what();
+    own = std::current_exception();
+  }
+  // Ranks read the same files, so they normally fail alike; agreeing keeps
+  // one odd rank (a missing mount) from leaving the others in a collective.
+  const std::vector<std::string> errors = group.all_gather_strings(error);
+  if (own) std::rethrow_exception(own);
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    TANDEM_THROW(CheckpointError, "load_model_weights: [rank {}/{}] {}", r, errors.size(),
+                 errors[r]);
+  }
+  return result;
+}
+
+// Whole on every rank: alone on one process, or wrapped in DDP, which
+// all-reduces the gradients in backward.
+class ReplicatedModel final : public ModelStrategy {
+ public:
+  explicit ReplicatedModel(ModelStrategyParts& parts) : ModelStrategy(parts.module) {
+    group_ = parts.group;
+    if (parts.group->world_size() > 1) {
+      ddp_ = std::make_shared<DistributedDataParallel>(module_, parts.group, parts.ddp);
+      parts.controller->attach_gradient_sync(
+          [ddp = ddp_](bool enabled) { ddp->set_gradient_sync(enabled); });
+    }
+  }
+
+  const char* name() const override { return ddp_ ? "ddp" : "single"; }
+
+  std::unique_ptr<OptimizerUpdate> attach_optimizer(AcceleratedOptimizer& prepared) override {
+    return make_replicated_update(prepared);
+  }
+
+  LoadSafetensorsResult load_weights(const std::string& path,
+                                     const LoadSafetensorsOptions& options,
+                                     const std::vector<const MasterWeights*>& masters) override {
+    return load_whole_weights(*module_, *group_, path, options, masters);
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<DistributedDataParallel> ddp_;
+};
+
+// ZeRO stage 1-3: the ZeroOptimizer built over the model and its optimizer
+// holds the partitioned parameters, gradients and optimizer state.
+class ShardedModel final : public ModelStrategy {
+ public:
+  explicit ShardedModel(ModelStrategyParts& parts)
+      : ModelStrategy(parts.module),
+        group_(parts.group),
+        controller_(parts.controller),
+        config_(parts.zero) {
+    if (group_->world_size() > 1) {
+      // ZeRO broadcasts the parameters it shards; frozen ones and buffers
+      // start from rank 0's values here, as DDP would make them.
+      std::vector<at::Tensor> state;
+      for (const auto& p : unique_parameters(*module_)) {
+        if (!p.requires_grad()) state.push_back(p.detach());
+      }
+      for (const auto& [name, b] : unique_named_buffers(*module_)) state.push_back(b.detach());
+      broadcast_coalesced(*group_, state);
+    }
+  }
+
+  const char* name() const override { return "zero"; }
+  int zero_stage() const override { return config_.stage; }
+  std::shared_ptr<ZeroOptimizer> zero() const override { return zero_; }
+
+  std::unique_ptr<OptimizerUpdate> attach_optimizer(AcceleratedOptimizer& prepared) override {
+    TANDEM_CHECK_ARG(zero_ == nullptr,
+                     "Accelerator::prepare_optimizer: this prepared model is already sharded "
+                     "with another optimizer; under ZeRO put all of a model's parameter groups "
+                     "in one optimizer");
+    ZeroOptions options;
+    options.stage = config_.stage;
+    options.reduce_bucket_size = config_.reduce_bucket_size;
+    options.offload_optimizer = config_.offload_optimizer == OffloadDevice::kCpu;
+    options.offload_param = config_.offload_param == OffloadDevice::kCpu;
+    options.pin_memory = config_.offload_pin_memory;
+    options.prefetch_bucket_size = config_.stage3_prefetch_bucket_size;
+    options.max_live_parameters = config_.stage3_max_live_parameters;
+    options.param_persistence_threshold = config_.stage3_param_persistence_threshold;
+    zero_ = std::make_shared<ZeroOptimizer>(module_, prepared, group_, options);
+    controller_->attach_gradient_sync(
+        [zero = zero_](bool enabled) { zero->set_gradient_sync(enabled); });
+    return make_sharded_update(zero_);
+  }
+
+  void check_ready(std::size_t index) const override {
+    // Its gradients are reduced by the ZeRO optimizer over it; a trainable
+    // model without one would train apart on each rank.
+    if (zero_ != nullptr || group_->world_size() == 1) return;
+    for (const auto& item : unique_named_parameters(*module_)) {
+      TANDEM_CHECK_ARG(!item.tensor.requires_grad(),
+                       "Accelerator::backward: prepared model {} has trainable parameter '{}' "
+                       "but no prepared optimizer over it; under ZeRO its gradients would not "
+                       "be reduced across ranks. Prepare an optimizer over its parameters, or "
+                       "freeze it (requires_grad_(false))",
+                       index, item.name);
+    }
+  }
+
+  std::vector<std::string> partitioned_names() const override {
+    std::vector<std::string> names;
+    if (zero_ == nullptr) return names;
+    for (const auto& group : zero_->group_parameter_names()) {
+      names.insert(names.end(), group.begin(), group.end());
+    }
+    return names;
+  }
+
+  void for_each_partitioned_whole(
+      const std::function<void(const std::string&, const at::Tensor&)>& fn) override {
+    if (zero_ != nullptr) zero_->for_each_whole_parameter(fn);
+  }
+
+  void append_shard_tensors(const std::string& prefix, NamedTensors& out) const override {
+    if (zero_ == nullptr) return;
+    const std::vector<std::string> states = zero_->state_names();
+    for (const auto& f : zero_->shard_fragments()) {
+      const std::string name = prefix + f.name;
+      out.emplace_back(fragment_key(kModelSection, name, f.begin), f.value);
+      if (f.master.defined()) {
+        out.emplace_back(fragment_key(kMasterSection, name, f.begin), f.master);
+      }
+      for (std::size_t s = 0; s < states.size(); ++s) {
+        out.emplace_back(fragment_key(optim_section(states[s]), name, f.begin), f.state[s]);
+      }
+    }
+  }
+
+  void restore_shards(const CheckpointReader& checkpoint, const std::string& prefix,
+                      bool optimizer_states, int64_t step) override {
+    if (zero_ == nullptr) return;
+    if (optimizer_states) {
+      zero_->load_shards(
+          [&](const std::string& section, const std::string& name, int64_t begin,
+              int64_t length) {
+            const std::string where = section == kModelSection || section == kMasterSection
+                                          ? section
+                                          : optim_section(section);
+            if (!checkpoint.has(where, prefix + name)) return at::Tensor();
+            return checkpoint.read_range(where, prefix + name, begin, length);
+          },
+          step);
+      return;
+    }
+    // Weights only: the shards (and their fp32 masters) take the saved
+    // values; the optimizer's moments and step count stay as they are. A
+    // read error must not leave the other ranks alone in the all-gather that
+    // follows: keep it, then every rank throws it.
+    std::string error;
+    zero_->load_parameter_shards([&](const std::string& name, int64_t begin,
+                                     const at::Tensor& dst) {
+      if (!error.empty()) return false;
+      try {
+        const bool master =
+            dst.scalar_type() == at::kFloat && checkpoint.has(kMasterSection, prefix + name);
+        dst.copy_(checkpoint.read_range(master ? kMasterSection : kModelSection, prefix + name,
+                                        begin, dst.numel()));
+        return true;
+      } catch (const std::exception& e) {
+        error = e.what();
+        return false;
+      }
+    });
+    agree_or_throw(*group_, error, "load_state");
+  }
+
+  LoadSafetensorsResult load_weights(const std::string& path,
+                                     const LoadSafetensorsOptions& options,
+                                     const std::vector<const MasterWeights*>&) override {
+    // Until its optimizer is prepared the model is still whole.
+    if (zero_ == nullptr) return load_whole_weights(*module_, *group_, path, options, {});
+    return load_safetensors_into_shards(*zero_, path, options);
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<StepController> controller_;
+  ZeroConfig config_;
+  std::shared_ptr<ZeroOptimizer> zero_;
+};
+
+}  // namespace
+
+bool binds_optimizers(const ZeroConfig& zero) { return zero.stage > 0; }
+
+zero::Init make_zero_init(const ZeroConfig& zero, const ProcessGroup& group,
+                          c10::Device device) {
+  if (zero.stage != 3 || !zero.zero3_init) return zero::Init::disabled();
+  return zero::Init(group, zero.stage3_param_persistence_threshold, device);
+}
+
+std::unique_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts) {
+  if (parts.zero.stage > 0) return std::make_unique<ShardedModel>(parts);
+  return std::make_unique<ReplicatedModel>(parts);
+}
+
+}  // namespace tandem::detail
