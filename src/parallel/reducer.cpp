@@ -34,7 +34,6 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   TANDEM_CHECK_ARG(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
                    "DDP bucket caps must be positive, got bucket_cap_mb={} first_bucket_cap_mb={}",
                    options_.bucket_cap_mb, options_.first_bucket_cap_mb);
-  ready_.assign(params_.size(), false);
   // Backward produces gradients roughly in reverse registration order.
   build_buckets(assign_buckets(params_, reverse_order(params_.size()),
                                static_cast<std::int64_t>(options_.first_bucket_cap_mb * kMiB),
@@ -94,6 +93,7 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
     grad = view;
   }
   buckets_ = std::move(buckets);
+  readiness_.reset(bucket_of_, buckets_.size());
 }
 
 at::Tensor Reducer::grad_view(std::size_t index) const {
@@ -108,31 +108,20 @@ void Reducer::adopt_grad(std::size_t index) {
 void Reducer::on_grad_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!sync_enabled_) return;
-  if (!in_backward_) begin_backward();
-  if (ready_[index]) return;
-  ready_[index] = true;
+  if (readiness_.start_if_idle()) {
+    // Not Engine::queue_callback: inside a checkpointed block's nested
+    // backward that would finalize when the block's backward ends, not the
+    // model's.
+    queue_end_of_backward([this] { finalize_backward(); });
+  }
+  if (!readiness_.mark_ready(index)) return;
   adopt_grad(index);
   if (!rebuilt_) ready_order_.push_back(index);
-  Bucket& bucket = buckets_[bucket_of_[index]];
-  if (--bucket.pending == 0) launch_ready_buckets();
-}
-
-void Reducer::begin_backward() {
-  in_backward_ = true;
-  std::fill(ready_.begin(), ready_.end(), false);
-  for (auto& bucket : buckets_) bucket.pending = bucket.members.size();
-  next_to_launch_ = 0;
-  // Not Engine::queue_callback: inside a checkpointed block's nested backward
-  // that would finalize when the block's backward ends, not the model's.
-  queue_end_of_backward([this] { finalize_backward(); });
+  if (readiness_.arrive(index)) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
-  // Strictly in bucket order, so every rank issues the same collectives in
-  // the same sequence even if its gradients arrive in another order.
-  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    launch(buckets_[next_to_launch_++]);
-  }
+  readiness_.launch_ready([this](std::size_t b) { launch(buckets_[b]); });
 }
 
 void Reducer::launch(Bucket& bucket) {
@@ -150,7 +139,7 @@ void Reducer::launch(Bucket& bucket) {
 }
 
 void Reducer::wait_launched() {
-  for (std::size_t b = 0; b < next_to_launch_; ++b) buckets_[b].work.wait();
+  for (std::size_t b = 0; b < readiness_.launched(); ++b) buckets_[b].work.wait();
 }
 
 void Reducer::throw_unused(const std::vector<std::size_t>& unused) {
@@ -170,11 +159,8 @@ void Reducer::throw_unused(const std::vector<std::size_t>& unused) {
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
-  in_backward_ = false;
-  std::vector<std::size_t> unused;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (!ready_[i]) unused.push_back(i);
-  }
+  readiness_.finish();  // the next gradient starts the next backward
+  const std::vector<std::size_t> unused = readiness_.unready();
   at::Tensor globally_used;
   if (!unused.empty()) {
     if (!options_.find_unused_parameters) {
@@ -184,14 +170,14 @@ void Reducer::finalize_backward() {
     torch::NoGradGuard no_grad;
     for (std::size_t i : unused) {
       grad_view(i).zero_();  // this rank contributes nothing
-      --buckets_[bucket_of_[i]].pending;
+      readiness_.arrive(i);
     }
   }
   if (options_.find_unused_parameters) {
     // Which parameters some rank used: only those get a (reduced) gradient.
     globally_used = at::zeros({static_cast<std::int64_t>(params_.size())}, at::kInt);
     auto* used = globally_used.data_ptr<int>();
-    for (std::size_t i = 0; i < params_.size(); ++i) used[i] = ready_[i] ? 1 : 0;
+    for (std::size_t i = 0; i < params_.size(); ++i) used[i] = readiness_.ready(i) ? 1 : 0;
   }
   // Buckets first: some ranks launched them during backward already, and
   // every rank must issue its collectives in the same order.

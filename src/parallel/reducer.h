@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/torch_internals.h"
+#include "parallel/grad_readiness.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/parallel/ddp.h"
 
@@ -38,14 +39,12 @@ class Reducer {
     at::Tensor flat;
     at::Tensor wire;  // compressed copy on the wire, when a compression hook is on
     std::vector<std::size_t> members;
-    std::size_t pending = 0;
     Work work;
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& assignment);
   at::Tensor grad_view(std::size_t index) const;
   void adopt_grad(std::size_t index);
-  void begin_backward();
   void finalize_backward();
   void launch_ready_buckets();
   void launch(Bucket& bucket);
@@ -66,9 +65,7 @@ class Reducer {
 
   mutable std::mutex mutex_;
   bool sync_enabled_ = true;
-  bool in_backward_ = false;
-  std::vector<bool> ready_;
-  std::size_t next_to_launch_ = 0;
+  GradReadiness readiness_;
   std::vector<std::size_t> ready_order_;
   bool rebuilt_ = false;
   std::int64_t sync_count_ = 0;

@@ -63,8 +63,6 @@ struct FlatGroup {
   std::vector<ShardRun> runs;
 
   // Backward bookkeeping.
-  std::size_t pending = 0;
-  bool prepared = false;  // gradients packed (stage 2/3) and ready to launch
   at::Tensor wire;        // stage 2/3: the packed fp32 gradients to reduce-scatter
 
   // Stage 3.

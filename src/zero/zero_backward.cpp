@@ -24,7 +24,7 @@ void ZeroEngine::install_hooks() {
       flat_offset_[groups_[g].members[k]] = groups_[g].offsets[k];
     }
   }
-  ready_.assign(params_.size(), false);
+  readiness_.reset(group_of_, groups_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     grad_hooks_.push_back(
         internals::add_grad_ready_hook(params_[i], [this, i] { on_grad_ready(i); }));
@@ -33,30 +33,20 @@ void ZeroEngine::install_hooks() {
 }
 
 void ZeroEngine::on_grad_ready(std::size_t index) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (options_.stage == 1 && !sync_enabled_) return;  // accumulate locally, as DDP's no_sync
-  if (!in_backward_) begin_backward();
-  if (ready_[index]) return;
-  ready_[index] = true;
+  if (readiness_.start_if_idle()) {
+    // Not Engine::queue_callback: inside a checkpointed block's nested
+    // backward that would finalize when the block's backward ends, not the
+    // model's.
+    queue_end_of_backward([this] { finalize_backward(); });
+  }
+  if (!readiness_.mark_ready(index)) return;
   if (options_.stage == 1) adopt_grad(index);
-  FlatGroup& group = groups_[group_of_[index]];
-  if (--group.pending == 0) {
-    prepare(group);
+  if (readiness_.arrive(index)) {
+    prepare(groups_[group_of_[index]]);
     launch_ready_groups();
   }
-}
-
-void ZeroEngine::begin_backward() {
-  in_backward_ = true;
-  std::fill(ready_.begin(), ready_.end(), false);
-  for (auto& group : groups_) {
-    group.pending = group.members.size();
-    group.prepared = false;
-  }
-  next_to_launch_ = 0;
-  // Not Engine::queue_callback: inside a checkpointed block's nested backward
-  // that would finalize when the block's backward ends, not the model's.
-  queue_end_of_backward([this] { finalize_backward(); });
 }
 
 void ZeroEngine::adopt_grad(std::size_t index) {
@@ -65,8 +55,9 @@ void ZeroEngine::adopt_grad(std::size_t index) {
              internals::flat_alias(group.grad_full, flat_offset_[index], params_[index].sizes()));
 }
 
+// A group whose gradients are all in: stage 1 all-reduces the flat buffer
+// they are views of; stages 2 and 3 pack them into the wire.
 void ZeroEngine::prepare(FlatGroup& group) {
-  group.prepared = true;
   if (options_.stage == 1) return;
   torch::NoGradGuard no_grad;
   const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
@@ -99,11 +90,7 @@ void ZeroEngine::prepare(FlatGroup& group) {
 }
 
 void ZeroEngine::launch_ready_groups() {
-  // Strictly in group order, so every rank issues the same collectives in the
-  // same sequence whatever order its gradients arrived in.
-  while (next_to_launch_ < groups_.size() && groups_[next_to_launch_].prepared) {
-    launch(groups_[next_to_launch_++]);
-  }
+  readiness_.launch_ready([this](std::size_t g) { launch(groups_[g]); });
 }
 
 void ZeroEngine::launch(FlatGroup& group) {
@@ -136,19 +123,13 @@ void ZeroEngine::launch(FlatGroup& group) {
 }
 
 void ZeroEngine::finalize_backward() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  in_backward_ = false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  readiness_.finish();
   // Parameters that got no gradient this time contribute zeros; their
   // groups launch now, in order, on every rank.
-  for (auto& group : groups_) {
-    if (group.prepared) continue;
-    if (options_.stage == 1) {
-      for (std::size_t i : group.members) {
-        if (!ready_[i]) adopt_grad(i);
-      }
-    }
-    group.pending = 0;
-    prepare(group);
+  for (std::size_t i : readiness_.unready()) {
+    if (options_.stage == 1) adopt_grad(i);
+    if (readiness_.arrive(i)) prepare(groups_[group_of_[i]]);
   }
   launch_ready_groups();
   drain_timed();

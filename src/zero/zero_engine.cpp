@@ -415,8 +415,8 @@ at::Tensor ZeroEngine::to_state_device(const at::Tensor& t) const {
 }
 
 void ZeroEngine::step() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  TANDEM_CHECK(!in_backward_, "ZeroOptimizer::step() called during backward");
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!readiness_.in_backward(), "ZeroOptimizer::step() called during backward");
   drain_timed();
   forward_order_fixed_ = forward_order_fixed_ || !forward_order_.empty();
   ++step_;
@@ -446,7 +446,7 @@ void ZeroEngine::step() {
 }
 
 void ZeroEngine::zero_grad() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   queue_.drain();
   torch::NoGradGuard no_grad;
   for (auto& group : groups_) {
@@ -459,7 +459,7 @@ void ZeroEngine::zero_grad() {
 }
 
 double ZeroEngine::grad_norm() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   queue_.drain();
   double local = 0.0;
   for (auto& group : groups_) {
@@ -483,7 +483,7 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 }
 
 std::vector<at::Tensor> ZeroEngine::gradient_shards() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   queue_.drain();
   std::vector<at::Tensor> out;
   for (auto& group : groups_) out.push_back(group.grad_shard);
@@ -491,8 +491,8 @@ std::vector<at::Tensor> ZeroEngine::gradient_shards() {
 }
 
 void ZeroEngine::set_gradient_sync(bool enabled) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  TANDEM_CHECK(!in_backward_, "ZeroOptimizer::set_gradient_sync() called during backward");
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!readiness_.in_backward(), "ZeroOptimizer::set_gradient_sync() called during backward");
   sync_enabled_ = enabled;
 }
 

@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "core/torch_internals.h"
+#include "parallel/grad_readiness.h"
 #include "tandem/zero/sharded.h"
 #include "zero/sharded_hooks.h"
 #include "tandem/zero/zero_optimizer.h"
@@ -74,7 +75,6 @@ class ZeroEngine {
   void install_hooks();
   void install_unit_hooks();
 
-  void begin_backward();
   void finalize_backward();
   void adopt_grad(std::size_t index);
   void prepare(FlatGroup& group);
@@ -122,11 +122,9 @@ class ZeroEngine {
   std::vector<internals::GradHook> grad_hooks_;  // removed when the engine goes
 
   CommQueue queue_;
-  std::recursive_mutex mutex_;
+  std::mutex mutex_;  // the training thread and autograd hooks (never held across a call back in)
   bool sync_enabled_ = true;
-  bool in_backward_ = false;
-  std::vector<bool> ready_;
-  std::size_t next_to_launch_ = 0;
+  GradReadiness readiness_;  // which gradients of this backward arrived
   std::vector<std::size_t> forward_order_;
   bool forward_order_fixed_ = false;
   bool hold_gathered_ = false;

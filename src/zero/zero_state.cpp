@@ -46,8 +46,8 @@ std::vector<ZeroOptimizer::ShardFragment> ZeroEngine::shard_fragments() const {
 }
 
 void ZeroEngine::load_shards(const ZeroOptimizer::FragmentSource& source, int64_t step_count) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  TANDEM_CHECK(!in_backward_ && !hold_gathered_,
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!readiness_.in_backward() && !hold_gathered_,
                "ZeroOptimizer::load_shards() must run between steps, outside "
                "GatheredParameters");
   queue_.drain();
@@ -83,8 +83,8 @@ void ZeroEngine::load_shards(const ZeroOptimizer::FragmentSource& source, int64_
 }
 
 void ZeroEngine::load_parameter_shards(const ZeroOptimizer::ShardFill& fill) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  TANDEM_CHECK(!in_backward_ && !hold_gathered_,
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!readiness_.in_backward() && !hold_gathered_,
                "ZeroOptimizer::load_parameter_shards() must run between steps, outside "
                "GatheredParameters");
   queue_.drain();
@@ -116,8 +116,8 @@ void ZeroEngine::reassemble(FlatGroup& group, const at::Tensor& values) {
 
 void ZeroEngine::for_each_whole_parameter(
     const std::function<void(const std::string&, const at::Tensor&)>& fn) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  TANDEM_CHECK(!in_backward_, "ZeroOptimizer::for_each_whole_parameter() called during backward");
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK(!readiness_.in_backward(), "ZeroOptimizer::for_each_whole_parameter() called during backward");
   queue_.drain();
   for (auto& group : groups_) {
     const bool was_released = group.params_state == ParamsState::kReleased;

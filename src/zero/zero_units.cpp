@@ -45,7 +45,7 @@ void ZeroEngine::install_unit_hooks() {
 }
 
 void ZeroEngine::unit_before_forward(std::size_t index) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!forward_order_fixed_ &&
       std::find(forward_order_.begin(), forward_order_.end(), index) == forward_order_.end()) {
     forward_order_.push_back(index);
@@ -57,7 +57,7 @@ void ZeroEngine::unit_before_forward(std::size_t index) {
 }
 
 at::Tensor ZeroEngine::unit_after_forward(std::size_t index, at::Tensor output) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   // A recomputed unit's backward follows at once and needs the parameters:
   // releasing now would only gather them again.
   if (!hold_gathered_ && !recomputing_checkpoint()) release(groups_[index]);
@@ -70,7 +70,7 @@ at::Tensor ZeroEngine::unit_after_forward(std::size_t index, at::Tensor output) 
 }
 
 void ZeroEngine::unit_before_backward(std::size_t index) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   gather(groups_[index], /*wait=*/true);
   prefetch_from(index, -1);
 }
@@ -153,7 +153,7 @@ ZeroOptimizer::CommStats ZeroEngine::comm_stats() const {
 }
 
 void ZeroEngine::reset_stats() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   peak_live_bytes_ = live_bytes_;
   std::lock_guard<std::mutex> stats_lock(stats_mutex_);
   comm_ = ZeroOptimizer::CommStats();
@@ -172,7 +172,7 @@ void ZeroEngine::write_back_shard(FlatGroup& group) {
 }
 
 void ZeroEngine::gather_all() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (options_.stage != 3) return;
   TANDEM_CHECK(!hold_gathered_, "ZeroOptimizer: GatheredParameters guards do not nest");
   queue_.drain();
@@ -182,7 +182,7 @@ void ZeroEngine::gather_all() {
 }
 
 void ZeroEngine::release_all() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (options_.stage != 3) return;
   hold_gathered_ = false;
   for (auto& group : groups_) {
