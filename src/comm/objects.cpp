@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <ATen/ATen.h>
+
 #include "tandem/core/error.h"
 
 namespace tandem {

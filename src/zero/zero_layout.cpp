@@ -1,0 +1,368 @@
+// Laying the model out: which trainable parameters go into which flat group
+// (gradient buckets for stages 1 and 2, one group per Sharded unit plus the
+// loose parameters for stage 3), each group's offsets and this rank's shard,
+// adopting units cut by zero::Init, and the buffers of the fp32 masters,
+// gradient shards and optimizer state.
+
+#include "zero/zero_engine.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/torch_internals.h"
+#include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+#include "tandem/core/parameters.h"
+#include "zero/unit_shard.h"
+
+namespace tandem::detail {
+namespace {
+
+constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
+
+}  // namespace
+
+void ZeroEngine::collect_parameters(torch::nn::Module& model) {
+  // Tied weights once: one slot in the flat buffers, one gradient, one update.
+  std::unordered_map<const void*, std::size_t> seen;
+  std::unordered_map<const void*, bool> frozen;
+  for (const auto& item : unique_named_parameters(model)) {
+    const at::Tensor& p = item.tensor;
+    if (!p.requires_grad()) {
+      frozen.emplace(p.unsafeGetTensorImpl(), true);
+      continue;
+    }
+    seen.emplace(p.unsafeGetTensorImpl(), params_.size());
+    TANDEM_CHECK_ARG(p.is_contiguous() && !p.is_sparse(),
+                     "ZeroOptimizer: parameter '{}' is not a dense contiguous tensor; ZeRO "
+                     "flattens parameters into shared buffers",
+                     item.name);
+    params_.push_back(p);
+    names_.push_back(item.name);
+  }
+  TANDEM_CHECK_ARG(!params_.empty(), "ZeroOptimizer: the model has no trainable parameters");
+  for (std::size_t i = 1; i < params_.size(); ++i) {
+    TANDEM_CHECK_ARG(params_[i].device() == params_[0].device(),
+                     "ZeroOptimizer: parameters '{}' ({}) and '{}' ({}) are on different "
+                     "devices; move the model to one device before sharding it",
+                     names_[0], params_[0].device().str(), names_[i], params_[i].device().str());
+  }
+  // Which optimizer param group updates each parameter.
+  param_group_of_.assign(params_.size(), kNoGroup);
+  auto& groups = optimizer_.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) {
+      // A frozen parameter listed in the optimizer (model->parameters()
+      // includes it) gets no gradient and no update, as LibTorch's own step
+      // skips a parameter without a gradient.
+      if (frozen.count(p.unsafeGetTensorImpl())) continue;
+      auto it = seen.find(p.unsafeGetTensorImpl());
+      TANDEM_CHECK_ARG(it != seen.end(),
+                       "ZeroOptimizer: the optimizer holds a tensor of shape {} that is not a "
+                       "parameter of the model it shards. Build the optimizer over this "
+                       "model's parameters (model->parameters()), and prepare the optimizer "
+                       "before any master weights replace them",
+                       fmt::join(p.sizes(), "x"));
+      param_group_of_[it->second] = g;
+    }
+  }
+}
+
+void ZeroEngine::build_bucket_groups() {
+  // Gradients arrive roughly in reverse registration order: bucket that way.
+  std::vector<std::size_t> members;
+  int64_t filled = 0;
+  auto flush = [&] {
+    if (members.empty()) return;
+    FlatGroup group;
+    group.members = std::move(members);
+    members.clear();
+    filled = 0;
+    groups_.push_back(std::move(group));
+  };
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const at::Tensor& p = params_[k];
+    if (!members.empty() && (filled + p.numel() > options_.reduce_bucket_size ||
+                             params_[members.front()].scalar_type() != p.scalar_type())) {
+      flush();
+    }
+    members.push_back(k);
+    filled += p.numel();
+  }
+  flush();
+  for (auto& group : groups_) finish_group(group);
+}
+
+void ZeroEngine::build_unit_groups(torch::nn::Module& model) {
+  // Each parameter belongs to the innermost unit around it: modules() is in
+  // pre-order, so a nested unit overwrites its ancestor's claim. A unit may
+  // claim a tensor only if every registration of it lies inside the unit: a
+  // weight tied across two units, or between a unit and the rest of the model,
+  // is used while the unit's shards are not gathered, so it stays whole.
+  std::unordered_map<const void*, std::size_t> index_of;
+  for (std::size_t i = 0; i < params_.size(); ++i) index_of[params_[i].unsafeGetTensorImpl()] = i;
+  auto registrations = [&](const torch::nn::Module& m) {
+    std::vector<int> count(params_.size(), 0);
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+      auto it = index_of.find(item.value().unsafeGetTensorImpl());
+      if (it != index_of.end()) ++count[it->second];
+    }
+    return count;
+  };
+  const std::vector<int> everywhere = registrations(model);
+  std::vector<ShardedUnit*> units;
+  std::vector<std::string> unit_names;
+  std::vector<std::size_t> unit_of(params_.size(), kNoGroup);
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    const auto& module = item.value();
+    auto* unit = dynamic_cast<ShardedUnit*>(module.get());
+    if (unit == nullptr) continue;
+    TANDEM_CHECK_ARG(!unit->sharding_attached(),
+                     "ZeroOptimizer: a Sharded unit of this model is already owned by another "
+                     "ZeroOptimizer; one ZeRO optimizer per model");
+    const std::vector<int> inside = registrations(*module);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (inside[i] > 0 && inside[i] == everywhere[i]) unit_of[i] = units.size();
+    }
+    units.push_back(unit);
+    unit_names.push_back(item.key().empty() ? "(the model itself)" : item.key());
+  }
+  TANDEM_CHECK_ARG(!units.empty(),
+                   "ZeroOptimizer: stage 3 found no tandem::Sharded unit in the model, so no "
+                   "parameter would be partitioned. Declare the blocks to shard as "
+                   "tandem::Sharded<BlockImpl> (see tandem/zero/sharded.h), or use stage 2");
+  // Launch order: units in reverse forward order, then the loose parameters.
+  // Parameters under the persistence threshold stay whole, with the loose ones.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].numel() < options_.param_persistence_threshold) unit_of[i] = kNoGroup;
+  }
+  for (std::size_t u = units.size(); u-- > 0;) {
+    FlatGroup group;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (unit_of[i] == u) group.members.push_back(i);
+    }
+    if (group.members.empty()) continue;
+    group.unit = units[u];
+    group.partitioned_params = true;
+    groups_.push_back(std::move(group));
+  }
+  FlatGroup loose;
+  for (std::size_t i = params_.size(); i-- > 0;) {
+    if (unit_of[i] == kNoGroup) loose.members.push_back(i);
+  }
+  if (!loose.members.empty()) groups_.push_back(std::move(loose));
+  settle_construction_shards(units, unit_names);
+  refuse_memoryless_parameters();
+  for (auto& group : groups_) finish_group(group);
+}
+
+void ZeroEngine::settle_construction_shards(const std::vector<ShardedUnit*>& units,
+                                            const std::vector<std::string>& unit_names) {
+  // What to do with each unit, agreed by every rank: nothing (built whole),
+  // adopt its shard (cut in the layout stage 3 uses), gather it back whole
+  // (its trainable parameters changed since the cut), or refuse (cut for
+  // another rank or world size). Codes and fingerprints are all-reduced with
+  // MAX, negated copies giving the MIN.
+  enum Code : int64_t { kWhole = 0, kGatherBack = 1, kAdopt = 2, kOtherLayout = 3 };
+  const auto n = static_cast<int64_t>(units.size());
+  std::vector<FlatGroup*> group_of_unit(units.size(), nullptr);
+  for (auto& group : groups_) {
+    auto it = std::find(units.begin(), units.end(), group.unit);
+    if (group.unit != nullptr && it != units.end()) group_of_unit[it - units.begin()] = &group;
+  }
+  constexpr int64_t kSlots = 5;  // code, -code, fingerprint, -fingerprint, written
+  at::Tensor votes = at::zeros({kSlots * n}, at::TensorOptions().dtype(at::kLong));
+  int64_t* vote = votes.data_ptr<int64_t>();
+  for (int64_t u = 0; u < n; ++u) {
+    const auto& cut = units[static_cast<std::size_t>(u)]->construction_shard();
+    int64_t code = kWhole;
+    if (cut != nullptr) {
+      FlatGroup* group = group_of_unit[static_cast<std::size_t>(u)];
+      bool same_members = group != nullptr && group->members.size() == cut->members.size();
+      for (std::size_t k = 0; same_members && k < cut->members.size(); ++k) {
+        same_members = params_[group->members[k]].unsafeGetTensorImpl() ==
+                       cut->members[k].unsafeGetTensorImpl();
+      }
+      code = cut->world != world_ || cut->rank != rank_ ? kOtherLayout
+             : same_members                             ? kAdopt
+                                                        : kGatherBack;
+    }
+    int64_t* mine = vote + kSlots * u;
+    mine[0] = code;
+    mine[1] = -code;
+    mine[2] = cut != nullptr ? cut->fingerprint : 0;
+    mine[3] = cut != nullptr ? -cut->fingerprint : 0;
+    mine[4] = cut != nullptr &&
+              cut->placeholder->written(cut->full.numel() *
+                                        static_cast<int64_t>(cut->full.element_size()));
+  }
+  pg_->all_reduce(votes, ReduceOp::kMax);
+  for (int64_t u = 0; u < n; ++u) {
+    const std::string& name = unit_names[static_cast<std::size_t>(u)];
+    ShardedUnit* unit = units[static_cast<std::size_t>(u)];
+    const int64_t* agreed = vote + kSlots * u;
+    const int64_t code = agreed[0];
+    const auto& cut = unit->construction_shard();
+    TANDEM_CHECK_ARG(code != kOtherLayout,
+                     "ZeroOptimizer: unit '{}' was cut by tandem::zero::Init for a process group "
+                     "other than this optimizer's (rank {} of {} here); make the Init with the "
+                     "process group the ZeroOptimizer uses",
+                     name, rank_, world_);
+    TANDEM_CHECK_ARG(code == -agreed[1],
+                     "ZeroOptimizer: unit '{}' was cut by tandem::zero::Init on some ranks and "
+                     "built whole on others; make the Init on every rank or on none",
+                     name);
+    if (code == kWhole) continue;
+    TANDEM_CHECK_ARG(agreed[4] == 0,
+                     "ZeroOptimizer: parameters of unit '{}' (or of a unit cut before it) were "
+                     "written after tandem::zero::Init cut the unit, on some rank; that write "
+                     "went nowhere (the unit holds only its shard). A custom initialisation over "
+                     "the whole model after the constructors (GPT-2's normal_(0, 0.02) loop, "
+                     "for one) must run inside each unit's own constructor instead, or build "
+                     "the model without zero::Init",
+                     name);
+    TANDEM_CHECK_ARG(agreed[2] == -agreed[3],
+                     "ZeroOptimizer: the ranks built different values for unit '{}' under "
+                     "tandem::zero::Init. Each rank keeps the shard it built itself (there is no "
+                     "broadcast from rank 0, as there is without Init), so every rank must build "
+                     "the same model: call torch::manual_seed with the same seed on every rank "
+                     "before building it",
+                     name);
+    // From the placeholder back to views of the unit's own (released) buffer.
+    for (std::size_t k = 0; k < cut->members.size(); ++k) {
+      internals::rebind_parameter_data(cut->members[k], cut->views[k]);
+    }
+    if (code == kAdopt) {
+      group_of_unit[static_cast<std::size_t>(u)]->construction = cut;
+    } else {
+      // The unit's trainable parameters are no longer the ones cut (one was
+      // frozen, or tied outside the unit): make them whole again, then lay
+      // the model out as without Init.
+      internals::reallocate_storage(cut->full, cut->full.numel() * cut->full.element_size());
+      pg_->all_gather_into(cut->full, cut->shard);
+      log_debug("ZeRO stage 3: unit '{}' changed after zero::Init cut it; gathered it whole",
+                name);
+    }
+    unit->set_construction_shard(nullptr);
+  }
+}
+
+void ZeroEngine::refuse_memoryless_parameters() const {
+  std::vector<bool> adopted_param(params_.size(), false);
+  for (const auto& group : groups_) {
+    if (group.construction == nullptr) continue;
+    for (std::size_t i : group.members) adopted_param[i] = true;
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    TANDEM_CHECK_ARG(adopted_param[i] || holds_memory(params_[i]),
+                     "ZeroOptimizer: parameter '{}' holds no memory: its Sharded unit was cut to "
+                     "one rank's shard by tandem::zero::Init (or freed by another stage-3 "
+                     "ZeroOptimizer). Only a stage-3 ZeroOptimizer adopts a model built under "
+                     "zero::Init: set the stage to 3, or build the model without zero::Init",
+                     names_[i]);
+  }
+}
+
+void ZeroEngine::finish_group(FlatGroup& group) {
+  std::vector<int64_t> numels;
+  const at::Tensor& first = params_[group.members.front()];
+  for (std::size_t i : group.members) {
+    TANDEM_CHECK_ARG(params_[i].scalar_type() == first.scalar_type(),
+                     "ZeroOptimizer: parameters '{}' ({}) and '{}' ({}) share a stage-3 unit "
+                     "but not a dtype; keep each Sharded unit in one dtype",
+                     names_[group.members.front()], c10::toString(first.scalar_type()), names_[i],
+                     c10::toString(params_[i].scalar_type()));
+    numels.push_back(params_[i].numel());
+  }
+  lay_out(group, numels, world_, rank_);
+  const auto dtype = first.scalar_type();
+  torch::NoGradGuard no_grad;
+  at::Tensor my_slice;
+  const bool adopted = group.construction != nullptr;
+  if (adopted) {
+    // zero::Init cut the unit in this very layout: its parameters are views
+    // of the released buffer and this rank's slice is kept. Nothing to copy
+    // or broadcast (every rank built the same values: checked by fingerprint).
+    TANDEM_CHECK(group.construction->full.numel() == group.padded &&
+                     group.construction->shard_begin == group.shard_begin,
+                 "ZeroOptimizer: internal error: a unit cut by zero::Init has another layout");
+    group.full = group.construction->full;
+    my_slice = group.construction->shard;
+    group.construction.reset();
+  } else {
+    group.full = at::zeros({group.padded}, first.options().requires_grad(false));
+    for (std::size_t k = 0; k < group.members.size(); ++k) {
+      at::Tensor& p = params_[group.members[k]];
+      at::Tensor view = internals::flat_alias(group.full, group.offsets[k], p.sizes());
+      view.copy_(p);
+      internals::rebind_parameter_data(p, view);
+    }
+    pg_->broadcast(group.full, 0);  // every rank starts from rank 0's values
+    my_slice = group.full.narrow(0, group.shard_begin, group.shard_numel);
+  }
+  const bool fp32_params = dtype == at::kFloat;
+  if (group.partitioned_params) {
+    group.param_shard = adopted ? my_slice : my_slice.clone();
+    if (options_.offload_param) group.param_shard = to_state_device(group.param_shard);
+    group.master_is_param = fp32_params && group.param_shard.device() == state_device_;
+    internals::release_storage(group.full);
+    group.params_state = ParamsState::kReleased;
+  } else {
+    group.master_is_param = fp32_params && !options_.offload_optimizer;
+  }
+  if (group.master_is_param) {
+    group.master = group.partitioned_params ? group.param_shard : my_slice;
+  } else {
+    group.master = empty_state(group.shard_numel);
+    group.master.copy_(group.partitioned_params ? group.param_shard : my_slice);
+  }
+  if (options_.stage == 1) {
+    group.grad_full = at::zeros({group.padded}, first.options().requires_grad(false));
+    group.grad_shard_is_view = fp32_params && !options_.offload_optimizer;
+    group.grad_shard = group.grad_shard_is_view
+                           ? group.grad_full.narrow(0, group.shard_begin, group.shard_numel)
+                           : empty_state(group.shard_numel).zero_();
+  } else {
+    group.grad_shard = empty_state(group.shard_numel).zero_();
+  }
+  const int states = state_count(rule_, read_hyper(optimizer_, rule_));
+  for (int s = 0; s < states; ++s) group.state.push_back(empty_state(group.shard_numel).zero_());
+  build_runs(group);
+}
+
+void ZeroEngine::build_runs(FlatGroup& group) {
+  group.runs.clear();
+  for (const auto& seg : group.segments) {
+    const std::size_t pg = param_group_of_[seg.param];
+    if (pg == kNoGroup) continue;  // not in the optimizer: never updated
+    if (!group.runs.empty() && group.runs.back().param_group == pg &&
+        group.runs.back().shard_offset + group.runs.back().length == seg.shard_offset) {
+      group.runs.back().length += seg.length;
+    } else {
+      group.runs.push_back({pg, seg.shard_offset, seg.length});
+    }
+  }
+}
+
+at::Tensor ZeroEngine::empty_state(int64_t n) const {
+  auto options = at::TensorOptions().dtype(at::kFloat).device(state_device_);
+  // Host buffers that feed or receive device copies are pinned, so the
+  // copies run asynchronously.
+  const bool pin = state_device_.is_cpu() && device_.is_cuda() && options_.pin_memory;
+  return at::empty({n}, options.pinned_memory(pin));
+}
+
+at::Tensor ZeroEngine::to_state_device(const at::Tensor& t) const {
+  if (t.device() == state_device_) return t;
+  at::Tensor out = at::empty(t.sizes(), t.options().device(state_device_).pinned_memory(
+                                            state_device_.is_cpu() && options_.pin_memory));
+  out.copy_(t);
+  return out;
+}
+
+}  // namespace tandem::detail
