@@ -15,7 +15,13 @@
 
 set(TANDEM_PROGRAM_COMPILE_OPTIONS $<$<CONFIG:Release>:-O1>)
 
-if(TANDEM_PCH)
+# Only when this build makes programs: inside another project (add_subdirectory)
+# tests, examples and benchmarks are off and nothing would use it.
+set(TANDEM_USE_PCH OFF)
+if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_BENCH))
+  set(TANDEM_USE_PCH ON)
+endif()
+if(TANDEM_USE_PCH)
   add_library(tandem_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cpp)
   target_link_libraries(tandem_torch_pch PRIVATE tandem::tandem)
   target_compile_options(tandem_torch_pch PRIVATE ${TANDEM_PROGRAM_COMPILE_OPTIONS})
@@ -26,7 +32,7 @@ endif()
 function(tandem_program target)
   target_link_libraries(${target} PRIVATE tandem::tandem)
   target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${TANDEM_PROGRAM_COMPILE_OPTIONS})
-  if(TANDEM_PCH)
+  if(TANDEM_USE_PCH)
     target_precompile_headers(${target} REUSE_FROM tandem_torch_pch)
   endif()
 endfunction()
