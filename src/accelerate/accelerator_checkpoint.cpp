@@ -206,7 +206,7 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
 }
 
 void Accelerator::save_state(const std::string& dir, const SaveStateOptions& options) {
-  TANDEM_CHECK_ARG(!controller_->state().gradients_pending,
+  TANDEM_CHECK_ARG(!controller_->gradients_pending(),
                    "save_state() was called in the middle of gradient accumulation (after "
                    "backward(), before the optimizer step that consumes the gradients). A "
                    "checkpoint holds no partial gradients, so resuming would lose them: call "

@@ -103,21 +103,20 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   const auto sizes = sizes_across(*process_group_, tensor, 0);
   // Rows are the current batch's samples when the row count matches it on
   // this rank; every rank sees the same loader state, so all agree.
-  const GradientState& state = controller_->state();
-  const bool from_batch = !state.real_rows_per_rank.empty() &&
-                          static_cast<int>(state.real_rows_per_rank.size()) == num_processes() &&
-                          tensor.size(0) == state.batch_rows;
+  const detail::BatchReport& batch = controller_->batch();
+  const bool from_batch = !batch.real_rows_per_rank.empty() &&
+                          static_cast<int>(batch.real_rows_per_rank.size()) == num_processes() &&
+                          tensor.size(0) == batch.rows;
   at::Tensor mine = pad_across_processes(tensor, 0);
   auto parts = num_processes() == 1 ? std::vector<at::Tensor>{mine}
                                     : process_group_->all_gather(mine.contiguous());
   // In a joined pass a shadow rank's outputs are repeats of its last batch:
   // every rank knows which ranks those are, so all drop the same rows.
-  const bool joined = state.joining &&
-                      static_cast<int>(state.shadow_ranks.size()) == num_processes();
+  const bool joined = static_cast<int>(batch.shadow_ranks.size()) == num_processes();
   for (size_t r = 0; r < parts.size(); ++r) {
     int64_t keep = sizes[r];
-    if (from_batch) keep = std::min(keep, state.real_rows_per_rank[r]);
-    if (joined && state.shadow_ranks[r] != 0) keep = 0;
+    if (from_batch) keep = std::min(keep, batch.real_rows_per_rank[r]);
+    if (joined && batch.shadow_ranks[r] != 0) keep = 0;
     parts[r] = parts[r].narrow(0, 0, keep);
   }
   return at::cat(parts);

@@ -75,7 +75,7 @@ std::optional<DistributedLoader::Batch> PreparedLoader::next() {
     }
     // A joined pass never pads; other passes keep the loader's own setting.
     // Switching keeps a pending skip.
-    const bool join = controller_->state().join_requested;
+    const bool join = controller_->join_requested();
     const bool even = !join && even_batches_;
     if (loader_.options().even_batches != even) loader_.set_even_batches(even);
     c.size = loader_.size();

@@ -144,7 +144,7 @@ void OptimizerCore::check_wrapped(AcceleratedOptimizer& self) {
                    "optimizer (optimizer->step()): it applies gradient accumulation, loss "
                    "scaling and clipping",
                    what);
-  if (grads_after_backward_ > 0 && controller_->state().gradients_pending) {
+  if (grads_after_backward_ > 0 && controller_->gradients_pending()) {
     std::size_t held = 0;
     for (const auto& p : unique_optimizer_parameters(self)) held += p.grad().defined();
     TANDEM_CHECK_ARG(held >= grads_after_backward_,

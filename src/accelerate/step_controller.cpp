@@ -32,7 +32,6 @@ OptimizerRecord& StepController::record(int id) {
 void StepController::begin_micro_step() {
   ++micro_steps_begun_;
   ++state_.micro_step;
-  ++state_.micro_steps_since_step;
   // The last batch of a pass always synchronises, so an epoch whose length
   // is not a multiple of the accumulation steps never leaks partial sums
   // into the next epoch (Accelerate's sync_with_dataloader).
@@ -58,13 +57,9 @@ void StepController::step_deferred(int id) {
   OptimizerRecord& r = record(id);
   r.deferred = true;
   r.last_step_skipped = true;
-  state_.last_step_skipped = true;
 }
 
-void StepController::note_clipped(int id) {
-  record(id).clipped = true;
-  state_.clipped_this_step = true;
-}
+void StepController::note_clipped(int id) { record(id).clipped = true; }
 
 void StepController::optimizer_step(int id, bool taken) {
   OptimizerRecord& r = record(id);
@@ -76,15 +71,10 @@ void StepController::optimizer_step(int id, bool taken) {
   // Accelerator::step(): the most steps any optimizer took (a GAN's two
   // optimizers each step once per iteration).
   state_.optimizer_steps = std::max(state_.optimizer_steps, r.steps);
-  state_.last_step_skipped = !taken;
-  state_.gradients_pending = false;
+  gradients_pending_ = false;
 }
 
-void StepController::end_step(int id) {
-  record(id).clipped = false;
-  state_.micro_steps_since_step = 0;
-  state_.clipped_this_step = false;
-}
+void StepController::end_step(int id) { record(id).clipped = false; }
 
 bool StepController::zero_grad(int id) {
   OptimizerRecord& r = record(id);
@@ -95,35 +85,31 @@ bool StepController::zero_grad(int id) {
 
 void StepController::clear_batch() {
   state_.end_of_dataloader = false;
-  state_.real_rows_per_rank.clear();
-  state_.batch_rows = 0;
   state_.joining = false;
   state_.shadow_batch = false;
   state_.ranks_with_data = 0;
-  state_.shadow_ranks.clear();
+  batch_ = BatchReport{};
 }
 
 void StepController::next_batch(BatchReport report) {
   clear_batch();
   state_.end_of_dataloader = report.last_of_pass;
-  state_.batch_rows = report.rows;
-  state_.real_rows_per_rank = std::move(report.real_rows_per_rank);
-  if (report.shadow_ranks.empty()) return;
+  batch_ = std::move(report);
+  if (batch_.shadow_ranks.empty()) return;
   int64_t with_data = 0;
-  for (uint8_t shadow : report.shadow_ranks) with_data += shadow == 0 ? 1 : 0;
+  for (uint8_t shadow : batch_.shadow_ranks) with_data += shadow == 0 ? 1 : 0;
   state_.joining = true;
   state_.ranks_with_data = with_data;
-  state_.shadow_batch = report.shadow_ranks.at(static_cast<size_t>(report.rank)) != 0;
-  state_.shadow_ranks = std::move(report.shadow_ranks);
+  state_.shadow_batch = batch_.shadow_ranks.at(static_cast<size_t>(batch_.rank)) != 0;
 }
 
 void StepController::end_of_pass() { clear_batch(); }
 
 void StepController::begin_join() {
-  TANDEM_CHECK_ARG(!state_.join_requested,
+  TANDEM_CHECK_ARG(!join_requested_,
                    "Accelerator::join_uneven_inputs: a guard is already alive. Keep one guard "
                    "around the training loop (it covers every epoch started inside it)");
-  state_.join_requested = true;
+  join_requested_ = true;
 }
 
 void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>& per_optimizer) {
@@ -138,9 +124,7 @@ void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>
   }
   state_.optimizer_steps = optimizer_steps;
   state_.micro_step = 0;
-  state_.micro_steps_since_step = 0;
-  state_.gradients_pending = false;
-  state_.clipped_this_step = false;
+  gradients_pending_ = false;
 }
 
 }  // namespace tandem::detail

@@ -94,7 +94,11 @@ class StepController {
   // Accelerator::backward() added gradients: begins a micro-step first when
   // no guard did.
   void before_backward();
-  void after_backward() { state_.gradients_pending = true; }
+  void after_backward() { gradients_pending_ = true; }
+  // Accelerator::backward() added gradients that no optimizer step has
+  // consumed yet: zero_grad() must keep them (they are being accumulated),
+  // and a checkpoint taken now would lose them.
+  bool gradients_pending() const { return gradients_pending_; }
 
   // ---- Optimizer steps (per optimizer id) ----
   // step() on a micro-step that does not synchronise: nothing changes.
@@ -118,7 +122,13 @@ class StepController {
   void next_batch(BatchReport report);
   void end_of_pass();
   void begin_join();
-  void end_join() { state_.join_requested = false; }
+  void end_join() { join_requested_ = false; }
+  // A JoinGuard is alive: passes of prepared loaders that start now run
+  // joined (no padding; ranks out of data take shadow steps).
+  bool join_requested() const { return join_requested_; }
+  // The batch most recently handed out by any prepared loader (for
+  // gather_for_metrics()); empty outside a pass.
+  const BatchReport& batch() const { return batch_; }
 
   // ---- Checkpoints ----
   // load_state(): the step counters of the checkpoint (one per optimizer;
@@ -130,6 +140,9 @@ class StepController {
   OptimizerRecord& record(int id);
 
   GradientState state_;
+  BatchReport batch_;
+  bool gradients_pending_ = false;
+  bool join_requested_ = false;
   int64_t micro_steps_begun_ = 0;
   std::vector<OptimizerRecord> optimizers_;
   std::vector<std::function<void(bool)>> sync_targets_;

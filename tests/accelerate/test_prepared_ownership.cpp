@@ -233,9 +233,9 @@ TEST(PreparedObjects, GradientStateIsASnapshot) {
     const GradientState before = p.accelerator->gradient_state();
     p.backward();
     EXPECT_EQ(before.micro_step, 0);
-    EXPECT_FALSE(before.gradients_pending);
+    EXPECT_TRUE(before.sync_gradients);
     EXPECT_EQ(p.accelerator->gradient_state().micro_step, 1);
-    EXPECT_TRUE(p.accelerator->gradient_state().gradients_pending);
+    EXPECT_FALSE(p.accelerator->gradient_state().sync_gradients);
   });
 }
 

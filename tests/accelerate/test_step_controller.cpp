@@ -30,7 +30,7 @@ TEST(StepController, EveryAccumulationStepsthMicroStepSynchronises) {
   StepController c(3);
   EXPECT_EQ(syncs_over(c, 7), (std::vector<bool>{false, false, true, false, false, true, false}));
   EXPECT_EQ(c.state().optimizer_steps, 2);
-  EXPECT_TRUE(c.state().gradients_pending) << "the 7th micro-step's gradients wait";
+  EXPECT_TRUE(c.gradients_pending()) << "the 7th micro-step's gradients wait";
 }
 
 TEST(StepController, TheLastBatchOfAPassSynchronisesAndRestartsTheCycle) {
@@ -54,7 +54,7 @@ TEST(StepController, AGuardBeginsOneMicroStepForAnyNumberOfBackwards) {
   EXPECT_TRUE(nested);
   c.before_backward();
   c.before_backward();
-  EXPECT_EQ(c.state().micro_steps_since_step, 1);
+  EXPECT_EQ(c.micro_steps_begun(), 1);
   c.leave_accumulate_guard(nested);
   EXPECT_TRUE(c.state().in_accumulate_guard);
   c.leave_accumulate_guard(outer);
@@ -67,8 +67,8 @@ TEST(StepController, ASkippedStepConsumesTheGradientsButIsNotCounted) {
   c.before_backward();
   c.after_backward();
   c.optimizer_step(opt, /*taken=*/false);
-  EXPECT_TRUE(c.state().last_step_skipped);
-  EXPECT_FALSE(c.state().gradients_pending);
+  EXPECT_TRUE(c.optimizer(opt).last_step_skipped);
+  EXPECT_FALSE(c.gradients_pending());
   EXPECT_EQ(c.state().optimizer_steps, 0);
 }
 
@@ -82,9 +82,39 @@ TEST(StepController, AJoinedBatchCountsTheRanksWithData) {
   EXPECT_TRUE(c.state().joining);
   EXPECT_TRUE(c.state().shadow_batch);
   EXPECT_EQ(c.state().ranks_with_data, 2);
+  EXPECT_EQ(c.batch().shadow_ranks, (std::vector<uint8_t>{0, 1, 0}));
+  EXPECT_EQ(c.batch().rows, 4);
   c.next_batch(BatchReport{});
   EXPECT_FALSE(c.state().joining);
   EXPECT_FALSE(c.state().shadow_batch);
+  EXPECT_TRUE(c.batch().shadow_ranks.empty());
+  c.end_of_pass();
+  EXPECT_EQ(c.batch().rows, 0);
+}
+
+TEST(StepController, EachOptimizerKnowsWhetherItsOwnStepWasSkipped) {
+  // Two optimizers, one micro-step: the first steps, the second overflows.
+  // "The last step was skipped" is per optimizer, whichever went last.
+  StepController c(1);
+  const int a = c.add_optimizer();
+  const int b = c.add_optimizer();
+  c.before_backward();
+  c.after_backward();
+  c.optimizer_step(a, /*taken=*/true);
+  c.end_step(a);
+  c.optimizer_step(b, /*taken=*/false);
+  c.end_step(b);
+  EXPECT_FALSE(c.optimizer(a).last_step_skipped);
+  EXPECT_TRUE(c.optimizer(b).last_step_skipped);
+  c.before_backward();
+  c.after_backward();
+  c.optimizer_step(b, /*taken=*/true);
+  c.end_step(b);
+  c.optimizer_step(a, /*taken=*/false);
+  c.end_step(a);
+  EXPECT_TRUE(c.optimizer(a).last_step_skipped);
+  EXPECT_FALSE(c.optimizer(b).last_step_skipped);
+  EXPECT_EQ(c.state().optimizer_steps, 1);
 }
 
 TEST(StepController, RestoreStartsBetweenSteps) {
@@ -102,8 +132,7 @@ TEST(StepController, RestoreStartsBetweenSteps) {
   EXPECT_FALSE(c.optimizer(a).clipped);
   EXPECT_FALSE(c.optimizer(b).deferred);
   EXPECT_EQ(c.state().micro_step, 0);
-  EXPECT_FALSE(c.state().gradients_pending);
-  EXPECT_FALSE(c.state().clipped_this_step);
+  EXPECT_FALSE(c.gradients_pending());
 }
 
 TEST(StepController, ZeroGradZeroesOncePerCycleAtTheTopOrTheBottomOfTheLoop) {
@@ -167,7 +196,7 @@ TEST(StepController, EachOptimizerKeepsItsOwnCycle) {
   EXPECT_EQ(c.optimizer(d).steps, 3);
   EXPECT_EQ(c.optimizer(g).steps, 3);
   EXPECT_EQ(c.state().optimizer_steps, 3) << "step() counts iterations, not optimizers";
-  EXPECT_FALSE(c.state().gradients_pending);
+  EXPECT_FALSE(c.gradients_pending());
 }
 
 TEST(StepController, OneJoinGuardAtATime) {
