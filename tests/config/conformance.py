@@ -137,18 +137,28 @@ def clipping_value(value):
 # tandem's side
 
 
-def tandem_view(tandem, path, world_size=None):
-    """tandem config check: ("accept", resolved JSON) or ("reject", message)."""
-    command = [tandem, "config", "check", path]
+def tandem_views(tandem, paths, world_size=None):
+    """tandem config check over many files in one process: for each path,
+    ("accept", resolved JSON) or ("reject", message)."""
+    command = [tandem, "config", "check", *paths]
     if world_size is not None:
         command += ["--world-size", str(world_size)]
     # The environment must not steer the result (TANDEM_MIXED_PRECISION, ...).
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
-    if done.returncode == 0:
-        return "accept", json.loads(done.stdout)
-    if done.returncode == 2:
-        return "reject", one_line(done.stderr, 400)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    if len(paths) == 1:  # one file: the resolved JSON, or the refusal on stderr
+        if done.returncode == 0:
+            return {paths[0]: ("accept", json.loads(done.stdout))}
+        if done.returncode == 2:
+            return {paths[0]: ("reject", one_line(done.stderr, 400))}
+    elif done.returncode in (0, 2):  # several: one JSON line per file
+        views = {}
+        for line in done.stdout.splitlines():
+            entry = json.loads(line)
+            views[entry["file"]] = (("accept", entry["config"]) if entry["valid"] else
+                                    ("reject", one_line(entry["error"], 400)))
+        if sorted(views) == sorted(paths):
+            return views
     raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr}")
 
 
@@ -349,33 +359,33 @@ def filled_like_trainer(document, world_size):
 
 
 def deepspeed_cases(tandem, files, scratch):
+    # Each file at each world size, and where it says "auto" for the batch,
+    # the same file once the program has filled its "auto"s: the rest of it
+    # must then read the same on both sides.
+    checks = []  # (case name, path, document, world)
     for path in files:
         document = load_json_loosely(path)
         for world in WORLD_SIZES:
-            peer = deepspeed_view(path, world)
-            mine = tandem_view(tandem, path, world)
-            if mine[0] == "accept":
-                mine = ("accept", tandem_ds_fields(mine[1]))
-            differences = compare(peer, mine, DS_FIELDS)
-            yield {"case": f"{os.path.basename(path)} --world-size {world}",
-                   "verdict": classify(peer, mine, differences, document),
-                   "deepspeed": peer, "tandem": mine, "differences": differences}
+            checks.append((f"{os.path.basename(path)} --world-size {world}", path, document,
+                           world))
             if has_auto_batch(document):
-                # The same file once the program has filled its "auto"s: the
-                # rest of it must then read the same on both sides.
                 filled = filled_like_trainer(document, world)
                 filled_path = os.path.join(
                     scratch, f"{os.path.basename(path)[:-5]}.filled{world}.json")
                 with open(filled_path, "w") as f:
                     json.dump(filled, f, indent=2)
-                peer = deepspeed_view(filled_path, world)
-                mine = tandem_view(tandem, filled_path, world)
-                if mine[0] == "accept":
-                    mine = ("accept", tandem_ds_fields(mine[1]))
-                differences = compare(peer, mine, DS_FIELDS)
-                yield {"case": f"{os.path.basename(path)} (auto filled) --world-size {world}",
-                       "verdict": classify(peer, mine, differences, filled),
-                       "deepspeed": peer, "tandem": mine, "differences": differences}
+                checks.append((f"{os.path.basename(path)} (auto filled) --world-size {world}",
+                               filled_path, filled, world))
+    mine_by_world = {world: tandem_views(tandem, [c[1] for c in checks if c[3] == world], world)
+                     for world in WORLD_SIZES}
+    for case, path, document, world in checks:
+        peer = deepspeed_view(path, world)
+        mine = mine_by_world[world][path]
+        if mine[0] == "accept":
+            mine = ("accept", tandem_ds_fields(mine[1]))
+        differences = compare(peer, mine, DS_FIELDS)
+        yield {"case": case, "verdict": classify(peer, mine, differences, document),
+               "deepspeed": peer, "tandem": mine, "differences": differences}
 
 
 # --------------------------------------------------------------------------
@@ -542,10 +552,11 @@ def tandem_accelerate_fields(resolved, deepspeed):
 
 
 def accelerate_cases(tandem, files):
+    # Without --world-size: the file's num_processes (NO: 1; unset: 1).
+    views = tandem_views(tandem, files) if files else {}
     for path in files:
         peer = accelerate_view(path)
-        # Without --world-size: the file's num_processes (NO: 1; unset: 1).
-        mine = tandem_view(tandem, path)
+        mine = views[path]
         deepspeed = peer[0] == "accept" and peer[1]["distributed_type"] == "DEEPSPEED"
         if mine[0] == "accept":
             given = mine[1]["launch"]["num_processes"]

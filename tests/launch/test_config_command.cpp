@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "launch/config_cli_helpers.h"
@@ -96,6 +100,41 @@ TEST(ConfigCheck, BadFileExitsTwoNamingTheLineColumnAndKey) {
   EXPECT_EQ(no_file.exit_code, 2);
 }
 
+
+TEST(ConfigCheck, SeveralFilesGiveOneJsonLineEachAndARefusalStopsNoOther) {
+  TempDir home;
+  const std::string good = home.path() + "/accelerate.yaml";
+  const std::string bad = home.path() + "/bad.yaml";
+  const std::string ds = home.path() + "/ds.json";
+  write_text(good, kAccelerateYaml);
+  write_text(bad, "distributed_type: MULTI_GPU\nmixed_precison: bf16\n");
+  write_text(ds, R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})");
+  auto r = run_process(
+      tandem_in(home.path(), {"config", "check", good, bad, ds, "--world-size", "2"}), 60);
+  EXPECT_EQ(r.exit_code, 2) << "one refused file makes the exit status 2: " << r.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+
+  EXPECT_EQ(lines[0]["file"], good);
+  EXPECT_EQ(lines[0]["valid"], true);
+  EXPECT_EQ(lines[0]["config"]["world_size"], 2) << "--world-size applies to every file";
+  EXPECT_EQ(lines[0]["config"]["mixed_precision"], "bf16");
+
+  EXPECT_EQ(lines[1]["file"], bad);
+  EXPECT_EQ(lines[1]["valid"], false);
+  EXPECT_NE(lines[1]["error"].get<std::string>().find(bad + ":2:1"), std::string::npos)
+      << lines[1];
+  EXPECT_NE(r.err.find("mixed_precison"), std::string::npos) << "refusals go to stderr too";
+
+  EXPECT_EQ(lines[2]["file"], ds) << "the file after a refused one is still checked";
+  EXPECT_EQ(lines[2]["valid"], true);
+  EXPECT_EQ(lines[2]["config"]["gradient_accumulation_steps"], 4);
+
+  auto all_good = run_process(tandem_in(home.path(), {"config", "check", good, ds}), 60);
+  EXPECT_EQ(all_good.exit_code, 0) << all_good.err;
+}
 TEST(ConfigDefault, WritesABasicConfigToTheXdgCachePathAndNeverOverwrites) {
   TempDir home;
   const std::string cache = home.path() + "/xdg";
