@@ -1,11 +1,12 @@
 #pragma once
 // The flat layout behind ZeRO: a group of parameters (a gradient bucket in
 // stages 1 and 2, a Sharded unit in stage 3) laid end to end in one buffer,
-// padded to a multiple of the world size, rank r owning slice r.
+// padded to a multiple of the world size, rank r owning slice r. What
+// changes during a step (a unit's gather state, a packed gradient in
+// flight) is kept by the part of the engine that changes it, not here.
 
 #include <cstddef>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <vector>
 
@@ -35,8 +36,6 @@ struct ShardRun {
   int64_t length = 0;
 };
 
-enum class ParamsState { kWhole, kGathering, kReleased };
-
 struct FlatGroup {
   std::vector<std::size_t> members;  // parameter indices, in layout order
   std::vector<int64_t> offsets;      // each member's first element in the flat buffer
@@ -61,13 +60,6 @@ struct FlatGroup {
   std::vector<at::Tensor> state;    // optimizer state shards (moments, momentum)
   std::vector<ShardSegment> segments;
   std::vector<ShardRun> runs;
-
-  // Backward bookkeeping.
-  at::Tensor wire;        // stage 2/3: the packed fp32 gradients to reduce-scatter
-
-  // Stage 3.
-  ParamsState params_state = ParamsState::kWhole;
-  std::shared_future<void> gather_done;
 };
 
 // Lays out `members` (with their element counts) for `world` ranks and

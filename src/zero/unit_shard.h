@@ -1,6 +1,6 @@
 #pragma once
 // What a zero::Init guard leaves in a Sharded unit it cut at construction,
-// for the stage-3 ZeroOptimizer to adopt (zero_engine.cpp).
+// for the stage-3 ZeroOptimizer to adopt (zero_adopt.cpp).
 
 #include <cstdint>
 #include <memory>

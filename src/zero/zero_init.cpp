@@ -1,7 +1,7 @@
 // tandem::zero::Init: each Sharded unit cut to this rank's shard as its
 // constructor returns (see tandem/zero/init.h). The layout is the stage-3
 // engine's (lay_out over the unit's trainable parameters in module order), so
-// the ZeroOptimizer adopts the shard as it is (zero_engine.cpp).
+// the ZeroOptimizer adopts the shard as it is (zero_adopt.cpp).
 
 #include "tandem/zero/init.h"
 

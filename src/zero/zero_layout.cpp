@@ -1,10 +1,10 @@
 // Laying the model out: which trainable parameters go into which flat group
 // (gradient buckets for stages 1 and 2, one group per Sharded unit plus the
 // loose parameters for stage 3), each group's offsets and this rank's shard,
-// adopting units cut by zero::Init, and the buffers of the fp32 masters,
-// gradient shards and optimizer state.
+// and the buffers of the fp32 masters, gradient shards and optimizer state.
+// Adopting units cut by zero::Init is in zero_adopt.cpp.
 
-#include "zero/zero_engine.h"
+#include "zero/zero_layout.h"
 
 #include <algorithm>
 #include <limits>
@@ -16,7 +16,6 @@
 
 #include "core/torch_internals.h"
 #include "tandem/core/error.h"
-#include "tandem/core/logging.h"
 #include "tandem/core/parameters.h"
 #include "zero/unit_shard.h"
 
@@ -27,7 +26,31 @@ constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 
 }  // namespace
 
-void ZeroEngine::collect_parameters(torch::nn::Module& model) {
+ZeroLayout::ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                       ProcessGroup& pg, const ZeroOptions& options, UpdateRule rule)
+    : options_(options), world_(pg.world_size()), rank_(pg.rank()) {
+  collect_parameters(model, optimizer);
+  device_ = params_.front().device();
+  state_device_ = options_.offload_optimizer ? c10::Device(c10::kCPU) : device_;
+  if (options_.stage == 3) {
+    build_unit_groups(model, pg);
+  } else {
+    refuse_memoryless_parameters();
+    build_bucket_groups();
+  }
+  for (auto& group : groups_) finish_group(group, pg, optimizer, rule);
+  group_of_.assign(params_.size(), 0);
+  flat_offset_.assign(params_.size(), 0);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t k = 0; k < groups_[g].members.size(); ++k) {
+      group_of_[groups_[g].members[k]] = g;
+      flat_offset_[groups_[g].members[k]] = groups_[g].offsets[k];
+    }
+  }
+}
+
+void ZeroLayout::collect_parameters(torch::nn::Module& model,
+                                    torch::optim::Optimizer& optimizer) {
   // Tied weights once: one slot in the flat buffers, one gradient, one update.
   std::unordered_map<const void*, std::size_t> seen;
   std::unordered_map<const void*, bool> frozen;
@@ -54,7 +77,7 @@ void ZeroEngine::collect_parameters(torch::nn::Module& model) {
   }
   // Which optimizer param group updates each parameter.
   param_group_of_.assign(params_.size(), kNoGroup);
-  auto& groups = optimizer_.param_groups();
+  auto& groups = optimizer.param_groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (const auto& p : groups[g].params()) {
       // A frozen parameter listed in the optimizer (model->parameters()
@@ -73,7 +96,7 @@ void ZeroEngine::collect_parameters(torch::nn::Module& model) {
   }
 }
 
-void ZeroEngine::build_bucket_groups() {
+void ZeroLayout::build_bucket_groups() {
   // Gradients arrive roughly in reverse registration order: bucket that way.
   std::vector<std::size_t> members;
   int64_t filled = 0;
@@ -95,10 +118,9 @@ void ZeroEngine::build_bucket_groups() {
     filled += p.numel();
   }
   flush();
-  for (auto& group : groups_) finish_group(group);
 }
 
-void ZeroEngine::build_unit_groups(torch::nn::Module& model) {
+void ZeroLayout::build_unit_groups(torch::nn::Module& model, ProcessGroup& pg) {
   // Each parameter belongs to the innermost unit around it: modules() is in
   // pre-order, so a nested unit overwrites its ancestor's claim. A unit may
   // claim a tensor only if every registration of it lies inside the unit: a
@@ -156,119 +178,12 @@ void ZeroEngine::build_unit_groups(torch::nn::Module& model) {
     if (unit_of[i] == kNoGroup) loose.members.push_back(i);
   }
   if (!loose.members.empty()) groups_.push_back(std::move(loose));
-  settle_construction_shards(units, unit_names);
+  settle_construction_shards(units, unit_names, pg);
   refuse_memoryless_parameters();
-  for (auto& group : groups_) finish_group(group);
 }
 
-void ZeroEngine::settle_construction_shards(const std::vector<ShardedUnit*>& units,
-                                            const std::vector<std::string>& unit_names) {
-  // What to do with each unit, agreed by every rank: nothing (built whole),
-  // adopt its shard (cut in the layout stage 3 uses), gather it back whole
-  // (its trainable parameters changed since the cut), or refuse (cut for
-  // another rank or world size). Codes and fingerprints are all-reduced with
-  // MAX, negated copies giving the MIN.
-  enum Code : int64_t { kWhole = 0, kGatherBack = 1, kAdopt = 2, kOtherLayout = 3 };
-  const auto n = static_cast<int64_t>(units.size());
-  std::vector<FlatGroup*> group_of_unit(units.size(), nullptr);
-  for (auto& group : groups_) {
-    auto it = std::find(units.begin(), units.end(), group.unit);
-    if (group.unit != nullptr && it != units.end()) group_of_unit[it - units.begin()] = &group;
-  }
-  constexpr int64_t kSlots = 5;  // code, -code, fingerprint, -fingerprint, written
-  at::Tensor votes = at::zeros({kSlots * n}, at::TensorOptions().dtype(at::kLong));
-  int64_t* vote = votes.data_ptr<int64_t>();
-  for (int64_t u = 0; u < n; ++u) {
-    const auto& cut = units[static_cast<std::size_t>(u)]->construction_shard();
-    int64_t code = kWhole;
-    if (cut != nullptr) {
-      FlatGroup* group = group_of_unit[static_cast<std::size_t>(u)];
-      bool same_members = group != nullptr && group->members.size() == cut->members.size();
-      for (std::size_t k = 0; same_members && k < cut->members.size(); ++k) {
-        same_members = params_[group->members[k]].unsafeGetTensorImpl() ==
-                       cut->members[k].unsafeGetTensorImpl();
-      }
-      code = cut->world != world_ || cut->rank != rank_ ? kOtherLayout
-             : same_members                             ? kAdopt
-                                                        : kGatherBack;
-    }
-    int64_t* mine = vote + kSlots * u;
-    mine[0] = code;
-    mine[1] = -code;
-    mine[2] = cut != nullptr ? cut->fingerprint : 0;
-    mine[3] = cut != nullptr ? -cut->fingerprint : 0;
-    mine[4] = cut != nullptr &&
-              cut->placeholder->written(cut->full.numel() *
-                                        static_cast<int64_t>(cut->full.element_size()));
-  }
-  pg_->all_reduce(votes, ReduceOp::kMax);
-  for (int64_t u = 0; u < n; ++u) {
-    const std::string& name = unit_names[static_cast<std::size_t>(u)];
-    ShardedUnit* unit = units[static_cast<std::size_t>(u)];
-    const int64_t* agreed = vote + kSlots * u;
-    const int64_t code = agreed[0];
-    const auto& cut = unit->construction_shard();
-    TANDEM_CHECK_ARG(code != kOtherLayout,
-                     "ZeroOptimizer: unit '{}' was cut by tandem::zero::Init for a process group "
-                     "other than this optimizer's (rank {} of {} here); make the Init with the "
-                     "process group the ZeroOptimizer uses",
-                     name, rank_, world_);
-    TANDEM_CHECK_ARG(code == -agreed[1],
-                     "ZeroOptimizer: unit '{}' was cut by tandem::zero::Init on some ranks and "
-                     "built whole on others; make the Init on every rank or on none",
-                     name);
-    if (code == kWhole) continue;
-    TANDEM_CHECK_ARG(agreed[4] == 0,
-                     "ZeroOptimizer: parameters of unit '{}' (or of a unit cut before it) were "
-                     "written after tandem::zero::Init cut the unit, on some rank; that write "
-                     "went nowhere (the unit holds only its shard). A custom initialisation over "
-                     "the whole model after the constructors (GPT-2's normal_(0, 0.02) loop, "
-                     "for one) must run inside each unit's own constructor instead, or build "
-                     "the model without zero::Init",
-                     name);
-    TANDEM_CHECK_ARG(agreed[2] == -agreed[3],
-                     "ZeroOptimizer: the ranks built different values for unit '{}' under "
-                     "tandem::zero::Init. Each rank keeps the shard it built itself (there is no "
-                     "broadcast from rank 0, as there is without Init), so every rank must build "
-                     "the same model: call torch::manual_seed with the same seed on every rank "
-                     "before building it",
-                     name);
-    // From the placeholder back to views of the unit's own (released) buffer.
-    for (std::size_t k = 0; k < cut->members.size(); ++k) {
-      internals::rebind_parameter_data(cut->members[k], cut->views[k]);
-    }
-    if (code == kAdopt) {
-      group_of_unit[static_cast<std::size_t>(u)]->construction = cut;
-    } else {
-      // The unit's trainable parameters are no longer the ones cut (one was
-      // frozen, or tied outside the unit): make them whole again, then lay
-      // the model out as without Init.
-      internals::reallocate_storage(cut->full, cut->full.numel() * cut->full.element_size());
-      pg_->all_gather_into(cut->full, cut->shard);
-      log_debug("ZeRO stage 3: unit '{}' changed after zero::Init cut it; gathered it whole",
-                name);
-    }
-    unit->set_construction_shard(nullptr);
-  }
-}
-
-void ZeroEngine::refuse_memoryless_parameters() const {
-  std::vector<bool> adopted_param(params_.size(), false);
-  for (const auto& group : groups_) {
-    if (group.construction == nullptr) continue;
-    for (std::size_t i : group.members) adopted_param[i] = true;
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    TANDEM_CHECK_ARG(adopted_param[i] || holds_memory(params_[i]),
-                     "ZeroOptimizer: parameter '{}' holds no memory: its Sharded unit was cut to "
-                     "one rank's shard by tandem::zero::Init (or freed by another stage-3 "
-                     "ZeroOptimizer). Only a stage-3 ZeroOptimizer adopts a model built under "
-                     "zero::Init: set the stage to 3, or build the model without zero::Init",
-                     names_[i]);
-  }
-}
-
-void ZeroEngine::finish_group(FlatGroup& group) {
+void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg,
+                              torch::optim::Optimizer& optimizer, UpdateRule rule) {
   std::vector<int64_t> numels;
   const at::Tensor& first = params_[group.members.front()];
   for (std::size_t i : group.members) {
@@ -302,7 +217,7 @@ void ZeroEngine::finish_group(FlatGroup& group) {
       view.copy_(p);
       internals::rebind_parameter_data(p, view);
     }
-    pg_->broadcast(group.full, 0);  // every rank starts from rank 0's values
+    pg.broadcast(group.full, 0);  // every rank starts from rank 0's values
     my_slice = group.full.narrow(0, group.shard_begin, group.shard_numel);
   }
   const bool fp32_params = dtype == at::kFloat;
@@ -310,8 +225,7 @@ void ZeroEngine::finish_group(FlatGroup& group) {
     group.param_shard = adopted ? my_slice : my_slice.clone();
     if (options_.offload_param) group.param_shard = to_state_device(group.param_shard);
     group.master_is_param = fp32_params && group.param_shard.device() == state_device_;
-    internals::release_storage(group.full);
-    group.params_state = ParamsState::kReleased;
+    internals::release_storage(group.full);  // the UnitGatherer's until the first forward
   } else {
     group.master_is_param = fp32_params && !options_.offload_optimizer;
   }
@@ -330,12 +244,12 @@ void ZeroEngine::finish_group(FlatGroup& group) {
   } else {
     group.grad_shard = empty_state(group.shard_numel).zero_();
   }
-  const int states = state_count(rule_, read_hyper(optimizer_, rule_));
+  const int states = state_count(rule, read_hyper(optimizer, rule));
   for (int s = 0; s < states; ++s) group.state.push_back(empty_state(group.shard_numel).zero_());
   build_runs(group);
 }
 
-void ZeroEngine::build_runs(FlatGroup& group) {
+void ZeroLayout::build_runs(FlatGroup& group) {
   group.runs.clear();
   for (const auto& seg : group.segments) {
     const std::size_t pg = param_group_of_[seg.param];
@@ -349,7 +263,7 @@ void ZeroEngine::build_runs(FlatGroup& group) {
   }
 }
 
-at::Tensor ZeroEngine::empty_state(int64_t n) const {
+at::Tensor ZeroLayout::empty_state(int64_t n) const {
   auto options = at::TensorOptions().dtype(at::kFloat).device(state_device_);
   // Host buffers that feed or receive device copies are pinned, so the
   // copies run asynchronously.
@@ -357,11 +271,59 @@ at::Tensor ZeroEngine::empty_state(int64_t n) const {
   return at::empty({n}, options.pinned_memory(pin));
 }
 
-at::Tensor ZeroEngine::to_state_device(const at::Tensor& t) const {
+at::Tensor ZeroLayout::to_state_device(const at::Tensor& t) const {
   if (t.device() == state_device_) return t;
   at::Tensor out = at::empty(t.sizes(), t.options().device(state_device_).pinned_memory(
                                             state_device_.is_cpu() && options_.pin_memory));
   out.copy_(t);
+  return out;
+}
+
+ZeroMemoryStats ZeroLayout::memory_stats() const {
+  ZeroMemoryStats stats;
+  auto on_host = [&](const at::Tensor& t) {
+    return (options_.offload_optimizer || options_.offload_param) && t.is_cpu() ? storage_bytes(t)
+                                                                                : 0;
+  };
+  for (const auto& group : groups_) {
+    stats.parameter_bytes += storage_bytes(group.full);
+    if (group.partitioned_params) {
+      stats.parameter_bytes += storage_bytes(group.param_shard);
+      if (options_.offload_param) stats.host_bytes += storage_bytes(group.param_shard);
+    }
+    stats.gradient_bytes += storage_bytes(group.grad_full);
+    if (!group.grad_shard_is_view) {
+      stats.gradient_bytes += storage_bytes(group.grad_shard);
+      stats.host_bytes += on_host(group.grad_shard);
+    }
+    if (!group.master_is_param) {
+      stats.optimizer_state_bytes += storage_bytes(group.master);
+      stats.host_bytes += on_host(group.master);
+    }
+    for (const auto& s : group.state) {
+      stats.optimizer_state_bytes += storage_bytes(s);
+      stats.host_bytes += on_host(s);
+    }
+  }
+  // Gradients that autograd holds right now outside the buffers.
+  for (const auto& p : params_) {
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) continue;
+    bool in_buffer = false;
+    for (const auto& group : groups_) {
+      if (group.grad_full.defined() && grad.is_alias_of(group.grad_full)) in_buffer = true;
+    }
+    if (!in_buffer) stats.gradient_bytes += grad.numel() * grad.element_size();
+  }
+  return stats;
+}
+
+std::vector<std::vector<std::string>> ZeroLayout::group_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& group : groups_) {
+    out.emplace_back();
+    for (std::size_t i : group.members) out.back().push_back(names_[i]);
+  }
   return out;
 }
 

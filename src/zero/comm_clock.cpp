@@ -1,0 +1,29 @@
+#include "zero/comm_clock.h"
+
+namespace tandem::detail {
+
+void CommClock::add_since(Field field, std::chrono::steady_clock::time_point start) {
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.*field += took.count();
+  if (field == &ZeroOptimizer::CommStats::gather_seconds) ++stats_.gathers;
+  if (field == &ZeroOptimizer::CommStats::reduce_scatter_seconds) ++stats_.reduce_scatters;
+}
+
+void CommClock::drain(CommQueue& queue) {
+  const auto start = std::chrono::steady_clock::now();
+  queue.drain();  // not under mutex_: the tasks it waits for add to the clock
+  add_since(&ZeroOptimizer::CommStats::drain_wait_seconds, start);
+}
+
+ZeroOptimizer::CommStats CommClock::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CommClock::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_ = ZeroOptimizer::CommStats();
+}
+
+}  // namespace tandem::detail

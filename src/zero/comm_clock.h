@@ -1,0 +1,36 @@
+#pragma once
+// The seconds ZeRO's collectives take on the communication thread, and the
+// seconds the training thread waits for them (ZeroOptimizer::comm_stats()).
+//
+// Thread-safe: the communication thread, autograd hooks and the training
+// thread all add to it. Its mutex is the innermost lock of the engine:
+// nothing else is called while it is held.
+
+#include <chrono>
+#include <mutex>
+
+#include "tandem/zero/zero_optimizer.h"
+#include "zero/comm_queue.h"
+
+namespace tandem::detail {
+
+class CommClock {
+ public:
+  using Field = double ZeroOptimizer::CommStats::*;
+
+  // Adds the seconds since `start` to `field`; a gather or reduce-scatter
+  // also counts one collective.
+  void add_since(Field field, std::chrono::steady_clock::time_point start);
+  // Drains `queue` (rethrowing its first error), adding the wait to
+  // drain_wait_seconds.
+  void drain(CommQueue& queue);
+
+  ZeroOptimizer::CommStats stats() const;
+  void reset();
+
+ private:
+  mutable std::mutex mutex_;
+  ZeroOptimizer::CommStats stats_;
+};
+
+}  // namespace tandem::detail

@@ -1,0 +1,185 @@
+// The sharded update, the gradient norm over the shards, and checkpoint
+// access to the shards by parameter and element range.
+
+#include "zero/shard_state.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "tandem/core/error.h"
+
+namespace tandem::detail {
+namespace {
+
+// The parameter values of `group` that this rank owns, as one shard-long
+// tensor (views, never copies).
+at::Tensor value_shard(const FlatGroup& group) {
+  return group.partitioned_params ? group.param_shard
+                                  : group.full.narrow(0, group.shard_begin, group.shard_numel);
+}
+
+}  // namespace
+
+ShardState::ShardState(const ZeroLayout& layout, UnitGatherer& gatherer,
+                       torch::optim::Optimizer& optimizer, UpdateRule rule, ProcessGroup& pg,
+                       CommQueue& queue, const ZeroOptions& options)
+    : layout_(layout),
+      gatherer_(gatherer),
+      optimizer_(optimizer),
+      rule_(rule),
+      pg_(pg),
+      queue_(queue),
+      options_(options) {}
+
+void ShardState::step() {
+  ++step_;
+  const std::vector<UpdateHyper> hyper = read_hyper(optimizer_, rule_);
+  torch::NoGradGuard no_grad;
+  for (const auto& group : layout_.groups()) {
+    for (const auto& run : group.runs) {
+      std::vector<at::Tensor> state;
+      for (const auto& s : group.state) state.push_back(s.narrow(0, run.shard_offset, run.length));
+      update_shard(rule_, hyper[run.param_group], step_,
+                   group.master.narrow(0, run.shard_offset, run.length),
+                   group.grad_shard.narrow(0, run.shard_offset, run.length), std::move(state),
+                   options_.cpu_adam_threads);
+    }
+  }
+  for (const auto& group : layout_.groups()) {
+    if (!group.master_is_param) {
+      at::Tensor target = group.partitioned_params
+                              ? group.param_shard
+                              : group.full.narrow(0, group.shard_begin, group.shard_numel);
+      target.copy_(group.master, /*non_blocking=*/true);
+    }
+    if (group.partitioned_params) continue;  // the next forward gathers
+    at::Tensor full = group.full;
+    at::Tensor shard = full.narrow(0, group.shard_begin, group.shard_numel).clone();
+    pg_.all_gather_into(full, shard);
+  }
+}
+
+double ShardState::grad_norm() {
+  queue_.drain();
+  double local = 0.0;
+  for (const auto& group : layout_.groups()) {
+    local += group.grad_shard.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
+  pg_.all_reduce(total, ReduceOp::kSum);
+  return std::sqrt(total.item<double>());
+}
+
+double ShardState::clip_grad_norm(double max_norm) {
+  TANDEM_CHECK_ARG(max_norm > 0, "clip_grad_norm: max_norm must be positive, got {}", max_norm);
+  const double norm = grad_norm();
+  // torch::nn::utils::clip_grad_norm_'s rule.
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& group : layout_.groups()) group.grad_shard.mul_(coef);
+  }
+  return norm;
+}
+
+std::vector<at::Tensor> ShardState::gradient_shards() {
+  queue_.drain();
+  std::vector<at::Tensor> out;
+  for (const auto& group : layout_.groups()) out.push_back(group.grad_shard);
+  return out;
+}
+
+std::vector<std::string> ShardState::state_names() const {
+  const auto& groups = layout_.groups();
+  const int count = groups.empty() ? 0 : static_cast<int>(groups.front().state.size());
+  if (rule_ == UpdateRule::kSgd) {
+    return count == 1 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+std::vector<ZeroOptimizer::ShardFragment> ShardState::shard_fragments() const {
+  std::vector<ZeroOptimizer::ShardFragment> out;
+  for (const auto& group : layout_.groups()) {
+    const at::Tensor values = value_shard(group);
+    for (const auto& seg : group.segments) {
+      ZeroOptimizer::ShardFragment f;
+      f.name = layout_.name(seg.param);
+      f.begin = seg.param_offset;
+      f.value = values.narrow(0, seg.shard_offset, seg.length);
+      if (!group.master_is_param) f.master = group.master.narrow(0, seg.shard_offset, seg.length);
+      for (const auto& s : group.state) f.state.push_back(s.narrow(0, seg.shard_offset, seg.length));
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+void ShardState::load_shards(const ZeroOptimizer::FragmentSource& source, int64_t step_count) {
+  queue_.drain();
+  const std::vector<std::string> states = state_names();
+  torch::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < layout_.groups().size(); ++g) {
+    const FlatGroup& group = layout_.groups()[g];
+    at::Tensor values = value_shard(group);
+    for (const auto& seg : group.segments) {
+      const std::string& name = layout_.name(seg.param);
+      at::Tensor value = source("model", name, seg.param_offset, seg.length);
+      TANDEM_CHECK(value.defined(), "checkpoint has no values for parameter '{}'", name);
+      values.narrow(0, seg.shard_offset, seg.length).copy_(value);
+      if (!group.master_is_param) {
+        at::Tensor master = source("master", name, seg.param_offset, seg.length);
+        group.master.narrow(0, seg.shard_offset, seg.length)
+            .copy_(master.defined() ? master : value);
+      }
+      for (std::size_t s = 0; s < states.size(); ++s) {
+        at::Tensor state = source(states[s], name, seg.param_offset, seg.length);
+        at::Tensor target = group.state[s].narrow(0, seg.shard_offset, seg.length);
+        if (state.defined()) {
+          target.copy_(state);
+        } else {
+          target.zero_();
+        }
+      }
+    }
+    group.grad_shard.zero_();
+    if (group.grad_full.defined()) group.grad_full.zero_();
+    reassemble(g, values);
+  }
+  step_ = step_count;
+}
+
+void ShardState::load_parameter_shards(const ZeroOptimizer::ShardFill& fill) {
+  queue_.drain();
+  torch::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < layout_.groups().size(); ++g) {
+    const FlatGroup& group = layout_.groups()[g];
+    at::Tensor values = value_shard(group);
+    for (const auto& seg : group.segments) {
+      // Into the fp32 master when there is one, so an fp32 file keeps its
+      // precision there; the parameter gets its rounding of it.
+      at::Tensor value = values.narrow(0, seg.shard_offset, seg.length);
+      at::Tensor target =
+          group.master_is_param ? value : group.master.narrow(0, seg.shard_offset, seg.length);
+      if (fill(layout_.name(seg.param), seg.param_offset, target) && !group.master_is_param) {
+        value.copy_(target);
+      }
+    }
+    reassemble(g, values);
+  }
+}
+
+void ShardState::reassemble(std::size_t g, const at::Tensor& values) {
+  const FlatGroup& group = layout_.groups()[g];
+  if (!group.partitioned_params) {
+    at::Tensor full = group.full;
+    at::Tensor shard = values.clone();
+    pg_.all_gather_into(full, shard);
+  } else {
+    gatherer_.release(g);  // nothing if released already
+  }
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,90 @@
+#pragma once
+// The layout of a ZeroOptimizer's model: its trainable parameters, which
+// FlatGroup each lies in (gradient buckets in stages 1 and 2, one group per
+// Sharded unit plus the loose parameters in stage 3), this rank's shard of
+// each group, and the buffers behind them (flat parameters, fp32 masters,
+// gradient shards, optimizer state).
+//
+// Built once, by the constructor, on every rank together (it broadcasts and
+// votes); its shape never changes after. The buffers' values do: each is
+// written by the part of the engine that owns its use (the GradientReducer
+// the gradients, the ShardState the masters, state and parameter shards,
+// the UnitGatherer a stage-3 unit's `full` storage, which it frees and
+// reallocates). That is why groups() hands out const groups whose tensors
+// stay writable: an ATen handle's const does not reach its data.
+//
+// Thread-safety: read-only after construction, so any thread may read it.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/zero/zero_optimizer.h"
+#include "zero/flat_group.h"
+#include "zero/shard_update.h"
+
+namespace tandem {
+class ShardedUnit;
+}
+
+namespace tandem::detail {
+
+class ZeroLayout {
+ public:
+  // Lays `model` out for `pg`'s ranks, rebinding its parameters to views of
+  // the flat buffers, with every rank starting from rank 0's values (or
+  // adopting the shards zero::Init cut); `rule` sizes the optimizer state.
+  ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer, ProcessGroup& pg,
+             const ZeroOptions& options, UpdateRule rule);
+  ZeroLayout(const ZeroLayout&) = delete;
+  ZeroLayout& operator=(const ZeroLayout&) = delete;
+
+  // The trainable parameters, tied ones once, in registration order.
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const std::string& name(std::size_t param) const { return names_[param]; }
+  // In launch order (the reverse of the order gradients are expected in).
+  const std::vector<FlatGroup>& groups() const { return groups_; }
+  // Each parameter's group, and its first element in the group's buffer.
+  const std::vector<std::size_t>& group_of() const { return group_of_; }
+  int64_t flat_offset(std::size_t param) const { return flat_offset_[param]; }
+  // Where the parameters live (and the packed gradients are made).
+  c10::Device device() const { return device_; }
+
+  // The bytes the buffers hold now, and the gradients autograd holds outside
+  // them; the gathered-parameter fields are the UnitGatherer's to fill.
+  ZeroMemoryStats memory_stats() const;
+  std::vector<std::vector<std::string>> group_names() const;
+
+ private:
+  void collect_parameters(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+  void build_bucket_groups();
+  void build_unit_groups(torch::nn::Module& model, ProcessGroup& pg);
+  void settle_construction_shards(const std::vector<ShardedUnit*>& units,
+                                  const std::vector<std::string>& unit_names, ProcessGroup& pg);
+  void refuse_memoryless_parameters() const;
+  void finish_group(FlatGroup& group, ProcessGroup& pg, torch::optim::Optimizer& optimizer,
+                    UpdateRule rule);
+  void build_runs(FlatGroup& group);
+  at::Tensor to_state_device(const at::Tensor& t) const;
+  at::Tensor empty_state(int64_t n) const;
+
+  const ZeroOptions& options_;
+  int world_ = 1;
+  int rank_ = 0;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  c10::Device state_device_ = c10::Device(c10::kCPU);
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::size_t> param_group_of_;  // optimizer param group, or none
+  std::vector<FlatGroup> groups_;
+  std::vector<std::size_t> group_of_;
+  std::vector<int64_t> flat_offset_;
+};
+
+}  // namespace tandem::detail
