@@ -14,10 +14,10 @@ namespace {
 
 using VarMap = std::map<std::string, std::string>;
 
-constexpr auto find = detail::find_variable;
+using detail::find_variable;
 
 std::string get(const VarMap& vars, const char* name) {
-  const std::string* value = find(vars, name);
+  const std::string* value = find_variable(vars, name);
   return value ? *value : "";
 }
 
@@ -41,7 +41,7 @@ ConfigEnv ConfigEnv::from_map(const VarMap& vars) {
   env.xdg_cache_home = get(vars, "XDG_CACHE_HOME");
   env.home = get(vars, "HOME");
   env.hf_home = get(vars, "HF_HOME");
-  if (const std::string* text = find(vars, "TANDEM_MIXED_PRECISION")) {
+  if (const std::string* text = find_variable(vars, "TANDEM_MIXED_PRECISION")) {
     std::string lowered = *text;
     for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (lowered != "no" && lowered != "bf16" && lowered != "fp16") {
@@ -52,7 +52,7 @@ ConfigEnv ConfigEnv::from_map(const VarMap& vars) {
     }
     env.mixed_precision = parse_mixed_precision(lowered);
   }
-  if (const std::string* text = find(vars, "TANDEM_GRADIENT_ACCUMULATION_STEPS")) {
+  if (const std::string* text = find_variable(vars, "TANDEM_GRADIENT_ACCUMULATION_STEPS")) {
     std::optional<int64_t> steps = config_detail::parse_integer_text(*text);
     if (!steps || *steps < 1) {
       TANDEM_THROW(UsageError,
@@ -62,7 +62,7 @@ ConfigEnv ConfigEnv::from_map(const VarMap& vars) {
     }
     env.gradient_accumulation_steps = steps;
   }
-  if (const std::string* text = find(vars, "TANDEM_SEED")) {
+  if (const std::string* text = find_variable(vars, "TANDEM_SEED")) {
     std::optional<uint64_t> seed = config_detail::parse_unsigned_text(*text);
     if (!seed) {
       TANDEM_THROW(UsageError,

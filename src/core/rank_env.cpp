@@ -15,10 +15,10 @@ namespace {
 
 using VarMap = std::map<std::string, std::string>;
 
-constexpr auto find = detail::find_variable;
+using detail::find_variable;
 
 int parse_int(const VarMap& vars, const char* name, int fallback, int min_value) {
-  const std::string* text = find(vars, name);
+  const std::string* text = find_variable(vars, name);
   if (text == nullptr) return fallback;
   errno = 0;
   char* end = nullptr;
@@ -31,7 +31,7 @@ int parse_int(const VarMap& vars, const char* name, int fallback, int min_value)
 }
 
 std::string get(const VarMap& vars, const char* name, const std::string& fallback) {
-  const std::string* text = find(vars, name);
+  const std::string* text = find_variable(vars, name);
   return text ? *text : fallback;
 }
 
@@ -112,7 +112,7 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
   env.debug_detail = read_debug_detail(vars);
   env.store_token = get(vars, "TANDEM_STORE_TOKEN", "");
   env.error_file = get(vars, "TANDEM_ERROR_FILE", get(vars, "TORCHELASTIC_ERROR_FILE", ""));
-  if (find(vars, "RANK") && find(vars, "WORLD_SIZE")) {
+  if (find_variable(vars, "RANK") && find_variable(vars, "WORLD_SIZE")) {
     env.source = RankEnvSource::kTorchrun;
     env.rank = parse_int(vars, "RANK", 0, 0);
     env.world_size = parse_int(vars, "WORLD_SIZE", 1, 1);
@@ -123,7 +123,7 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     env.agent_store = agent == "True" || agent == "true" || agent == "1";
     read_master(vars, env);
     validate(env, "RANK", "WORLD_SIZE");
-  } else if (find(vars, "SLURM_PROCID") && find(vars, "SLURM_NTASKS")) {
+  } else if (find_variable(vars, "SLURM_PROCID") && find_variable(vars, "SLURM_NTASKS")) {
     env.source = RankEnvSource::kSlurm;
     env.rank = parse_int(vars, "SLURM_PROCID", 0, 0);
     env.world_size = parse_int(vars, "SLURM_NTASKS", 1, 1);
@@ -135,7 +135,8 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     if (!list.empty()) env.master_addr = slurm_first_host(list);
     read_master(vars, env);
     validate(env, "SLURM_PROCID", "SLURM_NTASKS");
-  } else if (find(vars, "OMPI_COMM_WORLD_RANK") && find(vars, "OMPI_COMM_WORLD_SIZE")) {
+  } else if (find_variable(vars, "OMPI_COMM_WORLD_RANK") &&
+             find_variable(vars, "OMPI_COMM_WORLD_SIZE")) {
     env.source = RankEnvSource::kOpenMpi;
     env.rank = parse_int(vars, "OMPI_COMM_WORLD_RANK", 0, 0);
     env.world_size = parse_int(vars, "OMPI_COMM_WORLD_SIZE", 1, 1);
