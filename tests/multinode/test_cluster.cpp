@@ -1,0 +1,165 @@
+// The test cluster itself (tests/support/test_cluster.h): hosts reach each
+// other and nothing else, links can be shaped and cut, a host can die, and
+// nothing is left behind, not even by a test that crashed.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/subprocess.h"
+#include "support/test_cluster.h"
+
+namespace tandem {
+namespace {
+
+using testing::BackgroundProcess;
+using testing::run_process;
+using testing::TestCluster;
+
+#ifndef TANDEM_PEER_PYTHON
+#define TANDEM_PEER_PYTHON ""
+#endif
+
+std::string python() {
+  const std::string peer = TANDEM_PEER_PYTHON;
+  return peer.empty() ? "python3" : peer;
+}
+
+std::string probe() { return std::string(TANDEM_SOURCE_DIR) + "/tests/multinode/tcp_probe.py"; }
+
+std::string shell_output(const std::string& command) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  char buffer[512];
+  while (pipe && std::fgets(buffer, sizeof buffer, pipe.get())) out += buffer;
+  return out;
+}
+
+// A listener on `host`, port 29700, until the returned process goes.
+std::unique_ptr<BackgroundProcess> listen_on(const TestCluster& cluster, int host) {
+  return std::make_unique<BackgroundProcess>(
+      cluster.on(host, {python(), probe(), "listen", "29700"}));
+}
+
+// Seconds a TCP connect from `from` to `to` took, or a negative number when
+// it failed within `limit` seconds.
+double connect_seconds(const TestCluster& cluster, int from, int to, double limit) {
+  auto r = run_process(
+      cluster.on(from, {python(), probe(), "connect", cluster.address(to), "29700",
+                        std::to_string(limit)}),
+      limit + 30);
+  if (r.exit_code != 0) return -1;
+  return std::stod(r.out);
+}
+
+TEST(TestCluster, EveryHostReachesEveryOtherAndTheRootNamespaceIsUntouched) {
+  const std::string root_links = shell_output("ip -o link show | cut -d: -f2");
+  {
+    TestCluster cluster(3);
+    if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+    ASSERT_EQ(cluster.size(), 3);
+    EXPECT_EQ(cluster.address(2), "10.231.0.3");
+    std::vector<std::unique_ptr<BackgroundProcess>> listeners;
+    for (int host = 0; host < 3; ++host) listeners.push_back(listen_on(cluster, host));
+    for (int from = 0; from < 3; ++from) {
+      for (int to = 0; to < 3; ++to) {
+        EXPECT_GE(connect_seconds(cluster, from, to, 10), 0) << from << " -> " << to;
+      }
+    }
+    // A host sees only its loopback and its link.
+    const std::string links = shell_output("ip -n " + cluster.name(1) + " -o link show");
+    EXPECT_NE(links.find("lo:"), std::string::npos) << links;
+    EXPECT_NE(links.find("eth0@"), std::string::npos) << links;
+    EXPECT_EQ(std::count(links.begin(), links.end(), '\n'), 2) << links;
+    EXPECT_EQ(shell_output("ip -o link show | cut -d: -f2"), root_links)
+        << "the cluster added an interface to the root namespace";
+  }
+  EXPECT_EQ(shell_output("ip netns list | grep -c '^tnd" + std::to_string(::getpid()) + "c'"),
+            "0\n")
+      << "the destructor left namespaces: " << shell_output("ip netns list");
+}
+
+TEST(TestCluster, AShapedLinkDelaysBothDirections) {
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string no_shaping = cluster.why_no_shaping();
+  if (!no_shaping.empty()) GTEST_SKIP() << "skipped: " << no_shaping;
+  auto listener = listen_on(cluster, 1);
+  const double plain = connect_seconds(cluster, 0, 1, 10);
+  ASSERT_GE(plain, 0);
+  ASSERT_TRUE(cluster.shape(1, "delay 150ms"));
+  // The SYN waits on the way in to host 1, the SYN-ACK on the way out.
+  const double shaped = connect_seconds(cluster, 0, 1, 10);
+  EXPECT_GE(shaped, 0.29) << "plain " << plain;
+  EXPECT_LT(plain, 0.1);
+  ASSERT_TRUE(cluster.shape(1, ""));
+  const double again = connect_seconds(cluster, 0, 1, 10);
+  EXPECT_GE(again, 0);
+  EXPECT_LT(again, 0.1) << "removing the shaping restores the link";
+}
+
+TEST(TestCluster, ALinkDownCutsTheHostOffUntilItComesBack) {
+  TestCluster cluster(3);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  auto listener = listen_on(cluster, 2);
+  ASSERT_GE(connect_seconds(cluster, 0, 2, 10), 0);
+  ASSERT_TRUE(cluster.set_link(2, false));
+  EXPECT_LT(connect_seconds(cluster, 0, 2, 1.5), 0) << "host 2 still answers with its link down";
+  EXPECT_LT(connect_seconds(cluster, 1, 2, 1.5), 0);
+  ASSERT_TRUE(cluster.set_link(2, true));
+  EXPECT_GE(connect_seconds(cluster, 0, 2, 10), 0) << "host 2 is back";
+}
+
+TEST(TestCluster, KillingAHostLeavesNoProcessOnItAndSparesTheOthers) {
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  BackgroundProcess doomed(cluster.on(0, {"sh", "-c", "sleep 60 & sleep 60 & wait"}));
+  BackgroundProcess survivor(cluster.on(1, {"sleep", "60"}));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (cluster.pids(0).size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(cluster.pids(0).size(), 3u) << "sh and its two sleeps";
+  cluster.kill_host(0);
+  auto r = doomed.wait(10);
+  EXPECT_EQ(r.signal, SIGKILL);
+  while (!cluster.pids(0).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(cluster.pids(0).empty()) << "a process survived on the killed host";
+  EXPECT_EQ(cluster.pids(1).size(), 1u) << "the other host's process must live on";
+}
+
+TEST(TestCluster, TheNamespacesOfACrashedTestGoWithTheNextCluster) {
+  {
+    TestCluster probe_privilege(1);
+    if (!probe_privilege.ok()) GTEST_SKIP() << "skipped: " << probe_privilege.why();
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto* leaked = new TestCluster(2);  // never destroyed: the test "crashes"
+    ::_exit(leaked->ok() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string pattern = "'^tnd" + std::to_string(child) + "c'";
+  ASSERT_EQ(shell_output("ip netns list | grep -c " + pattern), "3\n")
+      << "the crashed owner's switch and two hosts";
+  TestCluster next(1);
+  ASSERT_TRUE(next.ok()) << next.why();
+  EXPECT_EQ(shell_output("ip netns list | grep -c " + pattern), "0\n")
+      << shell_output("ip netns list");
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,86 @@
+// Launches across hosts: each host a network namespace of a TestCluster.
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "support/subprocess.h"
+#include "support/test_cluster.h"
+
+namespace tandem {
+namespace {
+
+using testing::BackgroundProcess;
+using testing::bin;
+using testing::TestCluster;
+
+// One node's `tandem launch` of launch_test_worker's all-reduce.
+std::vector<std::string> node_command(int node_rank, int nnodes, int nproc,
+                                      const std::string& master, const std::string& port) {
+  return {bin("tandem"),     "launch",
+          "--nnodes",        std::to_string(nnodes),
+          "--node-rank",     std::to_string(node_rank),
+          "--nproc-per-node", std::to_string(nproc),
+          "--master-addr",   master,
+          "--master-port",   port,
+          bin("launch_test_worker"), "allreduce"};
+}
+
+TEST(MultiNode, TwoHostsFormOneWorldOfFour) {
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '7');
+  BackgroundProcess node0(cluster.on(0, node_command(0, 2, 2, cluster.address(0), "29631")),
+                          {token});
+  BackgroundProcess node1(cluster.on(1, node_command(1, 2, 2, cluster.address(0), "29631")),
+                          {token});
+  auto r0 = node0.wait(60);
+  auto r1 = node1.wait(60);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  EXPECT_NE(r0.out.find("[rank1]: rank 1/4 allreduce ok sum=10"), std::string::npos) << r0.out;
+  EXPECT_NE(r1.out.find("[rank2]: rank 2/4 allreduce ok sum=10"), std::string::npos) << r1.out;
+  EXPECT_NE(r1.out.find("[rank3]: rank 3/4 allreduce ok sum=10"), std::string::npos) << r1.out;
+}
+
+TEST(MultiNode, ThreeHostsFormOneWorldOfThree) {
+  TestCluster cluster(3);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '3');
+  std::vector<std::unique_ptr<BackgroundProcess>> nodes;
+  for (int node = 0; node < 3; ++node) {
+    nodes.push_back(std::make_unique<BackgroundProcess>(
+        cluster.on(node, node_command(node, 3, 1, cluster.address(0), "29637")),
+        std::vector<std::string>{token}));
+  }
+  for (int node = 0; node < 3; ++node) {
+    auto r = nodes[node]->wait(60);
+    ASSERT_EQ(r.exit_code, 0) << "host " << node << ": " << r.out << r.err;
+    // 0 + 1 + 2 + 3 ranks' values 1..3 summed: every host sees the same sum.
+    EXPECT_NE(r.out.find("rank " + std::to_string(node) + "/3 allreduce ok sum=6"),
+              std::string::npos)
+        << r.out;
+  }
+}
+
+TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  BackgroundProcess node0(cluster.on(0, node_command(0, 2, 1, cluster.address(0), "29635")),
+                          {"TANDEM_STORE_TOKEN=" + std::string(64, 'a')});
+  BackgroundProcess node1(cluster.on(1, node_command(1, 2, 1, cluster.address(0), "29635")),
+                          {"TANDEM_STORE_TOKEN=" + std::string(64, 'b')});
+  auto r1 = node1.wait(60);
+  EXPECT_EQ(r1.exit_code, 1) << r1.out << r1.err;
+  const std::string all = r1.out + r1.err;
+  EXPECT_NE(all.find("token did not match"), std::string::npos) << all;
+  EXPECT_NE(all.find("TANDEM_STORE_TOKEN must be the same on every node"), std::string::npos)
+      << all;
+  node0.send(SIGTERM);  // its rank 0 waits for the refused rank
+  node0.wait(20);
+}
+
+}  // namespace
+}  // namespace tandem

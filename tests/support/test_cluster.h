@@ -1,0 +1,183 @@
+#pragma once
+// A cluster of N hosts on one machine, for multi-node tests: each host is a
+// network namespace with one link (a veth pair) to a bridge in a "switch"
+// namespace, so hosts reach each other at 10.231.0.1 .. 10.231.0.N and
+// nothing else. The root namespace gets no interface, route or address, and
+// no address outside the cluster is ever contacted.
+//
+//   TestCluster cluster(3);
+//   if (!cluster.ok()) GTEST_SKIP() << cluster.why();   // no root or no iproute2
+//   BackgroundProcess p(cluster.on(1, {bin("tandem"), "launch", ...}));
+//   cluster.shape(2, "delay 50ms loss 1%");             // tc netem, both directions
+//                                                       // (why_no_shaping() first)
+//   cluster.set_link(2, false);                         // host 2 unreachable
+//   cluster.kill_host(0);                               // SIGKILL all it runs
+//
+// The destructor kills every process left in the cluster and removes its
+// namespaces. Namespaces are named after the owning process
+// ("tnd<pid>c<k>h<i>", "tnd<pid>c<k>sw"); constructing a cluster first removes
+// those of processes that no longer exist, so even a test that crashed
+// leaves nothing behind past the next run.
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace tandem::testing {
+
+class TestCluster {
+ public:
+  explicit TestCluster(int hosts)
+      : prefix_("tnd" + std::to_string(::getpid()) + "c" + std::to_string(next_id())) {
+    if (!shell("command -v ip")) {
+      why_ = "the ip tool (iproute2) is not installed; scripts/setup.sh installs it";
+      return;
+    }
+    remove_stale();
+    const std::string sw = switch_name();
+    if (!shell("ip netns add " + sw)) {
+      why_ = "cannot create network namespaces (needs root or CAP_SYS_ADMIN)";
+      return;
+    }
+    namespaces_.push_back(sw);
+    bool ok = shell("ip -n " + sw + " link add br0 type bridge") &&
+              shell("ip -n " + sw + " link set br0 up") && shell("ip -n " + sw + " link set lo up");
+    for (int i = 0; ok && i < hosts; ++i) {
+      const std::string host = prefix_ + "h" + std::to_string(i);
+      ok = shell("ip netns add " + host);
+      if (!ok) break;
+      namespaces_.push_back(host);
+      hosts_.push_back(host);
+      addresses_.push_back("10.231.0." + std::to_string(i + 1));
+      const std::string port = "s" + std::to_string(i);
+      ok = shell("ip -n " + sw + " link add " + port + " type veth peer name eth0 netns " + host) &&
+           shell("ip -n " + sw + " link set " + port + " master br0 up") &&
+           shell("ip -n " + host + " addr add " + addresses_.back() + "/24 dev eth0") &&
+           shell("ip -n " + host + " link set eth0 up") &&
+           shell("ip -n " + host + " link set lo up");
+    }
+    if (!ok) {
+      why_ = "cannot build the bridge and veth links between namespaces";
+      return;
+    }
+    ok_ = true;
+  }
+
+  ~TestCluster() {
+    for (std::size_t i = 0; i < hosts_.size(); ++i) kill_host(static_cast<int>(i), SIGKILL);
+    for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) shell("ip netns del " + *it);
+  }
+
+  TestCluster(const TestCluster&) = delete;
+  TestCluster& operator=(const TestCluster&) = delete;
+
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  int size() const { return static_cast<int>(hosts_.size()); }
+  const std::string& address(int host) const { return addresses_.at(host); }
+  const std::string& name(int host) const { return hosts_.at(host); }
+
+  // argv run on `host` (through `ip netns exec`).
+  std::vector<std::string> on(int host, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"ip", "netns", "exec", hosts_.at(host)});
+    return argv;
+  }
+
+  // Whether shape() can work: the kernel must have the netem qdisc
+  // (sch_netem); some VM kernels are built without it. "" when it can,
+  // else why not.
+  std::string why_no_shaping() const {
+    const std::string lo = "ip netns exec " + switch_name() + " tc qdisc ";
+    if (!shell(lo + "add dev lo root netem delay 1ms")) {
+      return "this kernel has no tc netem qdisc (`tc qdisc add ... netem` says \"Specified qdisc "
+             "kind is unknown\"; it needs CONFIG_NET_SCH_NETEM)";
+    }
+    shell(lo + "del dev lo root");
+    return "";
+  }
+
+  // Shapes `host`'s link in both directions with tc netem ("delay 50ms",
+  // "loss 1%", "rate 10mbit", or several); "" removes the shaping.
+  bool shape(int host, const std::string& netem) {
+    const std::string verb = netem.empty() ? "del" : "replace";
+    const std::string tail = netem.empty() ? "" : " netem " + netem;
+    return shell("ip netns exec " + hosts_.at(host) + " tc qdisc " + verb + " dev eth0 root" +
+                 tail) &&
+           shell("ip netns exec " + switch_name() + " tc qdisc " + verb + " dev s" +
+                 std::to_string(host) + " root" + tail);
+  }
+
+  // Takes `host`'s link down (it neither sends nor receives) or up again.
+  bool set_link(int host, bool up) {
+    return shell("ip -n " + switch_name() + " link set s" + std::to_string(host) +
+                 (up ? " up" : " down"));
+  }
+
+  // Every process running in `host`'s namespace.
+  std::vector<pid_t> pids(int host) const {
+    std::vector<pid_t> out;
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(
+        ::popen(("ip netns pids " + hosts_.at(host) + " 2>/dev/null").c_str(), "r"), ::pclose);
+    if (!pipe) return out;
+    long pid = 0;
+    while (std::fscanf(pipe.get(), "%ld", &pid) == 1) out.push_back(static_cast<pid_t>(pid));
+    return out;
+  }
+
+  // Sends `signal` to every process on `host`: a machine that dies at once.
+  void kill_host(int host, int signal = SIGKILL) {
+    for (pid_t pid : pids(host)) ::kill(pid, signal);
+  }
+
+ private:
+  static bool shell(const std::string& command) {
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }
+
+  std::string switch_name() const { return prefix_ + "sw"; }
+
+  static int next_id() {
+    static int id = 0;
+    return id++;
+  }
+
+  // Namespaces "tnd<pid>..." of processes that are gone (a test that
+  // crashed before its destructor ran), with whatever still runs in them.
+  static void remove_stale() {
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen("ip netns list 2>/dev/null", "r"),
+                                               ::pclose);
+    if (!pipe) return;
+    std::vector<std::string> stale;
+    char line[256];
+    while (std::fgets(line, sizeof line, pipe.get())) {
+      std::istringstream words(line);
+      std::string name;
+      words >> name;
+      if (name.rfind("tnd", 0) != 0) continue;
+      const std::size_t end = name.find_first_not_of("0123456789", 3);
+      if (end == 3 || end == std::string::npos) continue;
+      const pid_t owner = static_cast<pid_t>(std::stol(name.substr(3, end - 3)));
+      if (::kill(owner, 0) != 0) stale.push_back(name);
+    }
+    for (const auto& name : stale) {
+      shell("ip netns pids " + name + " | xargs -r kill -9");
+      shell("ip netns del " + name);
+    }
+  }
+
+  std::string prefix_;
+  std::string why_;
+  bool ok_ = false;
+  std::vector<std::string> namespaces_;  // the switch first, then the hosts
+  std::vector<std::string> hosts_;
+  std::vector<std::string> addresses_;
+};
+
+}  // namespace tandem::testing
