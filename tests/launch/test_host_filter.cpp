@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "tandem/core/error.h"
@@ -35,6 +40,81 @@ TEST(HostFilter, ExcludeRemovesSlots) {
   EXPECT_EQ(select_local_slots(2, "", "other:0", kNames), (std::vector<int>{0, 1}));
   EXPECT_THROW(select_local_slots(2, "", "worker7", kNames), UsageError);
   EXPECT_THROW(select_local_slots(2, "worker7:0", "worker7:1", kNames), UsageError);
+}
+
+TEST(HostFilter, KeepsTheOrderTheFilterNamesHostsIn) {
+  auto hosts = parse_host_filter_in_order("zeta:1@alpha@mid:0,2", "--include");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].first, "zeta");
+  EXPECT_EQ(hosts[1].first, "alpha");
+  EXPECT_TRUE(hosts[1].second.empty());
+  EXPECT_EQ(hosts[2].second, (std::set<int>{0, 2}));
+}
+
+TEST(NodeLayout, IncludeAcrossNodesCountsTheSelectedSlotsOfEveryNode) {
+  // DeepSpeed's example: two slots here, one on the other host, a world of 3.
+  const std::string include = "localhost:0,1@otherhost:0";
+  NodeLayout here = layout_nodes(2, 2, std::nullopt, include, "", {"node-a", "localhost"});
+  EXPECT_EQ(here.world_size, 3);
+  EXPECT_EQ(here.node_rank, 0);
+  EXPECT_EQ(here.rank_offset, 0);
+  EXPECT_EQ(here.slots, (std::vector<int>{0, 1}));
+  NodeLayout there = layout_nodes(2, 2, std::nullopt, include, "", {"otherhost", "localhost"});
+  EXPECT_EQ(there.world_size, 3) << "every node computes the same world size";
+  EXPECT_EQ(there.node_rank, 1);
+  EXPECT_EQ(there.rank_offset, 2) << "after the first node's two processes";
+  EXPECT_EQ(there.slots, (std::vector<int>{0}));
+}
+
+TEST(NodeLayout, AHostNamedWithoutSlotsBringsTheWholePool) {
+  const std::string include = "10.0.0.1:3@10.0.0.2@10.0.0.3:0,2";
+  NodeLayout last = layout_nodes(4, 3, std::nullopt, include, "", {"c", "10.0.0.3"});
+  EXPECT_EQ(last.world_size, 1 + 4 + 2);
+  EXPECT_EQ(last.node_rank, 2);
+  EXPECT_EQ(last.rank_offset, 5);
+  EXPECT_EQ(last.slots, (std::vector<int>{0, 2}));
+  NodeLayout middle = layout_nodes(4, 3, 1, include, "", {"b", "10.0.0.2"});
+  EXPECT_EQ(middle.slots, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(middle.rank_offset, 1);
+}
+
+TEST(NodeLayout, WithoutAFilterEveryNodeRunsTheSameSlots) {
+  NodeLayout layout = layout_nodes(3, 4, 2, "", "", kNames);
+  EXPECT_EQ(layout.world_size, 12);
+  EXPECT_EQ(layout.node_rank, 2);
+  EXPECT_EQ(layout.rank_offset, 6);
+  NodeLayout one = layout_nodes(4, 1, std::nullopt, "", "worker7:0", kNames);
+  EXPECT_EQ(one.world_size, 3) << "--exclude on one node drops its slots";
+  EXPECT_EQ(one.slots, (std::vector<int>{1, 2, 3}));
+}
+
+TEST(NodeLayout, FiltersThatWouldSplitTheJobAreRefusedWithTheFix) {
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string wrong_count = message(
+      [] { layout_nodes(2, 3, std::nullopt, "worker7:0@other:0", "", kNames); });
+  EXPECT_NE(wrong_count.find("names 2 host(s) but --nnodes is 3"), std::string::npos)
+      << wrong_count;
+  const std::string disagreeing = message(
+      [] { layout_nodes(2, 2, 0, "other:0@worker7:0", "", kNames); });
+  EXPECT_NE(disagreeing.find("--node-rank 0 disagrees"), std::string::npos) << disagreeing;
+  EXPECT_NE(disagreeing.find("node 0 is 'other'"), std::string::npos) << disagreeing;
+  const std::string exclude = message(
+      [] { layout_nodes(2, 2, 0, "", "worker7:0", kNames); });
+  EXPECT_NE(exclude.find("would disagree on the world size"), std::string::npos) << exclude;
+  EXPECT_NE(exclude.find("--include"), std::string::npos) << exclude;
+  const std::string absent = message(
+      [] { layout_nodes(2, 2, std::nullopt, "a:0@b:0", "", kNames); });
+  EXPECT_NE(absent.find("does not name this node"), std::string::npos) << absent;
+  const std::string outside = message(
+      [] { layout_nodes(2, 2, std::nullopt, "worker7:5@b:0", "", kNames); });
+  EXPECT_NE(outside.find("slot 5 is outside"), std::string::npos) << outside;
 }
 
 LaunchOptions parse(std::vector<std::string> args, bool* help) {

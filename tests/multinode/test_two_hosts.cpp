@@ -65,6 +65,34 @@ TEST(MultiNode, ThreeHostsFormOneWorldOfThree) {
   }
 }
 
+TEST(MultiNode, AnIncludeAcrossHostsSizesTheWorldBySelectedSlots) {
+  // DeepSpeed's `--include host1:0,1@host2:0`: two processes on the first
+  // host, one on the second, WORLD_SIZE=3; the filter's order numbers the
+  // nodes, so no --node-rank.
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string include = cluster.address(0) + ":0,1@" + cluster.address(1) + ":0";
+  auto node = [&] {
+    return std::vector<std::string>{bin("tandem"),     "launch",  "--nnodes",
+                                    "2",               "--include", include,
+                                    "--nproc-per-node", "2",      "--master-addr",
+                                    cluster.address(0), "--master-port", "29639",
+                                    bin("launch_test_worker"), "allreduce"};
+  };
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '5');
+  BackgroundProcess node0(cluster.on(0, node()), {token});
+  BackgroundProcess node1(cluster.on(1, node()), {token});
+  auto r0 = node0.wait(60);
+  auto r1 = node1.wait(60);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  // Ranks 0..2 all-reduce rank+1: 1 + 2 + 3.
+  EXPECT_NE(r0.out.find("rank 0/3 allreduce ok sum=6"), std::string::npos) << r0.out;
+  EXPECT_NE(r0.out.find("rank 1/3 allreduce ok sum=6"), std::string::npos) << r0.out;
+  EXPECT_NE(r1.out.find("rank 2/3 allreduce ok sum=6"), std::string::npos) << r1.out;
+  EXPECT_EQ(r1.out.find("rank 3/"), std::string::npos) << "one process on the second host";
+}
+
 TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {
   TestCluster cluster(2);
   if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();

@@ -3,7 +3,10 @@
 
 #include "launch/launch_command.h"
 
+#include <arpa/inet.h>
 #include <ftw.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,6 +65,20 @@ std::vector<std::string> node_names() {
   }
   names.emplace_back("localhost");
   names.emplace_back("127.0.0.1");
+  // Its addresses too: hostfiles and filters often name hosts by address.
+  ifaddrs* addresses = nullptr;
+  if (::getifaddrs(&addresses) == 0) {
+    for (ifaddrs* a = addresses; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+      char text[INET_ADDRSTRLEN] = {0};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr &&
+          std::find(names.begin(), names.end(), text) == names.end()) {
+        names.emplace_back(text);
+      }
+    }
+    ::freeifaddrs(addresses);
+  }
   return names;
 }
 
@@ -79,9 +96,8 @@ void make_dirs(const std::string& path) {
 }
 
 struct Plan {
-  std::vector<int> slots;          // local slots (GPU ids when filtered)
+  NodeLayout layout;
   bool set_visible_devices = false;
-  int world_size = 0;
 };
 
 Plan plan_slots(const LaunchOptions& opts) {
@@ -95,10 +111,11 @@ Plan plan_slots(const LaunchOptions& opts) {
       }
     }
   }
-  plan.slots = select_local_slots(pool, opts.include, opts.exclude, node_names());
+  const std::optional<int> node_rank =
+      opts.node_rank_given ? std::optional<int>(opts.node_rank) : std::nullopt;
+  plan.layout =
+      layout_nodes(pool, opts.nnodes, node_rank, opts.include, opts.exclude, node_names());
   plan.set_visible_devices = !opts.include.empty() || !opts.exclude.empty();
-  // Every node runs the same number of processes (torchrun's contract).
-  plan.world_size = static_cast<int>(plan.slots.size()) * opts.nnodes;
   return plan;
 }
 
@@ -113,7 +130,7 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     auto eq = kv.find('=');
     if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  const int local_world = static_cast<int>(plan.slots.size());
+  const int local_world = static_cast<int>(plan.layout.slots.size());
   if (local_world > 1 && !base.count("OMP_NUM_THREADS")) {
     // torchrun's rule: N processes each with all cores' threads oversubscribe.
     if (attempt == 0) std::fprintf(stderr,
@@ -123,20 +140,20 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     base["OMP_NUM_THREADS"] = "1";
   }
   std::string visible;
-  for (int slot : plan.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
+  for (int slot : plan.layout.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
 
   std::vector<WorkerSpec> workers;
   for (int local = 0; local < local_world; ++local) {
     auto env = base;
-    const int rank = opts.node_rank * local_world + local;
+    const int rank = plan.layout.rank_offset + local;
     env["RANK"] = std::to_string(rank);
     env["LOCAL_RANK"] = std::to_string(local);
-    env["WORLD_SIZE"] = std::to_string(plan.world_size);
+    env["WORLD_SIZE"] = std::to_string(plan.layout.world_size);
     env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
-    env["GROUP_RANK"] = std::to_string(opts.node_rank);
+    env["GROUP_RANK"] = std::to_string(plan.layout.node_rank);
     env["GROUP_WORLD_SIZE"] = std::to_string(opts.nnodes);
     env["ROLE_RANK"] = std::to_string(rank);
-    env["ROLE_WORLD_SIZE"] = std::to_string(plan.world_size);
+    env["ROLE_WORLD_SIZE"] = std::to_string(plan.layout.world_size);
     env["ROLE_NAME"] = "default";
     env["MASTER_ADDR"] = opts.master_addr;
     env["MASTER_PORT"] = std::to_string(master_port);
@@ -261,12 +278,13 @@ int run_launch_command(int argc, char** argv) {
                    "./build/bin/{} or put it on PATH",
                    opts.program[0], opts.program[0]);
   Plan plan = plan_slots(opts);
+  opts.node_rank = plan.layout.node_rank;  // an --include across nodes numbers them
   if (config) {
     // Workers resolve the config again; doing it once here turns a batch
     // triple that does not fit this world size into one clear error.
     ConfigOverrides overrides;
     overrides.mixed_precision = opts.mixed_precision;
-    resolve_config(*config, config_env, overrides, plan.world_size);
+    resolve_config(*config, config_env, overrides, plan.layout.world_size);
     std::fprintf(stderr, "tandem launch: config %s (%s)\n", opts.config_file.c_str(),
                  to_string(config->format));
   }
