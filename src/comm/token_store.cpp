@@ -52,6 +52,20 @@ std::vector<uint8_t> to_bytes(std::string_view text) { return {text.begin(), tex
 
 }  // namespace
 
+}  // namespace tandem::detail
+
+namespace tandem {
+
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
+                                              const std::string& token,
+                                              std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<detail::TokenStore>(host, port, token, timeout);
+}
+
+}  // namespace tandem
+
+namespace tandem::detail {
+
 TokenStore::TokenStore(std::string host, int port, std::string token,
                        std::chrono::milliseconds timeout)
     : compat::StoreBase(timeout), host_(std::move(host)), port_(port), token_(std::move(token)) {

@@ -147,5 +147,36 @@ TEST(LaunchOptions, StandaloneAndRdzvEndpoint) {
   EXPECT_THROW(parse({"--tee", "3", "prog"}, &help), UsageError);
 }
 
+TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
+  bool help = false;
+  auto c10d = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "run7",
+                     "--rdzv-timeout", "30", "--rdzv-endpoint", "10.0.0.1:29400", "prog"},
+                    &help);
+  EXPECT_TRUE(rendezvous_at_store(c10d));
+  EXPECT_EQ(c10d.rdzv_id, "run7");
+  EXPECT_EQ(c10d.rdzv_timeout_s, 30);
+  auto ranked = parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "prog"},
+                      &help);
+  EXPECT_FALSE(rendezvous_at_store(ranked)) << "a given --node-rank is used as it is";
+  auto message = [&](std::vector<std::string> args) {
+    try {
+      parse(std::move(args), &help);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string etcd = message({"--rdzv-backend", "etcd", "prog"});
+  EXPECT_NE(etcd.find("--rdzv-backend etcd is not supported"), std::string::npos) << etcd;
+  const std::string unranked = message({"--nnodes", "2", "prog"});
+  EXPECT_NE(unranked.find("without --node-rank would make every node node 0"), std::string::npos)
+      << unranked;
+  EXPECT_NE(unranked.find("--rdzv-backend c10d"), std::string::npos) << unranked;
+  EXPECT_NE(message({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout must be > 0"),
+            std::string::npos);
+  auto monitored = parse({"--monitor-interval", "5", "prog"}, &help);
+  EXPECT_TRUE(monitored.monitor_interval_given) << "warned about by the launcher";
+}
+
 }  // namespace
 }  // namespace tandem::cli

@@ -93,6 +93,40 @@ TEST(MultiNode, AnIncludeAcrossHostsSizesTheWorldBySelectedSlots) {
   EXPECT_EQ(r1.out.find("rank 3/"), std::string::npos) << "one process on the second host";
 }
 
+TEST(MultiNode, ThreeHostsAgreeOnNodeRanksAtTheStoreWithoutNodeRankFlags) {
+  // torchrun's `--rdzv-backend c10d`: the host the endpoint names is node 0,
+  // the others number themselves as they arrive; nodes may run different
+  // numbers of processes (2 + 1 + 1 here).
+  TestCluster cluster(3);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '9');
+  std::vector<std::unique_ptr<BackgroundProcess>> nodes;
+  for (int host : {2, 1, 0}) {  // the store's host last: the others wait for it
+    nodes.push_back(std::make_unique<BackgroundProcess>(
+        cluster.on(host, {bin("tandem"), "launch", "--nnodes", "3", "--nproc-per-node",
+                          host == 0 ? "2" : "1", "--rdzv-backend", "c10d", "--rdzv-id", "job9",
+                          "--rdzv-endpoint", cluster.address(0) + ":29641",
+                          bin("launch_test_worker"), "allreduce"}),
+        std::vector<std::string>{token}));
+  }
+  std::string all;
+  for (auto& node : nodes) {
+    auto r = node->wait(90);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    all += r.out + r.err;
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(all.find("rank " + std::to_string(rank) + "/4 allreduce ok sum=10"),
+              std::string::npos)
+        << all;
+  }
+  EXPECT_NE(all.find("rendezvous 'job9': this node is node 0 of 3 (2 of 4 processes)"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("this node is node 1 of 3 (1 of 4 processes)"), std::string::npos) << all;
+  EXPECT_NE(all.find("this node is node 2 of 3 (1 of 4 processes)"), std::string::npos) << all;
+}
+
 TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {
   TestCluster cluster(2);
   if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();

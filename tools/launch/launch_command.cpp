@@ -6,11 +6,13 @@
 #include <arpa/inet.h>
 #include <ftw.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 #include "launch/failure_report.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "launch/node_rendezvous.h"
 #include "launch/python_store.h"
 #include "launch/worker_group.h"
 #include "tandem/config/config.h"
@@ -95,6 +98,25 @@ void make_dirs(const std::string& path) {
   }
 }
 
+// Whether `host` (a name or a numeric address) is this machine.
+bool names_this_node(const std::string& host) {
+  const std::vector<std::string> names = node_names();
+  if (std::find(names.begin(), names.end(), host) != names.end()) return true;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool mine = false;
+  for (addrinfo* a = found; a != nullptr && !mine; a = a->ai_next) {
+    char text[INET_ADDRSTRLEN] = {0};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    mine = ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr &&
+           std::find(names.begin(), names.end(), text) != names.end();
+  }
+  ::freeaddrinfo(found);
+  return mine;
+}
+
 struct Plan {
   NodeLayout layout;
   bool set_visible_devices = false;
@@ -116,6 +138,19 @@ Plan plan_slots(const LaunchOptions& opts) {
   plan.layout =
       layout_nodes(pool, opts.nnodes, node_rank, opts.include, opts.exclude, node_names());
   plan.set_visible_devices = !opts.include.empty() || !opts.exclude.empty();
+  return plan;
+}
+
+// The nodes meet at the store (--rdzv-backend c10d): each runs its own
+// slots, --exclude only removing some of this node's.
+Plan plan_rendezvous(const LaunchOptions& opts, c10d::Store& store, bool hosts_store) {
+  Plan plan;
+  const std::vector<int> slots =
+      select_local_slots(opts.nproc_per_node, "", opts.exclude, node_names());
+  plan.layout = rendezvous_nodes(
+      store, opts.rdzv_id, opts.nnodes, hosts_store, slots,
+      std::chrono::milliseconds(static_cast<int64_t>(opts.rdzv_timeout_s * 1000)));
+  plan.set_visible_devices = !opts.exclude.empty();
   return plan;
 }
 
@@ -277,18 +312,6 @@ int run_launch_command(int argc, char** argv) {
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",
                    opts.program[0], opts.program[0]);
-  Plan plan = plan_slots(opts);
-  opts.node_rank = plan.layout.node_rank;  // an --include across nodes numbers them
-  if (config) {
-    // Workers resolve the config again; doing it once here turns a batch
-    // triple that does not fit this world size into one clear error.
-    ConfigOverrides overrides;
-    overrides.mixed_precision = opts.mixed_precision;
-    resolve_config(*config, config_env, overrides, plan.layout.world_size);
-    std::fprintf(stderr, "tandem launch: config %s (%s)\n", opts.config_file.c_str(),
-                 to_string(config->format));
-  }
-
   // Node 0's launcher hosts the rendezvous store itself. Binding it before
   // any worker starts makes a busy port a clear, immediate error, and lets
   // port 0 pick a free port without the bind-probe-release race. It is
@@ -311,24 +334,61 @@ int run_launch_command(int argc, char** argv) {
                      "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
                      "-An -tx1 | tr -d ' \\n')` and export that value on every node");
   }
-  std::unique_ptr<StoreServer> store;
-  std::unique_ptr<C10dStoreHost> python_store;
-  int master_port = opts.master_port;
+  if (opts.monitor_interval_given) {
+    std::fprintf(stderr,
+                 "tandem launch: --monitor-interval has no effect: the launcher learns of a "
+                 "worker's exit as it happens (it waits on the processes), not by polling\n");
+  }
   const bool python = is_python_program(opts.program);
-  if (python) {
-    // torch.distributed speaks c10d's store protocol, not tandem's.
-    if (opts.node_rank == 0) {
-      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
-      master_port = python_store->port();
-    }
-  } else if (opts.node_rank == 0) {
+  std::unique_ptr<StoreServer> store;
+  auto host_store = [&] {
     StoreServerOptions store_options;
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
     store = std::make_unique<StoreServer>(store_options);
-    master_port = store->port();
+  };
+  Plan plan;
+  if (rendezvous_at_store(opts)) {
+    TANDEM_CHECK_ARG(!python,
+                     "--rdzv-backend c10d without --node-rank runs tandem programs only: a "
+                     "Python program's torch.distributed meets at c10d's own store. Give each "
+                     "node its --node-rank");
+    // The node whose address the endpoint names hosts the store.
+    const bool hosts = names_this_node(opts.master_addr);
+    if (hosts) host_store();
+    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token,
+                                 std::chrono::milliseconds(
+                                     static_cast<int64_t>(opts.rdzv_timeout_s * 1000)));
+    plan = plan_rendezvous(opts, *meeting, hosts);
+    std::fprintf(stderr, "tandem launch: rendezvous '%s': this node is node %d of %d (%d of %d "
+                 "processes)\n", opts.rdzv_id.c_str(), plan.layout.node_rank, opts.nnodes,
+                 static_cast<int>(plan.layout.slots.size()), plan.layout.world_size);
+  } else {
+    plan = plan_slots(opts);
   }
+  opts.node_rank = plan.layout.node_rank;  // --include or the rendezvous may number the nodes
+  if (config) {
+    // Workers resolve the config again; doing it once here turns a batch
+    // triple that does not fit this world size into one clear error.
+    ConfigOverrides overrides;
+    overrides.mixed_precision = opts.mixed_precision;
+    resolve_config(*config, config_env, overrides, plan.layout.world_size);
+    std::fprintf(stderr, "tandem launch: config %s (%s)\n", opts.config_file.c_str(),
+                 to_string(config->format));
+  }
+
+  std::unique_ptr<C10dStoreHost> python_store;
+  if (python) {
+    // torch.distributed speaks c10d's store protocol, not tandem's.
+    if (opts.node_rank == 0) {
+      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
+    }
+  } else if (opts.node_rank == 0 && !store) {
+    host_store();
+  }
+  const int master_port =
+      store ? store->port() : python_store ? python_store->port() : opts.master_port;
 
   // On a failure the whole group stops and, within --max-restarts, starts
   // again with the next TANDEM_RESTART_COUNT: the store stays up, and each

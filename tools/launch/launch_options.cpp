@@ -18,7 +18,7 @@ const std::set<std::string> kValueOptions = {
     "--master-port",    "--max-restarts", "--log-dir",      "--tee",
     "--redirects",      "--include",      "--exclude",      "--grace-period",
     "--rdzv-endpoint",  "--rdzv-backend", "--rdzv-id",      "--monitor-interval",
-    "--config-file",    "--mixed-precision"};
+    "--config-file",    "--mixed-precision", "--rdzv-timeout"};
 
 // "--nproc_per_node=4" -> "--nproc-per-node=4": underscores only in the name.
 std::string normalize(const std::string& arg) {
@@ -70,6 +70,20 @@ void validate_launch_options(LaunchOptions& opts) {
     opts.master_addr = "127.0.0.1";
     opts.master_port = 0;
   }
+  TANDEM_CHECK_ARG(opts.rdzv_backend == "static" || opts.rdzv_backend == "c10d",
+                   "--rdzv-backend {} is not supported: the nodes meet at tandem's own store. "
+                   "Use c10d (the nodes agree on node ranks there) or static (each node gives "
+                   "--node-rank)",
+                   opts.rdzv_backend);
+  TANDEM_CHECK_ARG(opts.rdzv_timeout_s > 0, "--rdzv-timeout must be > 0 seconds, got {}",
+                   opts.rdzv_timeout_s);
+  TANDEM_CHECK_ARG(opts.nnodes == 1 || opts.node_rank_given || !opts.include.empty() ||
+                       opts.rdzv_backend == "c10d",
+                   "--nnodes {} without --node-rank would make every node node 0. Give each "
+                   "node its --node-rank, let the nodes agree on them with --rdzv-backend c10d "
+                   "--rdzv-endpoint HOST:PORT, or name every node with --include "
+                   "(host1:0,1@host2:0)",
+                   opts.nnodes);
   TANDEM_CHECK_ARG(!(opts.nnodes > 1 && opts.master_port == 0),
                    "a multi-node job needs a fixed --master-port that every node knows; port 0 "
                    "only works with --nnodes 1");
@@ -109,12 +123,18 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--master-port", opts.master_port, "rendezvous port on node 0; 0 picks a free one")
       ->each([&](const std::string&) { opts.master_port_given = true; });
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
-  std::string rdzv_endpoint, rdzv_backend, rdzv_id;
+  std::string rdzv_endpoint;
   double monitor_interval = 0;
   app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
-  app.add_option("--rdzv-backend", rdzv_backend, "accepted for torchrun compatibility (static/c10d)");
-  app.add_option("--rdzv-id", rdzv_id, "accepted for torchrun compatibility");
-  app.add_option("--monitor-interval", monitor_interval, "accepted for torchrun compatibility");
+  app.add_option("--rdzv-backend", opts.rdzv_backend,
+                 "static (each node gives --node-rank) or c10d (without --node-rank the nodes "
+                 "agree on node ranks at the store)");
+  app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)");
+  app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
+                 "seconds a node waits for the others to arrive (c10d; default 600)");
+  app.add_option("--monitor-interval", monitor_interval,
+                 "accepted for torchrun compatibility; no effect (warned)")
+      ->each([&](const std::string&) { opts.monitor_interval_given = true; });
   app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
   app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");
   app.add_option("--tee", opts.tee, "streams copied to files and console: 1 out, 2 err, 3 both");
@@ -164,7 +184,11 @@ std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
   if (!opts.standalone) {
     if (!opts.nnodes_given) opts.nnodes = config.num_machines;
-    if (!opts.node_rank_given) opts.node_rank = config.machine_rank;
+    if (!opts.node_rank_given) {
+      opts.node_rank = config.machine_rank;
+      // A config for several machines names this one's rank.
+      opts.node_rank_given = config.num_machines > 1;
+    }
     if (!opts.master_addr_given && !config.main_process_ip.empty()) {
       opts.master_addr = config.main_process_ip;
     }
@@ -193,6 +217,11 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     if (listed) gpus = 1 + static_cast<int>(std::count(config.gpu_ids.begin(), config.gpu_ids.end(), ','));
     opts.nproc_per_node = std::max(1, gpus);
   }
+}
+
+bool rendezvous_at_store(const LaunchOptions& opts) {
+  return opts.rdzv_backend == "c10d" && opts.nnodes > 1 && !opts.node_rank_given &&
+         opts.include.empty();
 }
 
 LaunchOptions parse_launch_options(int argc, char** argv, bool* help_printed) {

@@ -27,10 +27,16 @@ struct LaunchOptions {
   std::string exclude;
   double grace_period_s = 3.0;  // SIGTERM -> SIGKILL
   std::vector<std::string> program;  // PROGRAM followed by its arguments
+  // torchrun's rendezvous flags. "c10d" with several nodes and no node rank:
+  // the launchers agree on node ranks through the store (node_rendezvous.h).
+  std::string rdzv_backend = "static";
+  std::string rdzv_id = "none";
+  double rdzv_timeout_s = 600;  // how long a launcher waits for the other nodes
+  bool monitor_interval_given = false;  // --monitor-interval: warned about, no effect
 
   // Which settings came from flags: a config file fills only the others.
   bool nnodes_given = false;
-  bool node_rank_given = false;
+  bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
   bool master_port_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
@@ -52,6 +58,10 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed);
 // $TANDEM_CONFIG_FILE, else tandem's default, then Accelerate's), made
 // absolute; "" when there is none. Reads the file system only.
 std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env);
+
+// Whether the nodes of this launch meet at the store to agree on node
+// ranks: --rdzv-backend c10d, several nodes, no node rank and no --include.
+bool rendezvous_at_store(const LaunchOptions& opts);
 
 // Fills from `config` every launch setting no flag gave: num_processes (the
 // total over all machines, as Accelerate counts; divided by the number of

@@ -13,6 +13,12 @@
 #include <string>
 #include <thread>
 
+#include <c10/util/intrusive_ptr.h>
+
+namespace c10d {
+class Store;
+}  // namespace c10d
+
 namespace tandem {
 
 struct StoreServerOptions {
@@ -49,6 +55,16 @@ class StoreServer {
   std::chrono::milliseconds handshake_timeout_;
   std::thread thread_;
 };
+
+// A client of a StoreServer at host:port, as a c10d::Store: it retries the
+// connection until `timeout` has passed (the server may start later),
+// presents `token`, and waits at most `timeout` in get() and wait(). Throws
+// TimeoutError when nothing answers in time, CommError when the store
+// refuses the token. For launchers that meet through the store (`tandem
+// launch --rdzv-backend c10d`); thread-safe.
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
+                                              const std::string& token,
+                                              std::chrono::milliseconds timeout);
 
 // True when every address `host` resolves to is a loopback address
 // (127.0.0.0/8 or ::1), false when one is not or it does not resolve.
