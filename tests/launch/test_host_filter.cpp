@@ -178,5 +178,53 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   EXPECT_TRUE(monitored.monitor_interval_given) << "warned about by the launcher";
 }
 
+TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
+  bool help = false;
+  // accelerate launch --multi_gpu --num_processes 8 --num_machines 2 --machine_rank 1
+  //   --main_process_ip 10.0.0.1 --main_process_port 29501 --mixed_precision bf16 train
+  auto accelerate = parse({"--multi_gpu", "--num_processes", "8", "--num_machines", "2",
+                           "--machine_rank", "1", "--main_process_ip", "10.0.0.1",
+                           "--main_process_port=29501", "--mixed_precision", "bf16", "train"},
+                          &help);
+  EXPECT_EQ(accelerate.nproc_per_node, 4) << "accelerate counts processes over all machines";
+  EXPECT_EQ(accelerate.nnodes, 2);
+  EXPECT_EQ(accelerate.node_rank, 1);
+  EXPECT_EQ(accelerate.master_addr, "10.0.0.1");
+  EXPECT_EQ(accelerate.master_port, 29501);
+  ASSERT_TRUE(accelerate.mixed_precision.has_value());
+  EXPECT_EQ(*accelerate.mixed_precision, MixedPrecision::kBf16);
+  EXPECT_EQ(accelerate.program, (std::vector<std::string>{"train"}));
+  // deepspeed --num_gpus 2 --num_nodes 2 --master_addr 10.0.0.1 --master_port 29502 train
+  auto deepspeed = parse({"--num_gpus", "2", "--num_nodes", "2", "--node_rank", "0",
+                          "--master_addr", "10.0.0.1", "--master_port", "29502", "train"},
+                         &help);
+  EXPECT_EQ(deepspeed.nproc_per_node, 2) << "deepspeed's --num_gpus is per node";
+  EXPECT_EQ(deepspeed.nnodes, 2);
+  EXPECT_EQ(deepspeed.master_port, 29502);
+  auto fixed = parse({"--nnodes", "2:2", "--node-rank", "1", "train"}, &help);
+  EXPECT_EQ(fixed.nnodes, 2) << "torchrun's MIN:MAX with MIN == MAX";
+
+  auto message = [&](std::vector<std::string> args) {
+    try {
+      parse(std::move(args), &help);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({"--nnodes", "1:2", "train"}).find("elastic job of 1 to 2 nodes"),
+            std::string::npos);
+  EXPECT_NE(message({"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0",
+                     "train"})
+                .find("must split evenly"),
+            std::string::npos);
+  EXPECT_NE(message({"--num_processes", "4", "--nproc-per-node", "2", "train"})
+                .find("keep one"),
+            std::string::npos);
+  const std::string hostfile = message({"--hostfile", "hosts", "train"});
+  EXPECT_NE(hostfile.find("not built yet"), std::string::npos) << hostfile;
+  EXPECT_NE(hostfile.find("--rdzv-backend c10d"), std::string::npos) << hostfile;
+}
+
 }  // namespace
 }  // namespace tandem::cli

@@ -18,7 +18,10 @@ const std::set<std::string> kValueOptions = {
     "--master-port",    "--max-restarts", "--log-dir",      "--tee",
     "--redirects",      "--include",      "--exclude",      "--grace-period",
     "--rdzv-endpoint",  "--rdzv-backend", "--rdzv-id",      "--monitor-interval",
-    "--config-file",    "--mixed-precision", "--rdzv-timeout"};
+    "--config-file",    "--mixed-precision", "--rdzv-timeout",
+    // accelerate launch's and the deepspeed launcher's spellings
+    "--num-processes",  "--num-machines",  "--num-nodes",    "--num-gpus",
+    "--machine-rank",   "--main-process-ip", "--main-process-port", "--hostfile"};
 
 // "--nproc_per_node=4" -> "--nproc-per-node=4": underscores only in the name.
 std::string normalize(const std::string& arg) {
@@ -45,6 +48,31 @@ void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
   } catch (const std::exception&) {
     TANDEM_THROW(UsageError, "--rdzv-endpoint '{}' has no valid port; write HOST:PORT", endpoint);
   }
+}
+
+// "4", or torchrun's "MIN:MAX" when MIN == MAX.
+int parse_nnodes(const std::string& text) {
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TANDEM_CHECK_ARG(used == part.size() && !part.empty(),
+                     "--nnodes '{}' is not a number of nodes (write N, or MIN:MAX)", text);
+    return value;
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) return number(text);
+  const int low = number(text.substr(0, colon));
+  const int high = number(text.substr(colon + 1));
+  TANDEM_CHECK_ARG(low == high,
+                   "--nnodes {} asks for an elastic job of {} to {} nodes; tandem's jobs have a "
+                   "fixed number of nodes for now: give --nnodes N",
+                   text, low, high);
+  return low;
 }
 
 }  // namespace
@@ -112,16 +140,32 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   for (; i < argc; ++i) opts.program.emplace_back(argv[i]);
 
   CLI::App app{"Start a job of N processes per node (torchrun-compatible).", "tandem launch"};
-  app.add_option("--nproc-per-node", opts.nproc_per_node, "processes on this node")
+  // Each with the names accelerate launch and the deepspeed launcher give it.
+  app.add_option("--nproc-per-node,--num-gpus", opts.nproc_per_node,
+                 "processes on this node (deepspeed: --num_gpus)")
       ->each([&](const std::string&) { opts.nproc_given = true; });
-  app.add_option("--nnodes", opts.nnodes, "number of nodes")
+  std::optional<int> total_processes;
+  app.add_option("--num-processes", total_processes,
+                 "accelerate's spelling: processes over all nodes, divided by --nnodes");
+  std::string nnodes;
+  app.add_option("--nnodes,--num-machines,--num-nodes", nnodes,
+                 "number of nodes (accelerate: --num_machines, deepspeed: --num_nodes); "
+                 "torchrun's MIN:MAX only as N:N")
       ->each([&](const std::string&) { opts.nnodes_given = true; });
-  app.add_option("--node-rank", opts.node_rank, "rank of this node, 0..nnodes-1")
+  app.add_option("--node-rank,--machine-rank", opts.node_rank,
+                 "rank of this node, 0..nnodes-1 (accelerate: --machine_rank)")
       ->each([&](const std::string&) { opts.node_rank_given = true; });
-  app.add_option("--master-addr", opts.master_addr, "address of node 0")
+  app.add_option("--master-addr,--main-process-ip", opts.master_addr,
+                 "address of node 0 (accelerate: --main_process_ip)")
       ->each([&](const std::string&) { opts.master_addr_given = true; });
-  app.add_option("--master-port", opts.master_port, "rendezvous port on node 0; 0 picks a free one")
+  app.add_option("--master-port,--main-process-port", opts.master_port,
+                 "rendezvous port on node 0; 0 picks a free one (accelerate: --main_process_port)")
       ->each([&](const std::string&) { opts.master_port_given = true; });
+  bool multi_gpu = false;
+  app.add_flag("--multi-gpu", multi_gpu,
+               "accelerate's spelling: one process per slot, as tandem launch always runs");
+  std::string hostfile;
+  app.add_option("--hostfile", hostfile, "deepspeed's: not built yet (refused with the way)");
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
   std::string rdzv_endpoint;
   double monitor_interval = 0;
@@ -166,6 +210,24 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;
+  TANDEM_CHECK_ARG(hostfile.empty(),
+                   "--hostfile {}: starting every host from one command is not built yet. Run "
+                   "`tandem launch --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
+                   "PROGRAM` on each host of the file (with the same TANDEM_STORE_TOKEN)",
+                   hostfile);
+  if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes);
+  if (total_processes) {
+    TANDEM_CHECK_ARG(!opts.nproc_given,
+                     "--num_processes (all nodes' processes, as accelerate counts) and "
+                     "--nproc-per-node both given; keep one");
+    TANDEM_CHECK_ARG(*total_processes >= opts.nnodes && *total_processes % opts.nnodes == 0,
+                     "--num_processes {} counts the processes of all {} nodes (as accelerate "
+                     "does) and must split evenly over them; make it a multiple of {}, or give "
+                     "--nproc-per-node",
+                     *total_processes, opts.nnodes, opts.nnodes);
+    opts.nproc_per_node = *total_processes / opts.nnodes;
+    opts.nproc_given = true;
+  }
   if (!rdzv_endpoint.empty()) apply_rdzv_endpoint(rdzv_endpoint, opts);
   if (!mixed_precision.empty()) opts.mixed_precision = parse_mixed_precision(mixed_precision);
   return opts;
