@@ -124,6 +124,17 @@ LaunchOptions parse(std::vector<std::string> args, bool* help) {
   return parse_launch_options(static_cast<int>(argv.size()), argv.data(), help);
 }
 
+// What parsing `args` refuses them with, or "accepted".
+std::string refusal(std::vector<std::string> args) {
+  bool help = false;
+  try {
+    parse(std::move(args), &help);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 TEST(LaunchOptions, AcceptsDashesUnderscoresAndEquals) {
   bool help = false;
   auto opts = parse({"--nproc_per_node=3", "--master-port", "1234", "--node_rank", "1", "--nnodes=2",
@@ -158,21 +169,13 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   auto ranked = parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "prog"},
                       &help);
   EXPECT_FALSE(rendezvous_at_store(ranked)) << "a given --node-rank is used as it is";
-  auto message = [&](std::vector<std::string> args) {
-    try {
-      parse(std::move(args), &help);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
-  const std::string etcd = message({"--rdzv-backend", "etcd", "prog"});
+  const std::string etcd = refusal({"--rdzv-backend", "etcd", "prog"});
   EXPECT_NE(etcd.find("--rdzv-backend etcd is not supported"), std::string::npos) << etcd;
-  const std::string unranked = message({"--nnodes", "2", "prog"});
+  const std::string unranked = refusal({"--nnodes", "2", "prog"});
   EXPECT_NE(unranked.find("without --node-rank would make every node node 0"), std::string::npos)
       << unranked;
   EXPECT_NE(unranked.find("--rdzv-backend c10d"), std::string::npos) << unranked;
-  EXPECT_NE(message({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout must be > 0"),
+  EXPECT_NE(refusal({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout must be > 0"),
             std::string::npos);
   auto monitored = parse({"--monitor-interval", "5", "prog"}, &help);
   EXPECT_TRUE(monitored.monitor_interval_given) << "warned about by the launcher";
@@ -204,24 +207,16 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   auto fixed = parse({"--nnodes", "2:2", "--node-rank", "1", "train"}, &help);
   EXPECT_EQ(fixed.nnodes, 2) << "torchrun's MIN:MAX with MIN == MAX";
 
-  auto message = [&](std::vector<std::string> args) {
-    try {
-      parse(std::move(args), &help);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
-  EXPECT_NE(message({"--nnodes", "1:2", "train"}).find("elastic job of 1 to 2 nodes"),
+  EXPECT_NE(refusal({"--nnodes", "1:2", "train"}).find("elastic job of 1 to 2 nodes"),
             std::string::npos);
-  EXPECT_NE(message({"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0",
+  EXPECT_NE(refusal({"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0",
                      "train"})
                 .find("must split evenly"),
             std::string::npos);
-  EXPECT_NE(message({"--num_processes", "4", "--nproc-per-node", "2", "train"})
+  EXPECT_NE(refusal({"--num_processes", "4", "--nproc-per-node", "2", "train"})
                 .find("keep one"),
             std::string::npos);
-  const std::string hostfile = message({"--hostfile", "hosts", "train"});
+  const std::string hostfile = refusal({"--hostfile", "hosts", "train"});
   EXPECT_NE(hostfile.find("not built yet"), std::string::npos) << hostfile;
   EXPECT_NE(hostfile.find("--rdzv-backend c10d"), std::string::npos) << hostfile;
 }
