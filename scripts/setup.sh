@@ -21,7 +21,8 @@ packages=(
   libfmt-dev                   # the torch-free fuzz targets (fuzz/); the library uses LibTorch's fmt
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev   # tests that tandem workers also run under mpirun
-  iproute2                     # the two-namespace multi-node test
+  iproute2                     # the multi-node tests' hosts as network namespaces (tests/support/test_cluster.h)
+  openssh-server openssh-client  # an ssh server on each of those hosts, with keys the test makes
   clang libclang-rt-dev        # libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer/ASan runtimes
 )
 

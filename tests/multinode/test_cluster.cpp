@@ -139,6 +139,31 @@ TEST(TestCluster, KillingAHostLeavesNoProcessOnItAndSparesTheOthers) {
   EXPECT_EQ(cluster.pids(1).size(), 1u) << "the other host's process must live on";
 }
 
+TEST(TestCluster, EveryHostServesSshWithTheTestsOwnKeysOnly) {
+  std::string keys;
+  {
+    TestCluster cluster(2);
+    if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+    const std::string no_ssh = cluster.start_ssh();
+    if (no_ssh.find("no ssh server") == 0) GTEST_SKIP() << "skipped: " << no_ssh;
+    ASSERT_EQ(no_ssh, "");
+    keys = cluster.ssh_dir();
+    // From host 0, a command runs on host 1: it sees host 1's address.
+    auto r = run_process(
+        cluster.on(0, cluster.ssh(1, {"ip", "-o", "-4", "addr", "show", "eth0"})), 30);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(cluster.address(1) + "/24"), std::string::npos) << r.out;
+    // A key the cluster did not make is refused.
+    const std::string stranger = keys + "/stranger";
+    ASSERT_EQ(std::system(("ssh-keygen -q -t ed25519 -N '' -f " + stranger).c_str()), 0);
+    auto refused = cluster.ssh(1, {"true"});
+    refused[2] = stranger;  // "-i" KEY
+    auto denied = run_process(cluster.on(0, refused), 30);
+    EXPECT_EQ(denied.exit_code, 255) << denied.out << denied.err;
+  }
+  EXPECT_NE(std::system(("test -e " + keys).c_str()), 0) << keys << " outlived the cluster";
+}
+
 TEST(TestCluster, TheNamespacesOfACrashedTestGoWithTheNextCluster) {
   {
     TestCluster probe_privilege(1);

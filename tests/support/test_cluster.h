@@ -12,6 +12,8 @@
 //                                                       // (why_no_shaping() first)
 //   cluster.set_link(2, false);                         // host 2 unreachable
 //   cluster.kill_host(0);                               // SIGKILL all it runs
+//   cluster.start_ssh();                                // sshd on every host
+//   run_process(cluster.on(0, cluster.ssh(1, {"hostname"})), 30);
 //
 // The destructor kills every process left in the cluster and removes its
 // namespaces. Namespaces are named after the owning process
@@ -73,6 +75,7 @@ class TestCluster {
   ~TestCluster() {
     for (std::size_t i = 0; i < hosts_.size(); ++i) kill_host(static_cast<int>(i), SIGKILL);
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) shell("ip netns del " + *it);
+    if (!ssh_dir_.empty()) shell("rm -rf " + ssh_dir_);
   }
 
   TestCluster(const TestCluster&) = delete;
@@ -114,6 +117,66 @@ class TestCluster {
                  std::to_string(host) + " root" + tail);
   }
 
+  // Starts an ssh server on every host, on port 22 of its own address, with
+  // a host key and one authorized client key made for this cluster (and
+  // removed with it). "" when they all answer, else why not (no sshd: the
+  // Debian package openssh-server, which scripts/setup.sh installs).
+  std::string start_ssh() {
+    if (!shell("test -x /usr/sbin/sshd && command -v ssh-keygen && command -v ssh")) {
+      return "no ssh server: install openssh-server and openssh-client (scripts/setup.sh does)";
+    }
+    ssh_dir_ = "/tmp/" + prefix_ + "ssh";
+    const std::string d = ssh_dir_;
+    if (!shell("rm -rf " + d + " && mkdir -p " + d + " /run/sshd && chmod 700 " + d) ||
+        !shell("ssh-keygen -q -t ed25519 -N '' -f " + d + "/host_key") ||
+        !shell("ssh-keygen -q -t ed25519 -N '' -f " + d + "/client_key") ||
+        !shell("cp " + d + "/client_key.pub " + d + "/authorized_keys")) {
+      return "cannot make ssh keys in " + d;
+    }
+    for (int i = 0; i < size(); ++i) {
+      const std::string config = d + "/sshd_" + std::to_string(i) + ".conf";
+      std::FILE* f = std::fopen(config.c_str(), "w");
+      if (f == nullptr) return "cannot write " + config;
+      std::fprintf(f,
+                   "ListenAddress %s\nPort 22\nHostKey %s/host_key\n"
+                   "AuthorizedKeysFile %s/authorized_keys\nPermitRootLogin prohibit-password\n"
+                   "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+                   "StrictModes no\nPidFile %s/sshd_%d.pid\nAcceptEnv TANDEM_*\n",
+                   addresses_[i].c_str(), d.c_str(), d.c_str(), d.c_str(), i);
+      std::fclose(f);
+      if (!shell("ip netns exec " + hosts_[i] + " /usr/sbin/sshd -f " + config)) {
+        return "sshd did not start on host " + std::to_string(i) + " (" + config + ")";
+      }
+    }
+    // Each server answers within a few seconds of starting.
+    for (int i = 0; i < size(); ++i) {
+      bool up = false;
+      for (int attempt = 0; attempt < 50 && !up; ++attempt) {
+        auto argv = on(i, ssh(i, {"true"}));
+        std::string command;
+        for (const auto& a : argv) command += "'" + a + "' ";
+        up = shell(command);
+        if (!up) ::usleep(100 * 1000);
+      }
+      if (!up) return "sshd on host " + std::to_string(i) + " does not answer";
+    }
+    return "";
+  }
+
+  // argv that runs `command` on `host` over ssh with the cluster's client
+  // key (run it from a host: on(from, ssh(to, ...))). start_ssh() first.
+  std::vector<std::string> ssh(int host, const std::vector<std::string>& command) const {
+    std::vector<std::string> argv = {
+        "ssh", "-i", ssh_dir_ + "/client_key", "-o", "BatchMode=yes", "-o",
+        "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+        "-o", "ConnectTimeout=5", "root@" + addresses_.at(host)};
+    argv.insert(argv.end(), command.begin(), command.end());
+    return argv;
+  }
+
+  // The folder of the cluster's ssh keys ("" before start_ssh()).
+  const std::string& ssh_dir() const { return ssh_dir_; }
+
   // Takes `host`'s link down (it neither sends nor receives) or up again.
   bool set_link(int host, bool up) {
     return shell("ip -n " + switch_name() + " link set s" + std::to_string(host) +
@@ -138,7 +201,7 @@ class TestCluster {
 
  private:
   static bool shell(const std::string& command) {
-    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+    return std::system(("{ " + command + "; } >/dev/null 2>&1").c_str()) == 0;
   }
 
   std::string switch_name() const { return prefix_ + "sw"; }
@@ -169,6 +232,8 @@ class TestCluster {
     for (const auto& name : stale) {
       shell("ip netns pids " + name + " | xargs -r kill -9");
       shell("ip netns del " + name);
+      const std::size_t cluster_end = name.find_first_of("hs", 3);  // tnd<pid>c<k>
+      if (cluster_end != std::string::npos) shell("rm -rf /tmp/" + name.substr(0, cluster_end) + "ssh");
     }
   }
 
@@ -178,6 +243,7 @@ class TestCluster {
   std::vector<std::string> namespaces_;  // the switch first, then the hosts
   std::vector<std::string> hosts_;
   std::vector<std::string> addresses_;
+  std::string ssh_dir_;
 };
 
 }  // namespace tandem::testing
