@@ -30,13 +30,14 @@ TEST(NodeRendezvous, TheHostIsNodeZeroAndEveryNodeAgreesOnTheWorld) {
   const std::vector<int> counts = {2, 1, 3};  // node i's processes, by arrival
   std::vector<NodeLayout> layouts(3);
   std::vector<std::thread> nodes;
-  // The non-hosts arrive first: the host is node 0 whenever it comes.
+  // The non-hosts arrive first (the host starts once both have published
+  // their counts): the host is node 0 whenever it comes.
   for (int i : {1, 2, 0}) {
+    if (i == 0) store->wait({"tandem/rdzv/job/slots/1", "tandem/rdzv/job/slots/2"});
     nodes.emplace_back([&, i] {
       layouts[i] = rendezvous_nodes(*store, "job", 3, /*hosts_store=*/i == 0, slots(counts[i]),
                                     milliseconds(20000));
     });
-    std::this_thread::sleep_for(milliseconds(30));
   }
   for (auto& t : nodes) t.join();
   EXPECT_EQ(layouts[0].node_rank, 0);

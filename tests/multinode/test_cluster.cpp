@@ -3,16 +3,17 @@
 // nothing is left behind, not even by a test that crashed.
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "support/subprocess.h"
@@ -119,22 +120,43 @@ TEST(TestCluster, ALinkDownCutsTheHostOffUntilItComesBack) {
   EXPECT_GE(connect_seconds(cluster, 0, 2, 10), 0) << "host 2 is back";
 }
 
+// A FIFO a process on a host writes a line to once it is ready.
+class ReadySignal {
+ public:
+  ReadySignal() : path_(dir_.path() + "/ready") {
+    ::mkfifo(path_.c_str(), 0600);
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  }
+  ~ReadySignal() { ::close(fd_); }
+  const std::string& path() const { return path_; }
+  // Whether a line came within `timeout_ms`.
+  bool wait(int timeout_ms) {
+    pollfd readable{fd_, POLLIN, 0};
+    char byte = 0;
+    return ::poll(&readable, 1, timeout_ms) == 1 && ::read(fd_, &byte, 1) == 1;
+  }
+
+ private:
+  testing::TempDir dir_;
+  std::string path_;
+  int fd_ = -1;
+};
+
 TEST(TestCluster, KillingAHostLeavesNoProcessOnItAndSparesTheOthers) {
   TestCluster cluster(2);
   if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
-  BackgroundProcess doomed(cluster.on(0, {"sh", "-c", "sleep 60 & sleep 60 & wait"}));
-  BackgroundProcess survivor(cluster.on(1, {"sleep", "60"}));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (cluster.pids(0).size() < 3 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  ReadySignal doomed_ready, survivor_ready;
+  // The two sleeps are forked before the line is written.
+  BackgroundProcess doomed(cluster.on(
+      0, {"sh", "-c", "sleep 60 & sleep 60 & echo > " + doomed_ready.path() + "; wait"}));
+  BackgroundProcess survivor(
+      cluster.on(1, {"sh", "-c", "echo > " + survivor_ready.path() + "; exec sleep 60"}));
+  ASSERT_TRUE(doomed_ready.wait(10000));
+  ASSERT_TRUE(survivor_ready.wait(10000));
   ASSERT_EQ(cluster.pids(0).size(), 3u) << "sh and its two sleeps";
-  cluster.kill_host(0);
+  EXPECT_TRUE(cluster.kill_host(0)) << "a process outlived SIGKILL by 10 s";
   auto r = doomed.wait(10);
   EXPECT_EQ(r.signal, SIGKILL);
-  while (!cluster.pids(0).empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
   EXPECT_TRUE(cluster.pids(0).empty()) << "a process survived on the killed host";
   EXPECT_EQ(cluster.pids(1).size(), 1u) << "the other host's process must live on";
 }

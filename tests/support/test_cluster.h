@@ -21,15 +21,22 @@
 // those of processes that no longer exist, so even a test that crashed
 // leaves nothing behind past the next run.
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::testing {
@@ -119,7 +126,7 @@ class TestCluster {
 
   // Starts an ssh server on every host, on port 22 of its own address, with
   // a host key and one authorized client key made for this cluster (and
-  // removed with it). "" when they all answer, else why not (no sshd: the
+  // removed with it). "" when they all listen, else why not (no sshd: the
   // Debian package openssh-server, which scripts/setup.sh installs).
   std::string start_ssh() {
     if (!shell("test -x /usr/sbin/sshd && command -v ssh-keygen && command -v ssh")) {
@@ -141,24 +148,11 @@ class TestCluster {
                    "ListenAddress %s\nPort 22\nHostKey %s/host_key\n"
                    "AuthorizedKeysFile %s/authorized_keys\nPermitRootLogin prohibit-password\n"
                    "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-                   "StrictModes no\nPidFile %s/sshd_%d.pid\nAcceptEnv TANDEM_*\n",
-                   addresses_[i].c_str(), d.c_str(), d.c_str(), d.c_str(), i);
+                   "StrictModes no\nPidFile none\nAcceptEnv TANDEM_*\n",
+                   addresses_[i].c_str(), d.c_str(), d.c_str());
       std::fclose(f);
-      if (!shell("ip netns exec " + hosts_[i] + " /usr/sbin/sshd -f " + config)) {
-        return "sshd did not start on host " + std::to_string(i) + " (" + config + ")";
-      }
-    }
-    // Each server answers within a few seconds of starting.
-    for (int i = 0; i < size(); ++i) {
-      bool up = false;
-      for (int attempt = 0; attempt < 50 && !up; ++attempt) {
-        auto argv = on(i, ssh(i, {"true"}));
-        std::string command;
-        for (const auto& a : argv) command += "'" + a + "' ";
-        up = shell(command);
-        if (!up) ::usleep(100 * 1000);
-      }
-      if (!up) return "sshd on host " + std::to_string(i) + " does not answer";
+      const std::string why = start_sshd(i, config);
+      if (!why.empty()) return why;
     }
     return "";
   }
@@ -194,9 +188,29 @@ class TestCluster {
     return out;
   }
 
-  // Sends `signal` to every process on `host`: a machine that dies at once.
-  void kill_host(int host, int signal = SIGKILL) {
-    for (pid_t pid : pids(host)) ::kill(pid, signal);
+  // Sends `signal` to every process on `host` (a machine that dies at once)
+  // and, for SIGKILL, waits up to `timeout_ms` for each to be gone (a pidfd
+  // per process, polled for its exit). True when none is left.
+  bool kill_host(int host, int signal = SIGKILL, int timeout_ms = 10000) {
+    std::vector<int> exits;
+    for (pid_t pid : pids(host)) {
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      if (fd >= 0) exits.push_back(fd);
+      ::kill(pid, signal);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    bool gone = true;
+    for (int fd : exits) {
+      pollfd exited{fd, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (signal == SIGKILL && ::poll(&exited, 1, std::max<int>(0, left.count())) != 1) {
+        gone = false;
+      }
+      ::close(fd);
+    }
+    reap_sshd(host);
+    return gone;
   }
 
  private:
@@ -205,6 +219,56 @@ class TestCluster {
   }
 
   std::string switch_name() const { return prefix_ + "sw"; }
+
+  // sshd in the foreground (a child of this process, reaped by kill_host):
+  // it logs "Server listening on" to the pipe on stderr once it listens.
+  std::string start_sshd(int host, const std::string& config) {
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) return "cannot make a pipe for sshd";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(out[1], 2);
+      const char* argv[] = {"ip", "netns", "exec", hosts_[host].c_str(), "/usr/sbin/sshd", "-D",
+                            "-e", "-f", config.c_str(), nullptr};
+      ::execvp("ip", const_cast<char* const*>(argv));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    if (pid < 0) {
+      ::close(out[0]);
+      return "cannot fork sshd";
+    }
+    sshd_.emplace_back(host, pid);
+    std::string log;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (log.find("Server listening on") == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd readable{out[0], POLLIN, 0};
+      char buffer[512];
+      ssize_t got = 0;
+      if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) != 1 ||
+          (got = ::read(out[0], buffer, sizeof buffer)) <= 0) {
+        ::close(out[0]);
+        return "sshd on host " + std::to_string(host) + " did not start listening: " + log;
+      }
+      log.append(buffer, static_cast<std::size_t>(got));
+    }
+    ::close(out[0]);  // sshd ignores SIGPIPE: its later log lines are dropped
+    return "";
+  }
+
+  void reap_sshd(int host) {
+    for (auto it = sshd_.begin(); it != sshd_.end();) {
+      if (it->first != host) {
+        ++it;
+        continue;
+      }
+      ::kill(it->second, SIGKILL);
+      ::waitpid(it->second, nullptr, 0);
+      it = sshd_.erase(it);
+    }
+  }
 
   static int next_id() {
     static int id = 0;
@@ -244,6 +308,7 @@ class TestCluster {
   std::vector<std::string> hosts_;
   std::vector<std::string> addresses_;
   std::string ssh_dir_;
+  std::vector<std::pair<int, pid_t>> sshd_;  // (host, pid) of each ssh server
 };
 
 }  // namespace tandem::testing

@@ -1,7 +1,5 @@
 #include "launch/node_rendezvous.h"
 
-#include <thread>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "tandem/core/error.h"
@@ -33,19 +31,17 @@ NodeLayout rendezvous_nodes(c10d::Store& store, const std::string& run_id, int n
 
   std::vector<std::string> keys;
   for (int node = 0; node < nnodes; ++node) keys.push_back(prefix + "slots/" + std::to_string(node));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!store.check(keys)) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      int arrived = 0;
-      for (const auto& key : keys) arrived += store.check({key}) ? 1 : 0;
-      TANDEM_THROW(TimeoutError,
-                   "rendezvous '{}': {} of {} nodes arrived within {} s; start `tandem launch` "
-                   "on every node with the same --rdzv-endpoint, --rdzv-id and --nnodes, or "
-                   "raise --rdzv-timeout",
-                   run_id, arrived, nnodes,
-                   std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {  // the store's timeout (its type depends on the store)
+    int arrived = 0;
+    for (const auto& key : keys) arrived += store.check({key}) ? 1 : 0;
+    TANDEM_THROW(TimeoutError,
+                 "rendezvous '{}': {} of {} nodes arrived within {} s; start `tandem launch` "
+                 "on every node with the same --rdzv-endpoint, --rdzv-id and --nnodes, or "
+                 "raise --rdzv-timeout",
+                 run_id, arrived, nnodes,
+                 std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
   }
   for (int node = 0; node < nnodes; ++node) {
     const int count = std::stoi(text(store.get(keys[node])));
