@@ -81,7 +81,9 @@ class TestCluster {
 
   ~TestCluster() {
     for (std::size_t i = 0; i < hosts_.size(); ++i) kill_host(static_cast<int>(i), SIGKILL);
-    for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) shell("ip netns del " + *it);
+    for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
+      shell("ip netns del " + *it);
+    }
     if (!ssh_dir_.empty()) shell("rm -rf " + ssh_dir_);
   }
 
@@ -297,7 +299,9 @@ class TestCluster {
       shell("ip netns pids " + name + " | xargs -r kill -9");
       shell("ip netns del " + name);
       const std::size_t cluster_end = name.find_first_of("hs", 3);  // tnd<pid>c<k>
-      if (cluster_end != std::string::npos) shell("rm -rf /tmp/" + name.substr(0, cluster_end) + "ssh");
+      if (cluster_end != std::string::npos) {
+        shell("rm -rf /tmp/" + name.substr(0, cluster_end) + "ssh");
+      }
     }
   }
 

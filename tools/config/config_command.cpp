@@ -110,7 +110,8 @@ int run_check(int argc, char** argv) {
       line["error"] = e.what();
       status = 2;
     }
-    std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+    const auto replace_bad_utf8 = nlohmann::ordered_json::error_handler_t::replace;
+    std::printf("%s\n", line.dump(-1, ' ', false, replace_bad_utf8).c_str());
   }
   return status;
 }

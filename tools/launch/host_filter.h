@@ -34,8 +34,9 @@ struct NodeLayout {
 // its slots (DeepSpeed's `host:0,1@host2:0` gives a world of 3); a host named
 // without slots brings all `pool_size`. This node is the entry that names it
 // by hostname or address, a localhost entry only when none does; `node_rank`,
-// when given, must point at an entry that names this node. --exclude across nodes is refused: a node cannot know the
-// others' slots, so the nodes would disagree on the world size.
+// when given, must point at an entry that names this node. --exclude across
+// nodes is refused: a node cannot know the others' slots, so the nodes would
+// disagree on the world size.
 NodeLayout layout_nodes(int pool_size, int nnodes, std::optional<int> node_rank,
                         const std::string& include, const std::string& exclude,
                         const std::vector<std::string>& names);

@@ -57,6 +57,13 @@ bool is_executable(const std::string& program) {
   return false;
 }
 
+// The dotted IPv4 address of `address` (AF_INET), or "" when it has none.
+std::string ipv4_text(const sockaddr* address) {
+  char text[INET_ADDRSTRLEN] = {0};
+  const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+  return ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr ? text : "";
+}
+
 std::vector<std::string> node_names() {
   std::vector<std::string> names;
   char host[256] = {0};
@@ -73,11 +80,9 @@ std::vector<std::string> node_names() {
   if (::getifaddrs(&addresses) == 0) {
     for (ifaddrs* a = addresses; a != nullptr; a = a->ifa_next) {
       if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-      char text[INET_ADDRSTRLEN] = {0};
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr &&
-          std::find(names.begin(), names.end(), text) == names.end()) {
-        names.emplace_back(text);
+      const std::string text = ipv4_text(a->ifa_addr);
+      if (!text.empty() && std::find(names.begin(), names.end(), text) == names.end()) {
+        names.push_back(text);
       }
     }
     ::freeifaddrs(addresses);
@@ -108,10 +113,7 @@ bool names_this_node(const std::string& host) {
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
   bool mine = false;
   for (addrinfo* a = found; a != nullptr && !mine; a = a->ai_next) {
-    char text[INET_ADDRSTRLEN] = {0};
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-    mine = ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr &&
-           std::find(names.begin(), names.end(), text) != names.end();
+    mine = std::find(names.begin(), names.end(), ipv4_text(a->ai_addr)) != names.end();
   }
   ::freeaddrinfo(found);
   return mine;
@@ -143,13 +145,12 @@ Plan plan_slots(const LaunchOptions& opts) {
 
 // The nodes meet at the store (--rdzv-backend c10d): each runs its own
 // slots, --exclude only removing some of this node's.
-Plan plan_rendezvous(const LaunchOptions& opts, c10d::Store& store, bool hosts_store) {
+Plan plan_rendezvous(const LaunchOptions& opts, c10d::Store& store, bool hosts_store,
+                     std::chrono::milliseconds timeout) {
   Plan plan;
   const std::vector<int> slots =
       select_local_slots(opts.nproc_per_node, "", opts.exclude, node_names());
-  plan.layout = rendezvous_nodes(
-      store, opts.rdzv_id, opts.nnodes, hosts_store, slots,
-      std::chrono::milliseconds(static_cast<int64_t>(opts.rdzv_timeout_s * 1000)));
+  plan.layout = rendezvous_nodes(store, opts.rdzv_id, opts.nnodes, hosts_store, slots, timeout);
   plan.set_visible_devices = !opts.exclude.empty();
   return plan;
 }
@@ -357,10 +358,9 @@ int run_launch_command(int argc, char** argv) {
     // The node whose address the endpoint names hosts the store.
     const bool hosts = names_this_node(opts.master_addr);
     if (hosts) host_store();
-    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token,
-                                 std::chrono::milliseconds(
-                                     static_cast<int64_t>(opts.rdzv_timeout_s * 1000)));
-    plan = plan_rendezvous(opts, *meeting, hosts);
+    const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
+    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
+    plan = plan_rendezvous(opts, *meeting, hosts, timeout);
     std::fprintf(stderr, "tandem launch: rendezvous '%s': this node is node %d of %d (%d of %d "
                  "processes)\n", opts.rdzv_id.c_str(), plan.layout.node_rank, opts.nnodes,
                  static_cast<int>(plan.layout.slots.size()), plan.layout.world_size);
