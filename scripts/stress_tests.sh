@@ -4,7 +4,7 @@
 # Each round runs every in-process test binary (ranks as threads, pure logic)
 # with --gtest_shuffle and a fresh random seed, two binaries at a time so the
 # box is as loaded as under `ctest -j2`, then the process-level ctest labels
-# (cli, e2e, faults, docs, fuzz) in a random order with -j2. Every failure is
+# (cli, e2e, faults, multinode, docs, fuzz) in a random order with -j2. Every failure is
 # printed with the command that reproduces it (binary, filter, seed). Exits 1
 # if any round failed, 0 when all N rounds passed.
 set -uo pipefail
@@ -17,7 +17,7 @@ bin="$build/bin"
 binaries=()
 for b in "$bin"/tandem_*_tests; do
   case "$(basename "$b")" in
-    tandem_cli_tests | tandem_e2e_tests | tandem_faults_tests) ;;  # process-level: ctest below
+    tandem_cli_tests | tandem_e2e_tests | tandem_faults_tests | tandem_multinode_tests) ;;  # process-level: ctest below
     *) binaries+=("$b") ;;
   esac
 done
@@ -50,10 +50,10 @@ for ((round = 1; round <= rounds; ++round)); do
   round_failed=0
   printf '%s\n' "${binaries[@]}" |
     xargs -P 2 -I{} bash -c 'run_binary "$0" "$1"' "$round" {} || round_failed=1
-  if ! ctest --test-dir "$build" -L 'cli|e2e|faults|docs|fuzz' -j2 --schedule-random \
+  if ! ctest --test-dir "$build" -L 'cli|e2e|faults|multinode|docs|fuzz' -j2 --schedule-random \
        --output-on-failure >"$logs/ctest.round$round.log" 2>&1; then
     round_failed=1
-    echo "FAIL round $round: ctest -L 'cli|e2e|faults|docs|fuzz'"
+    echo "FAIL round $round: ctest -L 'cli|e2e|faults|multinode|docs|fuzz'"
     grep -E '\(Failed\)|\(Timeout\)|\*\*\*' "$logs/ctest.round$round.log" | sed 's/^/    /'
     echo "    log: $logs/ctest.round$round.log"
   fi
