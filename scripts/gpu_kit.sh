@@ -149,13 +149,22 @@ PY
   # The checks, one process per test: a crash or a hang (killed after
   # TANDEM_GPU_KIT_TEST_TIMEOUT s) costs that test alone. The peer Python
   # of the Python comparisons (TANDEM_PEER_PYTHON) is $python.
-  local test_timeout=${TANDEM_GPU_KIT_TEST_TIMEOUT:-240} name rc tests
+  # TANDEM_GPU_KIT_DEADLINE (s from the start, default 450) bounds the whole
+  # run, so that a hang cannot lose the summary to the machine's 10-minute
+  # limit: tests and speed runs not started by then are skipped as such.
+  local test_timeout=${TANDEM_GPU_KIT_TEST_TIMEOUT:-120} name rc tests
+  local deadline=$((t0 + ${TANDEM_GPU_KIT_DEADLINE:-450}))
   tests=$("$build/bin/tandem_gpu_tests" --gtest_list_tests \
           --gtest_filter="${TANDEM_GPU_KIT_FILTER:-*}" |
           awk '/^[^ ]/ {suite = $1} /^  [^ ]/ {print suite $1}')
   rm -rf "$work/gtest" && mkdir -p "$work/gtest"
   : >"$out/gpu-tests.log"
   for name in $tests; do
+    if (($(date +%s) + 30 > deadline)); then
+      echo "=== out of time $name" >>"$out/gpu-tests.log"
+      echo "gpu_kit: $name: not run, past the kit's deadline"
+      continue
+    fi
     echo "=== $name" >>"$out/gpu-tests.log"
     TANDEM_GPU_FIGURES=$work/figures.jsonl timeout -k 10 "$test_timeout" \
       "$build/bin/tandem_gpu_tests" --gtest_color=no --gtest_filter="$name" \
@@ -178,17 +187,26 @@ PY
   elif ((steps == 0)); then
     echo "== skipped: TANDEM_GPU_KIT_STEPS=0" >>"$out/speed.log"
   fi
+  # Each run gets 90 s at most, and none ends later than 100 s past the deadline.
+  local limit
   for precision in no bf16; do
     ((gpus > 0 && steps > 0)) || continue
+    limit=$((deadline + 100 - $(date +%s)))
+    if ((limit < 60)); then
+      echo "== skipped: past the kit's deadline (TANDEM_GPU_KIT_DEADLINE)" >>"$out/speed.log"
+      break
+    fi
     echo "== tandem gpt_addition --mixed-precision $precision" >>"$out/speed.log"
-    timeout -k 10 150 "$build/bin/tandem" launch --nproc-per-node 1 --standalone \
+    timeout -k 5 $((limit / 2 < 90 ? limit / 2 : 90)) "$build/bin/tandem" launch \
+      --nproc-per-node 1 --standalone \
       --mixed-precision "$precision" "$build/bin/gpt_addition" --batch-size 128 \
       --max-steps "$steps" --eval-every 0 --metrics-file "$work/demo-$precision.jsonl" \
       >>"$out/speed.log" 2>&1
     echo "exit $?" >>"$out/speed.log"
+    limit=$((deadline + 100 - $(date +%s)))
     echo "== python bench/gpt_addition.py --mixed-precision $precision" >>"$out/speed.log"
-    timeout -k 10 150 "$python" "$root/bench/gpt_addition.py" --device cuda \
-      --mixed-precision "$precision" --batch-size 128 --max-steps "$steps" \
+    timeout -k 5 $((limit < 90 ? limit : 90)) "$python" "$root/bench/gpt_addition.py" \
+      --device cuda --mixed-precision "$precision" --batch-size 128 --max-steps "$steps" \
       --eval-every "$steps" >>"$out/speed.log" 2>&1
     echo "exit $?" >>"$out/speed.log"
   done

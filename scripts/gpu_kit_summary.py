@@ -32,6 +32,14 @@ def skip_reasons(log_path):
     return reasons
 
 
+def out_of_time(log_path):
+    """The tests the kit did not start because its deadline had passed."""
+    if not os.path.exists(log_path):
+        return []
+    return [line[len("=== out of time "):].strip() for line in open(log_path, errors="replace")
+            if line.startswith("=== out of time ")]
+
+
 def exit_codes(log_path):
     """Test name -> the exit status of its process, from the `=== exit` lines."""
     codes = {}
@@ -77,6 +85,9 @@ def gtest_checks(report_dir, log_path, merged_path):
                                                           if code > 128 else ""))
             checks.append({"name": name, "status": "failed",
                            "reason": f"{how} before writing its report (gpu-tests.log)"})
+    for name in out_of_time(log_path):
+        checks.append({"name": name, "status": "skipped",
+                       "reason": "not run: past the kit's deadline (TANDEM_GPU_KIT_DEADLINE)"})
     if not codes:
         checks.append({"name": "tandem_gpu_tests", "status": "failed",
                        "reason": "no test ran (gpu-tests.log)"})
@@ -138,7 +149,8 @@ def main():
         skipped = next((name[len("skipped: "):] for name in runs
                         if name.startswith("skipped: ")), None)
         for precision in ("no", "bf16"):
-            if skipped:
+            started = any(name.endswith(f"--mixed-precision {precision}") for name in runs)
+            if skipped and not started:
                 for side in ("tandem", "python"):
                     checks.append({"name": f"speed.{side}_gpt_addition_{precision}",
                                    "status": "skipped", "reason": skipped})
