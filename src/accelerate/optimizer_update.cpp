@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <ATen/ops/_foreach_zero.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "accelerate/optimizer_state.h"
@@ -70,16 +71,20 @@ class ReplicatedUpdate final : public OptimizerUpdate {
   void zero_grad(AcceleratedOptimizer& self) override {
     // In place, so DDP's .grad views of its buckets stay in place (no
     // set-to-None: the next backward would have to re-adopt every gradient).
+    // One multi-tensor launch per device and dtype on the GPU, rather than
+    // one per parameter.
     torch::NoGradGuard no_grad;
-    auto zero = [](at::Tensor& p) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
+    std::vector<at::Tensor> grads;
+    auto add = [&grads](const at::Tensor& p) {
+      if (p.grad().defined()) grads.push_back(p.grad());
     };
     for (auto& group : self.param_groups()) {
-      for (auto& p : group.params()) zero(p);
+      for (auto& p : group.params()) add(p);
     }
     if (master_) {
-      for (auto p : master_->model_params()) zero(p);
+      for (const auto& p : master_->model_params()) add(p);
     }
+    if (!grads.empty()) at::_foreach_zero_(grads);
   }
 
   const MasterWeights* master_weights() const override { return master_.get(); }

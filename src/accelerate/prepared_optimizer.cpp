@@ -11,6 +11,7 @@
 
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
+#include "optim/fused_adam.h"
 #include "tandem/amp/unscale.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
@@ -259,7 +260,11 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
     }
     loss = update_->apply(std::move(closure), [&](torch::optim::Optimizer::LossClosure c) {
       at::Tensor out;
-      with_wrapped(self, [&](torch::optim::Optimizer& wrapped) { out = wrapped.step(c); });
+      with_wrapped(self, [&](torch::optim::Optimizer& wrapped) {
+        // Adam/AdamW on the GPU: one fused launch instead of ~7 per parameter.
+        if (c == nullptr && try_fused_adam_step(wrapped)) return;
+        out = wrapped.step(c);
+      });
       return out;
     });
   }

@@ -6,6 +6,7 @@
 // without offload goes into the GPU kit's summary.
 
 #include <chrono>
+#include <functional>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/core/rank_env.h"
+#include "tandem/optim/cpu_adam.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
@@ -87,6 +89,38 @@ double step_ms(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& op
          steps;
 }
 
+// Where an offloaded step's time can go, for `n` fp32 parameters: CPU Adam
+// over all of them, and one pinned copy of them each way.
+struct OffloadParts {
+  double cpu_adam_ms, d2h_ms, h2d_ms;
+};
+
+OffloadParts offload_parts(int64_t n) {
+  auto ms_per = [](int reps, const std::function<void()>& fn) {
+    fn();
+    torch::cuda::synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) fn();
+    torch::cuda::synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+               .count() /
+           reps;
+  };
+  auto host = [n] { return torch::rand({n}).pin_memory(); };
+  at::Tensor p = host(), g = host(), m = torch::zeros({n}), v = torch::zeros({n});
+  AdamHyperparams h;
+  int64_t step = 0;
+  OffloadParts parts{};
+  parts.cpu_adam_ms = ms_per(5, [&] {
+    cpu_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
+                  v.data_ptr<float>(), n, ++step, h);
+  });
+  at::Tensor device = torch::rand({n}, torch::Device(torch::kCUDA, 0));
+  parts.d2h_ms = ms_per(5, [&] { g.copy_(device, /*non_blocking=*/true); });
+  parts.h2d_ms = ms_per(5, [&] { device.copy_(p, /*non_blocking=*/true); });
+  return parts;
+}
+
 TEST(GpuOffload, StepTimeWithAndWithoutOffload) {
   TANDEM_REQUIRE_CUDA();
   testing::Recipe r;
@@ -113,12 +147,17 @@ TEST(GpuOffload, StepTimeWithAndWithoutOffload) {
         int64_t params = 0;
         testing::Stack probe = testing::make_model(r);
         for (const auto& p : probe->parameters()) params += p.numel();
+        const OffloadParts parts = offload_parts(params);
         testing::record_gpu_figures("zero_offload_step",
                                     {{"parameters", params},
                                      {"stage", 2},
                                      {"no_offload_step_ms", without},
                                      {"offload_step_ms", with},
-                                     {"offload_over_no_offload", with / without}});
+                                     {"offload_over_no_offload", with / without},
+                                     {"cpu_adam_ms", parts.cpu_adam_ms},
+                                     {"cpu_adam_isa", cpu_adam_isa()},
+                                     {"pinned_d2h_ms", parts.d2h_ms},
+                                     {"pinned_h2d_ms", parts.h2d_ms}});
         EXPECT_GT(with, 0);
       },
       options);
