@@ -140,7 +140,13 @@ void GradientReducer::launch(std::size_t index) {
     if (shard.device() == g->grad_shard.device()) {
       g->grad_shard.add_(shard);
     } else {
-      g->grad_shard.add_(shard.to(g->grad_shard.device()));
+      // Offloaded: through a pinned buffer (the caching host allocator
+      // reuses it), not a fresh pageable tensor each step, whose first touch
+      // and staged copy cost more than the update itself.
+      at::Tensor host = at::empty(shard.sizes(), g->grad_shard.options().pinned_memory(
+                                                     g->grad_shard.is_pinned()));
+      host.copy_(shard);
+      g->grad_shard.add_(host);
     }
   });
 }

@@ -66,6 +66,47 @@ TEST(GpuOffload, OptimizerAndParameterOffloadTrainLikeTheRunWithout) {
   }
 }
 
+// Milliseconds of each part of a step, each part waited for on its own
+// (which removes overlap: for finding where the time goes, not a step time).
+struct StepParts {
+  double zero_grad_ms = 0, forward_backward_ms = 0, step_ms = 0, reduce_scatter_ms = 0,
+         drain_wait_ms = 0;
+};
+
+StepParts step_parts(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& options,
+                     int steps) {
+  testing::Stack model = testing::make_model(r);
+  auto optimizer = testing::make_optimizer(r.opt, model->parameters());
+  ZeroOptimizer zero(model, *optimizer, pg.shared_from_this(), options);
+  auto [x, y] = testing::micro_batch(r, 0, 0, 0, 1);
+  StepParts parts;
+  auto timed = [](double& total, const std::function<void()>& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    torch::cuda::synchronize();
+    total += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                 .count();
+  };
+  for (int i = 0; i < steps + 3; ++i) {
+    if (i == 3) {
+      parts = StepParts{};
+      zero.reset_stats();
+    }
+    timed(parts.zero_grad_ms, [&] { zero.zero_grad(); });
+    timed(parts.forward_backward_ms,
+          [&] { torch::nn::functional::cross_entropy(model->forward(x), y).backward(); });
+    timed(parts.step_ms, [&] { zero.step(); });
+  }
+  const auto stats = zero.comm_stats();
+  parts.reduce_scatter_ms = 1e3 * stats.reduce_scatter_seconds;
+  parts.drain_wait_ms = 1e3 * stats.drain_wait_seconds;
+  for (double* v : {&parts.zero_grad_ms, &parts.forward_backward_ms, &parts.step_ms,
+                    &parts.reduce_scatter_ms, &parts.drain_wait_ms}) {
+    *v /= steps;
+  }
+  return parts;
+}
+
 // Milliseconds per optimizer step (forward, backward, step) over `steps`
 // steps after three warm-up steps, at world 1 on the GPU.
 double step_ms(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& options,
@@ -148,6 +189,7 @@ TEST(GpuOffload, StepTimeWithAndWithoutOffload) {
         testing::Stack probe = testing::make_model(r);
         for (const auto& p : probe->parameters()) params += p.numel();
         const OffloadParts parts = offload_parts(params);
+        const StepParts split = step_parts(pg, r, offload, 5);
         testing::record_gpu_figures("zero_offload_step",
                                     {{"parameters", params},
                                      {"stage", 2},
@@ -157,7 +199,12 @@ TEST(GpuOffload, StepTimeWithAndWithoutOffload) {
                                      {"cpu_adam_ms", parts.cpu_adam_ms},
                                      {"cpu_adam_isa", cpu_adam_isa()},
                                      {"pinned_d2h_ms", parts.d2h_ms},
-                                     {"pinned_h2d_ms", parts.h2d_ms}});
+                                     {"pinned_h2d_ms", parts.h2d_ms},
+                                     {"offload_zero_grad_ms", split.zero_grad_ms},
+                                     {"offload_forward_backward_ms", split.forward_backward_ms},
+                                     {"offload_step_only_ms", split.step_ms},
+                                     {"offload_reduce_scatter_ms", split.reduce_scatter_ms},
+                                     {"offload_drain_wait_ms", split.drain_wait_ms}});
         EXPECT_GT(with, 0);
       },
       options);
