@@ -18,13 +18,21 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include "tandem/core/error.h"
+
 namespace tandem::detail {
 namespace {
 
+// TANDEM_FUSED_ADAM: unset or 1 (on), 0 (LibTorch's own loop).
 bool enabled() {
   static const bool on = [] {
     const char* value = std::getenv("TANDEM_FUSED_ADAM");
-    return value == nullptr || std::strcmp(value, "0") != 0;
+    if (value == nullptr) return true;
+    TANDEM_CHECK_ARG(std::strcmp(value, "0") == 0 || std::strcmp(value, "1") == 0,
+                     "TANDEM_FUSED_ADAM={}: expected 1 (fused Adam/AdamW steps on the GPU, the "
+                     "default) or 0 (LibTorch's per-parameter loop)",
+                     value);
+    return std::strcmp(value, "1") == 0;
   }();
   return on;
 }

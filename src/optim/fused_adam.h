@@ -25,7 +25,8 @@ namespace tandem::detail {
 // gradients and state of the parameter's dtype, sizes and strides. Returns
 // false, having changed nothing, otherwise: the caller then runs the
 // optimizer's own step(). Parameters without a gradient are left alone, as
-// LibTorch does. TANDEM_FUSED_ADAM=0 in the environment turns it off.
+// LibTorch does. TANDEM_FUSED_ADAM=0 in the environment turns it off (a
+// value other than 0 or 1 is a UsageError).
 bool try_fused_adam_step(torch::optim::Optimizer& optimizer, bool any_device = false);
 
 }  // namespace tandem::detail
