@@ -27,6 +27,7 @@
 #include "tandem/comm/c10d_store_host.h"
 #include "tandem/comm/store_server.h"
 #include "launch/failure_report.h"
+#include "launch/host_fanout.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "launch/node_rendezvous.h"
@@ -66,6 +67,10 @@ std::string ipv4_text(const sockaddr* address) {
 
 std::vector<std::string> node_names() {
   std::vector<std::string> names;
+  // The name a --hostfile job's head gave this host (host_fanout.h).
+  if (const char* given = std::getenv("TANDEM_HOST_NAME"); given != nullptr && *given) {
+    names.emplace_back(given);
+  }
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) == 0) {
     names.emplace_back(host);
@@ -117,6 +122,27 @@ bool names_this_node(const std::string& host) {
   }
   ::freeaddrinfo(found);
   return mine;
+}
+
+// KEY=VALUE lines up to an empty line (or the end), exported.
+void read_environment_from_stdin() {
+  std::string line;
+  char c = 0;
+  for (;;) {
+    const ssize_t got = ::read(STDIN_FILENO, &c, 1);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0 || c == '\n') {
+      if (line.empty()) return;
+      const auto eq = line.find('=');
+      TANDEM_CHECK_ARG(eq != std::string::npos && eq > 0,
+                       "--env-from-stdin: '{}' is not KEY=VALUE", line);
+      ::setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
+      line.clear();
+      if (got <= 0) return;
+      continue;
+    }
+    line += c;
+  }
 }
 
 struct Plan {
@@ -299,6 +325,9 @@ int run_launch_command(int argc, char** argv) {
   bool help = false;
   LaunchOptions opts = parse_launch_flags(argc, argv, &help);
   if (help) return 0;
+  // A --hostfile job's host: the head sends the job's environment (the
+  // store token among it) through stdin, never a command line.
+  if (opts.env_from_stdin) read_environment_from_stdin();
   // Flags, then the environment, then the config file: a bad file or value
   // stops here (exit 2), before any worker starts.
   const ConfigEnv config_env = ConfigEnv::from_environment();
@@ -309,6 +338,7 @@ int run_launch_command(int argc, char** argv) {
     apply_launch_config(*config, static_cast<int>(torch::cuda::device_count()), opts);
   }
   validate_launch_options(opts);
+  if (!opts.hostfile.empty()) return run_hostfile_launch(opts);  // the head: no worker here
   TANDEM_CHECK_ARG(is_executable(opts.program[0]),
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",
@@ -405,6 +435,7 @@ int run_launch_command(int argc, char** argv) {
                       make_workers(opts, plan, master_port, /*agent_store=*/true, attempt,
                                    run_dir.attempt_dir(attempt)),
                       opts.grace_period_s, opts.prefix_output);
+    if (opts.env_from_stdin) group.stop_when_closed(STDIN_FILENO);  // the head is gone
     GroupResult result = group.run();
     if (result.success) return 0;
     if (int code = report_failure(result, opts, run_dir, attempt); code != 0) return code;

@@ -21,7 +21,8 @@ const std::set<std::string> kValueOptions = {
     "--config-file",    "--mixed-precision", "--rdzv-timeout",
     // accelerate launch's and the deepspeed launcher's spellings
     "--num-processes",  "--num-machines",  "--num-nodes",    "--num-gpus",
-    "--machine-rank",   "--main-process-ip", "--main-process-port", "--hostfile"};
+    "--machine-rank",   "--main-process-ip", "--main-process-port", "--hostfile",
+    "--launcher",       "--launcher-args",   "--ssh-port"};
 
 // "--nproc_per_node=4" -> "--nproc-per-node=4": underscores only in the name.
 std::string normalize(const std::string& arg) {
@@ -92,6 +93,34 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
+  if (!opts.hostfile.empty()) {
+    // --nnodes and --nproc-per-node pick hosts and slots of the file
+    // (hostfile.h); the rest is the head's to set for every host.
+    TANDEM_CHECK_ARG(opts.launcher == "ssh",
+                     "--launcher {}: {}", opts.launcher,
+                     opts.launcher == "pdsh"
+                         ? "tandem starts one ssh per host itself, since each connection's "
+                           "stdin carries the job's token and environment; use --launcher ssh "
+                           "(the default) and give ssh options with --launcher-args"
+                         : "not supported; --hostfile starts hosts over ssh. Under mpirun or "
+                           "srun, start the program directly: tandem reads OMPI_* and SLURM_* "
+                           "(docs/config.md)");
+    TANDEM_CHECK_ARG(!opts.standalone && !opts.node_rank_given && opts.rdzv_backend == "static" &&
+                         !opts.env_from_stdin,
+                     "--hostfile numbers the hosts itself, in the file's order: drop "
+                     "--standalone, --node-rank/--machine-rank and --rdzv-backend");
+    TANDEM_CHECK_ARG(opts.master_port > 0,
+                     "--hostfile needs a fixed --master-port that every host knows, not 0");
+    TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
+                     "--ssh-port {} is out of range", opts.ssh_port);
+  } else {
+    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0,
+                     "--launcher, --launcher-args and --ssh-port go with --hostfile");
+  }
+  if ((opts.tee != 0 || opts.redirects != 0) && opts.log_dir.empty()) {
+    TANDEM_THROW(UsageError, "--tee and --redirects write log files: add --log-dir DIR");
+  }
+  if (!opts.hostfile.empty()) return;
   if (opts.standalone) {
     TANDEM_CHECK_ARG(opts.nnodes == 1, "--standalone runs on one node; drop --nnodes {}",
                      opts.nnodes);
@@ -164,8 +193,16 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   bool multi_gpu = false;
   app.add_flag("--multi-gpu", multi_gpu,
                "accelerate's spelling: one process per slot, as tandem launch always runs");
-  std::string hostfile;
-  app.add_option("--hostfile", hostfile, "deepspeed's: not built yet (refused with the way)");
+  app.add_option("--hostfile", opts.hostfile,
+                 "DeepSpeed hostfile ('HOST slots=N' lines): start every host's launcher from "
+                 "here over ssh (docs/multinode.md)");
+  app.add_option("--launcher", opts.launcher, "how --hostfile reaches the hosts: ssh (the only one)");
+  app.add_option("--launcher-args", opts.launcher_args,
+                 "options for ssh, e.g. \"-i KEY -o StrictHostKeyChecking=no\" (--hostfile)");
+  app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)");
+  app.add_flag("--env-from-stdin", opts.env_from_stdin,
+               "set by --hostfile's head on each host: read KEY=VALUE lines from stdin up to an "
+               "empty line, and stop the workers when stdin closes");
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
   std::string rdzv_endpoint;
   double monitor_interval = 0;
@@ -210,11 +247,6 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;
-  TANDEM_CHECK_ARG(hostfile.empty(),
-                   "--hostfile {}: starting every host from one command is not built yet. Run "
-                   "`tandem launch --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
-                   "PROGRAM` on each host of the file (with the same TANDEM_STORE_TOKEN)",
-                   hostfile);
   if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes);
   if (total_processes) {
     TANDEM_CHECK_ARG(!opts.nproc_given,

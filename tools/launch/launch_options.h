@@ -33,6 +33,15 @@ struct LaunchOptions {
   std::string rdzv_id = "none";
   double rdzv_timeout_s = 600;  // how long a launcher waits for the other nodes
   bool monitor_interval_given = false;  // --monitor-interval: warned about, no effect
+  // --hostfile: this launcher starts every host's launcher over ssh
+  // (host_fanout.h). --launcher-args are ssh options, --ssh-port its port.
+  std::string hostfile;
+  std::string launcher = "ssh";
+  std::string launcher_args;
+  int ssh_port = 0;  // 0: ssh's own default
+  // Set by the head on each host's launcher: read KEY=VALUE lines from stdin
+  // up to an empty line, export them, and stop when stdin closes.
+  bool env_from_stdin = false;
 
   // Which settings came from flags: a config file fills only the others.
   bool nnodes_given = false;

@@ -18,6 +18,7 @@ struct OutputPump::Stream {
   FILE* file = nullptr;
   std::string pending;
   std::string own_prefix;  // "[rank r/" : lines from tandem's logger already say who they are
+  std::string host;        // a host's launcher: its lines are relabelled
 };
 
 namespace {
@@ -38,8 +39,10 @@ OutputPump::OutputPump(bool prefix_lines) : prefix_lines_(prefix_lines) {}
 
 OutputPump::~OutputPump() { close_all(); }
 
-int OutputPump::add_stream(int fd, int rank, bool is_stderr, const StreamSink& sink) {
+int OutputPump::add_stream(int fd, int rank, bool is_stderr, const StreamSink& sink,
+                           const std::string& host) {
   auto stream = std::make_unique<Stream>();
+  stream->host = host;
   stream->fd = fd;
   stream->rank = rank;
   stream->is_stderr = is_stderr;
@@ -71,6 +74,14 @@ void OutputPump::emit(Stream& stream, const std::string& line) {
   }
   if (!stream.to_console) return;
   std::string out;
+  if (!stream.host.empty()) {
+    // "[rank3]: text" from a host's launcher becomes "[host:rank3]: text".
+    const bool ranked = line.rfind("[rank", 0) == 0 && line.find("]: ") != std::string::npos;
+    out = ranked ? "[" + stream.host + ":" + line.substr(1) + "\n"
+                 : "[" + stream.host + "]: " + line + "\n";
+    write_all(stream.is_stderr ? STDERR_FILENO : STDOUT_FILENO, out);
+    return;
+  }
   if (prefix_lines_ && line.rfind(stream.own_prefix, 0) != 0) {
     out = "[rank" + std::to_string(stream.rank) + "]: ";
   }

@@ -21,7 +21,10 @@ class OutputPump {
 
   // Registers a readable fd carrying `rank`'s stdout (is_stderr false) or
   // stderr; takes ownership of the fd. Returns a handle for on_readable().
-  int add_stream(int fd, int rank, bool is_stderr, const StreamSink& sink);
+  // With a `host` (a --hostfile job's per-host launcher), lines are labelled
+  // "[host:rankN]: " where they came as "[rankN]: ", else "[host]: ".
+  int add_stream(int fd, int rank, bool is_stderr, const StreamSink& sink,
+                 const std::string& host = "");
 
   // fds still open, for poll().
   std::vector<int> open_fds() const;

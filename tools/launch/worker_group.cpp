@@ -66,8 +66,13 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
                "cannot create pipes for rank {}: {}", spec.global_rank, std::strerror(errno));
   // Everything the child touches is prepared before fork(): between fork and
   // exec only async-signal-safe calls are allowed (the store thread runs).
-  std::vector<std::string> argv = argv_;
+  std::vector<std::string> argv = spec.argv.empty() ? argv_ : spec.argv;
   std::vector<std::string> env = spec.env;
+  int in_pipe[2] = {-1, -1};
+  if (spec.stdin_text) {
+    TANDEM_CHECK(::pipe2(in_pipe, O_CLOEXEC) == 0, "cannot create a pipe for rank {}: {}",
+                 spec.global_rank, std::strerror(errno));
+  }
   std::vector<char*> c_argv = c_strings(argv);
   std::vector<char*> c_env = c_strings(env);
   const pid_t launcher = ::getpid();
@@ -92,8 +97,12 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     ::signal(SIGPIPE, SIG_DFL);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(sig, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    if (in_pipe[0] >= 0) {
+      ::dup2(in_pipe[0], STDIN_FILENO);
+    } else {
+      int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    }
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     ::execvpe(c_argv[0], c_argv.data(), c_env.data());
@@ -107,14 +116,31 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   ::setpgid(pid, pid);  // also from the parent, so signal_all never races the child
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
-  pump_.add_stream(out_pipe[0], spec.global_rank, false, spec.stdout_sink);
-  pump_.add_stream(err_pipe[0], spec.global_rank, true, spec.stderr_sink);
+  pump_.add_stream(out_pipe[0], spec.global_rank, false, spec.stdout_sink, spec.host);
+  pump_.add_stream(err_pipe[0], spec.global_rank, true, spec.stderr_sink, spec.host);
   pids_.push_back(pid);
+  if (in_pipe[0] >= 0) {
+    ::close(in_pipe[0]);
+    // A few hundred bytes: the pipe holds them without a reader. The write
+    // end stays open (close-on-exec, so no other child holds it) until this
+    // process exits.
+    const std::string& text = *spec.stdin_text;
+    (void)!::write(in_pipe[1], text.data(), text.size());
+  }
+  stdin_fds_.push_back(in_pipe[1]);
 }
 
 void WorkerGroup::signal_all(int sig) {
-  for (pid_t pid : pids_) {
-    if (pid > 0) ::kill(-pid, sig);  // the worker's whole process group
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] <= 0) continue;
+    if (sig != SIGKILL && stdin_fds_[i] >= 0) {
+      // A host's launcher (through ssh) stops its workers when its stdin
+      // closes, and its ssh then ends with it: the job is gone when it is.
+      ::close(stdin_fds_[i]);
+      stdin_fds_[i] = -1;
+      continue;
+    }
+    ::kill(-pids_[i], sig);  // the worker's whole process group
   }
 }
 
@@ -131,6 +157,8 @@ void WorkerGroup::reap(GroupResult& result) {
     exit.wall_time = std::chrono::duration<double>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
+    if (stdin_fds_[i] >= 0) ::close(stdin_fds_[i]);
+    stdin_fds_[i] = -1;
     if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
     if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
     exit.stopped = stopping_;
@@ -152,11 +180,15 @@ GroupResult WorkerGroup::run() {
   double kill_deadline = -1;  // when >= 0: SIGKILL whoever is left at that time
   bool killed = false;
   double drain_deadline = -1;
+  // Hosts' launchers stop their own workers within the grace period; they
+  // get a few seconds more to report it before their ssh is killed.
+  bool remote = false;
+  for (const auto& spec : workers_) remote = remote || spec.stdin_text.has_value();
   auto begin_shutdown = [&](int sig) {
     if (kill_deadline >= 0) return;
     stopping_ = true;
     signal_all(sig);
-    kill_deadline = now_s() + grace_period_s_;
+    kill_deadline = now_s() + grace_period_s_ + (remote ? 10.0 : 0.0);
   };
 
   for (;;) {
@@ -177,10 +209,20 @@ GroupResult WorkerGroup::run() {
     }
     std::vector<pollfd> polled;
     polled.push_back({g_signal_pipe[0], POLLIN, 0});
+    polled.push_back({watch_fd_, POLLIN, 0});  // poll() skips a negative fd
     for (int fd : fds) polled.push_back({fd, POLLIN, 0});
     int n = ::poll(polled.data(), polled.size(), 100);
     if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
+    if (polled[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+      char scratch[256];
+      const ssize_t got = ::read(watch_fd_, scratch, sizeof(scratch));
+      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {  // the head is gone
+        watch_fd_ = -1;
+        if (result.launcher_signal == 0) result.launcher_signal = SIGHUP;
+        begin_shutdown(SIGTERM);
+      }
+    }
     if (polled[0].revents & POLLIN) {
       unsigned char sig;
       while (::read(g_signal_pipe[0], &sig, 1) == 1) {
@@ -193,11 +235,15 @@ GroupResult WorkerGroup::run() {
         begin_shutdown(sig == SIGHUP ? SIGTERM : sig);
       }
     }
-    for (size_t i = 1; i < polled.size(); ++i) {
+    for (size_t i = 2; i < polled.size(); ++i) {
       if (polled[i].revents & (POLLIN | POLLHUP | POLLERR)) pump_.on_readable(polled[i].fd);
     }
   }
   pump_.close_all();
+  for (int& fd : stdin_fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
   result.success = result.launcher_signal == 0 && !result.has_first_failure;
   return result;
 }

@@ -7,6 +7,7 @@
 // period). SIGINT/SIGTERM sent to the launcher are forwarded the same way.
 // Single-threaded: run() owns the calling thread until every worker is gone.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,13 @@ struct WorkerSpec {
   std::vector<std::string> env;  // "KEY=VALUE", the complete environment
   StreamSink stdout_sink;
   StreamSink stderr_sink;
+  // A --hostfile job's per-host launchers (host_fanout.h): the command for
+  // this process instead of the group's, text for its stdin (a pipe kept
+  // open until it exits: its end tells the host's launcher the head is
+  // gone), and the host that labels its output.
+  std::vector<std::string> argv;
+  std::optional<std::string> stdin_text;
+  std::string host;
 };
 
 struct WorkerExit {
@@ -49,6 +57,11 @@ class WorkerGroup {
   // Starts every worker and supervises until all have exited.
   GroupResult run();
 
+  // Also stops the group, as a SIGHUP to the launcher would, when `fd` is
+  // closed at its other end (`tandem launch --env-from-stdin`: the head of
+  // a --hostfile job is gone). Call before run().
+  void stop_when_closed(int fd) { watch_fd_ = fd; }
+
  private:
   void spawn(const WorkerSpec& spec);
   void signal_all(int sig);
@@ -59,6 +72,8 @@ class WorkerGroup {
   double grace_period_s_;
   OutputPump pump_;
   std::vector<int> pids_;  // by position in workers_; 0 once reaped
+  std::vector<int> stdin_fds_;  // write ends of stdin pipes, by position; -1 if none
+  int watch_fd_ = -1;
   bool stopping_ = false;  // SIGTERM/SIGKILL sent to the group
   double start_ = 0;
 };

@@ -1,0 +1,184 @@
+// `tandem launch --hostfile`: one command on the first host starts the job on
+// every host of a TestCluster over ssh (host_fanout.h).
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "support/subprocess.h"
+#include "support/test_cluster.h"
+#include "tandem/checkpoint/safetensors.h"
+
+namespace tandem {
+namespace {
+
+using testing::BackgroundProcess;
+using testing::bin;
+using testing::TempDir;
+using testing::TestCluster;
+
+// A cluster of `hosts` with sshd on each, its hostfile (2 slots per host)
+// in `dir`, and the ssh options the head needs for the cluster's keys.
+struct SshCluster {
+  explicit SshCluster(int hosts) : cluster(hosts) {
+    if (!cluster.ok()) {
+      why = cluster.why();
+      return;
+    }
+    why = cluster.start_ssh();
+    if (!why.empty()) return;
+    hostfile = dir.path() + "/hosts";
+    std::ofstream out(hostfile);
+    out << "# the test cluster\n";
+    for (int i = 0; i < hosts; ++i) out << cluster.address(i) << " slots=2\n";
+  }
+
+  // `tandem launch --hostfile` run on host 0.
+  std::vector<std::string> head(int port, const std::vector<std::string>& program) const {
+    std::vector<std::string> argv = {
+        bin("tandem"), "launch", "--hostfile", hostfile, "--launcher-args",
+        "-i " + cluster.ssh_dir() + "/client_key -l root -o StrictHostKeyChecking=no "
+            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=5",
+        "--master-port", std::to_string(port), "--grace-period", "2"};
+    argv.insert(argv.end(), program.begin(), program.end());
+    return cluster.on(0, argv);
+  }
+
+  // Processes left on the hosts other than their ssh servers.
+  std::vector<pid_t> leftovers() const {
+    std::vector<pid_t> out;
+    for (int host = 0; host < cluster.size(); ++host) {
+      for (pid_t pid : cluster.pids(host)) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        if (comm >> name && name != "sshd") out.push_back(pid);
+      }
+    }
+    return out;
+  }
+
+  TestCluster cluster;
+  TempDir dir;
+  std::string why;
+  std::string hostfile;
+};
+
+int count_files(const std::string& dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+double max_relative_diff(const std::string& a_path, const std::string& b_path) {
+  SafetensorsReader a(a_path), b(b_path);
+  EXPECT_EQ(a.entries().size(), b.entries().size());
+  double worst = 0;
+  for (const auto& entry : a.entries()) {
+    const auto x = a.read(entry.name);
+    const auto y = b.read(entry.name);
+    const double scale = std::max(1e-6, y.abs().max().item<double>());
+    worst = std::max(worst, (x - y).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+TEST(HostfileJob, ThreeHostsTrainTheQuickstartModelLikeOneProcess) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string one = c.dir.path() + "/one.safetensors";
+  const std::string six = c.dir.path() + "/six.safetensors";
+  // The same global batch (48): one process, then 3 hosts x 2 ranks.
+  auto alone = testing::run_process({bin("quickstart_worker"), "40", "48", one}, 120);
+  ASSERT_EQ(alone.exit_code, 0) << alone.out << alone.err;
+  BackgroundProcess head(c.head(29661, {bin("quickstart_worker"), "40", "48", six}));
+  auto r = head.wait(180);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string host0 = c.cluster.address(0);
+  EXPECT_NE(r.out.find("[" + host0 + ":rank0]: {\"world\": 6, \"steps\": 40"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE(r.err.find("tandem launch: 3 host(s) from " + c.hostfile + ", 6 process(es)"),
+            std::string::npos)
+      << r.err;
+  const double diff = max_relative_diff(six, one);
+  EXPECT_LE(diff, 1e-5) << "3 hosts x 2 ranks against one process";
+  std::printf("hostfile job: largest relative difference to one process %.3g\n", diff);
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
+TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  // Rank 4 (the third host's first) exits with 7; the others hang until stopped.
+  BackgroundProcess head(c.head(29663, {bin("launch_test_worker"), "exit", "7", "4"}));
+  auto r = head.wait(120);
+  // The host's launcher exits 1 for a failed job, as on one host (and as
+  // torchrun); its root cause comes labelled with the host.
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string host2 = c.cluster.address(2);
+  EXPECT_NE(r.err.find("[" + host2 + "]: tandem launch: job failed. Root cause: rank 4 (pid "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("exited with code 7"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("host " + host2 + " (node 2) failed with exit code 1; stopped the other "
+                       "hosts"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
+// Starts a job whose six ranks hang once they have met, stops the head
+// with `sig`, and expects every process on every host gone.
+void stop_the_head_and_expect_no_process_left(int sig, int port) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  // TANDEM_* travels to every host: each rank writes its pid there once
+  // the whole world has met, then hangs.
+  const std::string token(64, 'c');
+  BackgroundProcess head(c.head(port, {bin("launch_test_worker"), "allreduce-then-hang"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids, "TANDEM_STORE_TOKEN=" + token});
+  const bool met = testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120);
+  ASSERT_TRUE(met) << "the six ranks did not all start";
+  const std::vector<pid_t> running = c.leftovers();
+  ASSERT_GE(running.size(), 6u + 3u) << "six workers and three host launchers at least";
+  // The token reached every host through ssh's stdin, never a command line.
+  for (pid_t pid : running) {
+    std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+    const std::string text((std::istreambuf_iterator<char>(cmdline)), {});
+    EXPECT_EQ(text.find(token), std::string::npos) << "the token is on pid " << pid << "'s "
+                                                   << "command line";
+  }
+  head.send(sig);
+  auto r = head.wait(30);
+  if (sig != SIGKILL) EXPECT_EQ(r.exit_code, 128 + sig) << r.out << r.err;
+  // Each ssh ends with the head (killed with it, or stopped by it); each
+  // host's launcher sees its stdin close and stops its workers (SIGTERM,
+  // then SIGKILL after --grace-period 2).
+  for (pid_t pid : running) {
+    EXPECT_TRUE(testing::wait_for_exit(pid, 30)) << "process " << pid << " outlived the head";
+  }
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
+TEST(HostfileJob, KillingTheHeadWithSigkillLeavesNoProcessOnAnyHost) {
+  stop_the_head_and_expect_no_process_left(SIGKILL, 29665);
+}
+
+TEST(HostfileJob, CtrlCOnTheHeadStopsEveryHost) {
+  stop_the_head_and_expect_no_process_left(SIGINT, 29667);
+}
+
+}  // namespace
+}  // namespace tandem

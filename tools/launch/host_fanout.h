@@ -1,0 +1,32 @@
+#pragma once
+// `tandem launch --hostfile FILE`: one command starts a job on every host of
+// a DeepSpeed hostfile, as the `deepspeed` launcher does with ssh.
+//
+// This launcher (the head) runs no worker itself. For each selected host
+// (hostfile.h) it starts `ssh HOST 'cd CWD && exec TANDEM launch
+// --env-from-stdin --nnodes N --node-rank I --include FILTER ... PROGRAM'`:
+// the same tandem binary, working directory and program path on every host
+// (a shared file system, or the same install). Through ssh's stdin, never a
+// command line, it sends the job's environment: TANDEM_STORE_TOKEN (made
+// here when unset), the variables it forwards (TANDEM_*, NCCL_*, GLOO_*,
+// TORCH_*, OMP_*, MKL_*, PYTHONPATH, LD_LIBRARY_PATH; not PATH, not
+// CUDA_VISIBLE_DEVICES), the lines of DeepSpeed's `.deepspeed_env` and
+// tandem's `.tandem_env` (home, then the working directory, later files
+// winning), and TANDEM_HOST_NAME, the hostfile's name for that host. Then
+// stdin stays open: when it closes (the head exits, is killed, even with
+// SIGKILL: each ssh dies with it), every host's launcher stops its workers.
+//
+// Output comes back labelled "[host:rankN]: ". The first host whose
+// launcher fails (or whose ssh connection drops: ServerAliveInterval 5 s)
+// stops all the others; Ctrl-C does the same. Exit status: the failed
+// host's, else 0.
+
+#include "launch/launch_options.h"
+
+namespace tandem::cli {
+
+// Runs the --hostfile job of `opts`; returns the launcher's exit status.
+// Throws UsageError for a bad hostfile or filter before starting anything.
+int run_hostfile_launch(const LaunchOptions& opts);
+
+}  // namespace tandem::cli
