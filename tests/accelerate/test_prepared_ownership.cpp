@@ -12,6 +12,9 @@
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/error.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem {
 namespace {
@@ -29,15 +32,6 @@ using Data = testing::Dataset;
 using testing::config_with_accumulation;
 
 Data make_data(int64_t n) { return testing::make_dataset(n, /*seed=*/21); }
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // One rank, the model prepared with SGD; returns the raw optimizer too.
 struct Prepared {
@@ -128,7 +122,7 @@ TEST(PreparedOptimizer, ZeroGradThroughTheBaseClassMidAccumulationIsRefusedNotLo
     p.optimizer->zero_grad();
     p.backward();  // micro-step 1 of 2: gradients pending
     base.zero_grad();
-    const std::string message = message_of([&] { p.backward(); });
+    const std::string message = usage_error_message([&] { p.backward(); });
     EXPECT_NE(message.find("cleared outside tandem"), std::string::npos) << message;
     EXPECT_NE(message.find("optimizer->zero_grad()"), std::string::npos) << message;
   });
@@ -142,7 +136,7 @@ TEST(PreparedOptimizer, SteppingTheRawOptimizerIsRefusedAndChangesNothing) {
     const auto before = p.model->parameters()[0].clone();
     p.raw->step();  // behind the Accelerator's back
     EXPECT_TRUE(torch::equal(before, p.model->parameters()[0])) << "no parameter may move";
-    const std::string message = message_of([&] { p.optimizer->step(); });
+    const std::string message = usage_error_message([&] { p.optimizer->step(); });
     EXPECT_NE(message.find("stepped directly"), std::string::npos) << message;
     EXPECT_NE(message.find("optimizer->step()"), std::string::npos) << message;
     EXPECT_THROW(p.backward(), UsageError) << "the next backward refuses too";
@@ -153,7 +147,7 @@ TEST(PreparedOptimizer, ZeroingTheRawOptimizerIsRefused) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Prepared p(pg);
     p.raw->zero_grad();
-    const std::string message = message_of([&] { p.optimizer->zero_grad(); });
+    const std::string message = usage_error_message([&] { p.optimizer->zero_grad(); });
     EXPECT_NE(message.find("zeroed directly"), std::string::npos) << message;
   });
 }

@@ -11,6 +11,9 @@
 #include "tandem/checkpoint/module_weights.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/core/error.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem {
 namespace module_weights_test {
@@ -69,15 +72,6 @@ TiedNet other_net() {
   return net;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(ModuleWeights, SaveThenLoadRestoresEveryTensorAndKeepsTheTie) {
   ScratchDir dir;
   TiedNet source = other_net();
@@ -109,7 +103,7 @@ TEST(ModuleWeights, StrictRefusesMissingAndUnexpectedNamesAndChangesNothing) {
   torch::manual_seed(1);
   TiedNet net;
   const auto before = snapshot(*net);
-  const std::string message = message_of([&] { load_safetensors(*net, path); });
+  const std::string message = usage_error_message([&] { load_safetensors(*net, path); });
   EXPECT_NE(message.find("missing from the file"), std::string::npos) << message;
   EXPECT_NE(message.find("fc.bias"), std::string::npos) << message;
   EXPECT_NE(message.find("not in the module (1): decoder.bias"), std::string::npos) << message;
@@ -149,7 +143,7 @@ TEST(ModuleWeights, PrefixIsStrippedAndBf16ConvertsIntoFp32Weights) {
   write_safetensors(path, tensors);
 
   TiedNet net;
-  const std::string refused = message_of([&] { load_safetensors(*net, path); });
+  const std::string refused = usage_error_message([&] { load_safetensors(*net, path); });
   EXPECT_NE(refused.find("LoadSafetensorsOptions::prefix"), std::string::npos) << refused;
 
   LoadSafetensorsOptions options;
@@ -206,7 +200,7 @@ TEST(ModuleWeights, Float8IntoIntegerAndUnsignedIntoFloatAreRefused) {
   write_safetensors(path, tensors);
   TiedNet net;
   const auto before = snapshot(*net);
-  const std::string message = message_of([&] { load_safetensors(*net, path); });
+  const std::string message = usage_error_message([&] { load_safetensors(*net, path); });
   EXPECT_NE(message.find("fc.bias: the file holds U32, the module Float"), std::string::npos)
       << message;
   EXPECT_NE(message.find("norm.num_batches_tracked: the file holds F8_E4M3, the module Long"),
@@ -235,7 +229,7 @@ TEST(ModuleWeights, ShapeAndDtypeMismatchesAreRefusedNamingEachAndChangeNothing)
   const auto before = snapshot(*net);
   LoadSafetensorsOptions options;
   options.strict = false;  // shape and dtype problems are errors even then
-  const std::string message = message_of([&] { load_safetensors(*net, path, options); });
+  const std::string message = usage_error_message([&] { load_safetensors(*net, path, options); });
   EXPECT_NE(message.find("fc.weight: the file holds shape [5, 4], the module [5, 5]"),
             std::string::npos)
       << message;
@@ -255,7 +249,7 @@ TEST(ModuleWeights, TiedNamesWithDifferentValuesInTheFileAreRefused) {
   write_safetensors(path, tensors);
   TiedNet net;
   const auto before = snapshot(*net);
-  const std::string message = message_of([&] { load_safetensors(*net, path); });
+  const std::string message = usage_error_message([&] { load_safetensors(*net, path); });
   EXPECT_NE(message.find("embed.weight and head.weight are one tied tensor"), std::string::npos)
       << message;
   EXPECT_TRUE(same(snapshot(*net), before));

@@ -20,6 +20,9 @@
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
 #include "tandem/data/distributed_loader.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem {
 namespace {
@@ -186,44 +189,35 @@ TEST(DistributedLoader, UnevenBatchesSeeEachSampleOnceAsAPrefixOfEvenOnes) {
   EXPECT_EQ(idle.size(), 0) << "a rank beyond the dataset gets no batch without padding";
 }
 
-std::string usage_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
-}
-
 TEST(DistributedLoader, RejectsBadInputWithActionableMessages) {
   const auto x = at::zeros({10, 3});
-  EXPECT_NE(usage_error([&] {
+  EXPECT_NE(usage_error_message([&] {
               DistributedLoader({x, at::zeros({9})}, 2, 0);
             }).find("tensor 1 has 9 rows in dim 0 (shape [9]) but tensor 0 has 10"),
             std::string::npos);
-  EXPECT_NE(usage_error([&] {
+  EXPECT_NE(usage_error_message([&] {
               DistributedLoader({x}, 2, 0, with_batch(0));
             }).find("batch_size must be >= 1, got 0"),
             std::string::npos);
-  EXPECT_NE(usage_error([] {
+  EXPECT_NE(usage_error_message([] {
               DistributedLoader(std::vector<at::Tensor>{}, 2, 0);
             }).find("no tensors given"),
             std::string::npos);
   EXPECT_NE(
-      usage_error([] { DistributedLoader({at::scalar_tensor(1.0)}, 2, 0); }).find("0-dimensional"),
+      usage_error_message([] { DistributedLoader({at::scalar_tensor(1.0)}, 2, 0); }).find("0-dimensional"),
       std::string::npos);
   DistributedLoaderOptions bad_prefetch;
   bad_prefetch.prefetch = -1;
-  EXPECT_NE(usage_error([&] {
+  EXPECT_NE(usage_error_message([&] {
               DistributedLoader({x}, 2, 0, bad_prefetch);
             }).find("prefetch must be >= 0"),
             std::string::npos);
-  EXPECT_NE(usage_error([&] { DistributedLoader({x}, 2, 2); }).find("rank 2 is outside [0, 2)"),
+  EXPECT_NE(usage_error_message([&] { DistributedLoader({x}, 2, 2); }).find("rank 2 is outside [0, 2)"),
             std::string::npos);
   if (!at::hasCUDA()) {
     DistributedLoaderOptions on_gpu;
     on_gpu.device = c10::Device(c10::kCUDA, 0);
-    EXPECT_NE(usage_error([&] { DistributedLoader({x}, 2, 0, on_gpu); }).find("no usable CUDA"),
+    EXPECT_NE(usage_error_message([&] { DistributedLoader({x}, 2, 0, on_gpu); }).find("no usable CUDA"),
               std::string::npos);
   }
 }

@@ -15,6 +15,9 @@
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
 #include "tandem/data/distributed_sampler.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem {
 namespace {
@@ -31,15 +34,6 @@ std::string describe(const nlohmann::json& c) {
   return "n=" + c["n"].dump() + " replicas=" + c["replicas"].dump() +
          " shuffle=" + c["shuffle"].dump() + " seed=" + c["seed"].dump() +
          " epoch=" + c["epoch"].dump() + " drop_last=" + c["drop_last"].dump();
-}
-
-std::string thrown_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(DistributedSampler, MatchesPyTorchOnEveryRecordedCase) {
@@ -83,13 +77,13 @@ TEST(DistributedSampler, RandpermMatchesPyTorchForSmallAndLargeN) {
 }
 
 TEST(DistributedSampler, RejectsBadArgumentsWithActionableMessages) {
-  EXPECT_NE(thrown_message([] { DistributedSampler(10, 0, 0); }).find("num_replicas must be >= 1"),
+  EXPECT_NE(usage_error_message([] { DistributedSampler(10, 0, 0); }).find("num_replicas must be >= 1"),
             std::string::npos);
-  EXPECT_NE(thrown_message([] { DistributedSampler(10, 4, 4); }).find("rank 4 is outside [0, 4)"),
+  EXPECT_NE(usage_error_message([] { DistributedSampler(10, 4, 4); }).find("rank 4 is outside [0, 4)"),
             std::string::npos);
-  EXPECT_NE(thrown_message([] { DistributedSampler(10, 4, -1); }).find("rank -1 is outside"),
+  EXPECT_NE(usage_error_message([] { DistributedSampler(10, 4, -1); }).find("rank -1 is outside"),
             std::string::npos);
-  EXPECT_NE(thrown_message([] { DistributedSampler(-1, 4, 0); }).find("dataset_size must be >= 0"),
+  EXPECT_NE(usage_error_message([] { DistributedSampler(-1, 4, 0); }).find("dataset_size must be >= 0"),
             std::string::npos);
   EXPECT_NO_THROW(DistributedSampler(0, 4, 3));
 }

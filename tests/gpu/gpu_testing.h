@@ -16,8 +16,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +47,19 @@ inline ProcessGroupOptions gloo_on_cuda() {
   ProcessGroupOptions options;
   options.cuda_backend = CudaBackend::kGloo;
   return options;
+}
+
+// Milliseconds per call of `fn` over `reps` calls after `warmups` calls, the
+// GPU waited for before and after the timed calls.
+inline double gpu_ms_per_call(int warmups, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < warmups; ++i) fn();
+  torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+             .count() /
+         reps;
 }
 
 // Appends {"check": name, ...figures} as one JSON line to the file named by

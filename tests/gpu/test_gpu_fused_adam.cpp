@@ -7,9 +7,6 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <chrono>
-#include <functional>
-
 #include "gpu/gpu_testing.h"
 #include "optim/fused_adam.h"
 
@@ -59,18 +56,9 @@ TEST(GpuFusedAdam, MatchesLibTorchsLoopOnTheGpuAndTakesFewerLaunches) {
   }
   EXPECT_LT(worst, 1e-5);
 
-  auto time_ms = [&](const std::function<void()>& step) {
-    for (int i = 0; i < 5; ++i) step();
-    torch::cuda::synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kTimed; ++i) step();
-    torch::cuda::synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-               .count() /
-           kTimed;
-  };
-  const double fused_ms = time_ms([&] { try_fused_adam_step(fused_opt); });
-  const double plain_ms = time_ms([&] { plain_opt.step(); });
+  const double fused_ms =
+      testing::gpu_ms_per_call(5, kTimed, [&] { try_fused_adam_step(fused_opt); });
+  const double plain_ms = testing::gpu_ms_per_call(5, kTimed, [&] { plain_opt.step(); });
   testing::record_gpu_figures("fused_adamw_step",
                               {{"parameters", kParams},
                                {"max_rel_diff_after_50_steps", worst},

@@ -120,14 +120,7 @@ double step_ms(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& op
     torch::nn::functional::cross_entropy(model->forward(x), y).backward();
     zero.step();
   };
-  for (int i = 0; i < 3; ++i) one_step();
-  torch::cuda::synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) one_step();
-  torch::cuda::synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         steps;
+  return testing::gpu_ms_per_call(3, steps, one_step);
 }
 
 // Where an offloaded step's time can go, for `n` fp32 parameters: CPU Adam
@@ -137,28 +130,18 @@ struct OffloadParts {
 };
 
 OffloadParts offload_parts(int64_t n) {
-  auto ms_per = [](int reps, const std::function<void()>& fn) {
-    fn();
-    torch::cuda::synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) fn();
-    torch::cuda::synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-               .count() /
-           reps;
-  };
   auto host = [n] { return torch::rand({n}).pin_memory(); };
   at::Tensor p = host(), g = host(), m = torch::zeros({n}), v = torch::zeros({n});
   AdamHyperparams h;
   int64_t step = 0;
   OffloadParts parts{};
-  parts.cpu_adam_ms = ms_per(5, [&] {
+  parts.cpu_adam_ms = testing::gpu_ms_per_call(1, 5, [&] {
     cpu_adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                   v.data_ptr<float>(), n, ++step, h);
   });
   at::Tensor device = torch::rand({n}, torch::Device(torch::kCUDA, 0));
-  parts.d2h_ms = ms_per(5, [&] { g.copy_(device, /*non_blocking=*/true); });
-  parts.h2d_ms = ms_per(5, [&] { device.copy_(p, /*non_blocking=*/true); });
+  parts.d2h_ms = testing::gpu_ms_per_call(1, 5, [&] { g.copy_(device, /*non_blocking=*/true); });
+  parts.h2d_ms = testing::gpu_ms_per_call(1, 5, [&] { device.copy_(p, /*non_blocking=*/true); });
   return parts;
 }
 

@@ -11,6 +11,9 @@
 #include "launch/hostfile.h"
 #include "launch/launch_options.h"
 #include "tandem/core/error.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem::cli {
 namespace {
@@ -19,15 +22,6 @@ const char* const kFile = "# the lab\nnode-a slots=2\n\n  node-b slots=4  # big 
 
 std::string describe(const std::vector<SelectedHost>& hosts) {
   return include_filter(hosts);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Hostfile, ReadsDeepSpeedsFormatInFileOrder) {
@@ -39,17 +33,17 @@ TEST(Hostfile, ReadsDeepSpeedsFormatInFileOrder) {
 }
 
 TEST(Hostfile, AMalformedLineIsNamedByFileAndLine) {
-  EXPECT_NE(error_of([] { parse_hostfile("a slots=2\nb slots=two\n", "hosts"); })
+  EXPECT_NE(usage_error_message([] { parse_hostfile("a slots=2\nb slots=two\n", "hosts"); })
                 .find("hostfile hosts line 2: 'b slots=two' is not 'HOST slots=N'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_hostfile("a slots=0\n", "h"); }).find("line 1"),
+  EXPECT_NE(usage_error_message([] { parse_hostfile("a slots=0\n", "h"); }).find("line 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_hostfile("a slots=1 extra\n", "h"); }).find("line 1"),
+  EXPECT_NE(usage_error_message([] { parse_hostfile("a slots=1 extra\n", "h"); }).find("line 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_hostfile("a slots=1\na slots=2\n", "h"); })
+  EXPECT_NE(usage_error_message([] { parse_hostfile("a slots=1\na slots=2\n", "h"); })
                 .find("host 'a' is listed twice"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_hostfile("# nothing\n\n", "h"); }).find("lists no host"),
+  EXPECT_NE(usage_error_message([] { parse_hostfile("# nothing\n\n", "h"); }).find("lists no host"),
             std::string::npos);
 }
 
@@ -74,7 +68,7 @@ TEST(Hostfile, FiltersThatDoNotFitTheFileAreRefused) {
   const auto hosts = parse_hostfile(kFile, "hosts");
   auto select = [&](const std::string& inc, const std::string& exc, std::optional<int> nodes,
                     std::optional<int> gpus) {
-    return error_of([&] { select_hostfile_slots(hosts, inc, exc, nodes, gpus, "hosts"); });
+    return usage_error_message([&] { select_hostfile_slots(hosts, inc, exc, nodes, gpus, "hosts"); });
   };
   EXPECT_NE(select("node-z:0", "", {}, {}).find("host 'node-z' is not in the hostfile hosts"),
             std::string::npos);
@@ -95,16 +89,16 @@ LaunchOptions parse(std::vector<std::string> args) {
 }
 
 TEST(Hostfile, FlagsThatDoNotGoWithItAreRefused) {
-  EXPECT_NE(error_of([] { parse({"--hostfile", "h", "--launcher", "pdsh", "prog"}); })
+  EXPECT_NE(usage_error_message([] { parse({"--hostfile", "h", "--launcher", "pdsh", "prog"}); })
                 .find("tandem starts one ssh per host itself"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"--hostfile", "h", "--launcher", "openmpi", "prog"}); })
+  EXPECT_NE(usage_error_message([] { parse({"--hostfile", "h", "--launcher", "openmpi", "prog"}); })
                 .find("OMPI_*"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"--hostfile", "h", "--node-rank", "1", "--nnodes", "2", "p"}); })
+  EXPECT_NE(usage_error_message([] { parse({"--hostfile", "h", "--node-rank", "1", "--nnodes", "2", "p"}); })
                 .find("numbers the hosts itself"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"--launcher-args", "-i key", "prog"}); })
+  EXPECT_NE(usage_error_message([] { parse({"--launcher-args", "-i key", "prog"}); })
                 .find("go with --hostfile"),
             std::string::npos);
   const LaunchOptions ok = parse({"--hostfile", "h", "--ssh-port", "2222", "--launcher_args",

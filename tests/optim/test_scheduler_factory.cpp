@@ -7,6 +7,9 @@
 #include "optim/scheduler_testing.h"
 #include "tandem/core/error.h"
 #include "tandem/optim/lr_scheduler.h"
+#include "support/usage_error.h"
+
+using tandem::testing::usage_error_message;
 
 namespace tandem {
 namespace {
@@ -25,16 +28,6 @@ SchedulerConfig block(const std::string& type, std::map<std::string, double> par
   config.auto_params = std::move(auto_params);
   config.warmup_type = std::move(warmup_type);
   return config;
-}
-
-// The message of the UsageError `make` throws ("" when it throws none).
-std::string usage_error(const std::function<void()>& make) {
-  try {
-    make();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::vector<double> lr_sequence(LRScheduler& scheduler, const torch::optim::Optimizer& optimizer,
@@ -109,7 +102,7 @@ TEST(MakeLRScheduler, ExplicitConfigValuesBeatAutoValues) {
 
 TEST(MakeLRScheduler, AutoParamWithoutValueNamesItAndHowToSetIt) {
   auto optimizer = make_adamw({0.3});
-  std::string what = usage_error([&] {
+  std::string what = usage_error_message([&] {
     make_lr_scheduler(block("WarmupCosineLR", {}, {"total_num_steps"}), *optimizer,
                       {{"warmup_max_lr", 0.1}});
   });
@@ -123,7 +116,7 @@ TEST(MakeLRScheduler, AutoParamWithoutValueNamesItAndHowToSetIt) {
 
 TEST(MakeLRScheduler, UnknownTypeSuggestsTheClosestAndListsAll) {
   auto optimizer = make_adamw();
-  std::string what = usage_error([&] { make_lr_scheduler(block("WarmupCosine"), *optimizer); });
+  std::string what = usage_error_message([&] { make_lr_scheduler(block("WarmupCosine"), *optimizer); });
   EXPECT_NE(what.find("scheduler.type 'WarmupCosine' is not a known scheduler, did you mean "
                       "'WarmupCosineLR'?"),
             std::string::npos)
@@ -131,25 +124,25 @@ TEST(MakeLRScheduler, UnknownTypeSuggestsTheClosestAndListsAll) {
   EXPECT_NE(what.find("valid types: WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle"),
             std::string::npos)
       << what;
-  what = usage_error([&] { make_lr_scheduler(block("warmuplr"), *optimizer); });
+  what = usage_error_message([&] { make_lr_scheduler(block("warmuplr"), *optimizer); });
   EXPECT_NE(what.find("did you mean 'WarmupLR'?"), std::string::npos) << what;
-  what = usage_error([&] { make_lr_scheduler(block("StepLR"), *optimizer); });
+  what = usage_error_message([&] { make_lr_scheduler(block("StepLR"), *optimizer); });
   EXPECT_EQ(what.find("did you mean"), std::string::npos) << what;
   EXPECT_NE(what.find("valid types: WarmupLR"), std::string::npos) << what;
 }
 
 TEST(MakeLRScheduler, LRRangeTestAndEmptyTypeAreUsageErrors) {
   auto optimizer = make_adamw();
-  std::string what = usage_error([&] { make_lr_scheduler(block("LRRangeTest"), *optimizer); });
+  std::string what = usage_error_message([&] { make_lr_scheduler(block("LRRangeTest"), *optimizer); });
   EXPECT_NE(what.find("LRRangeTest"), std::string::npos) << what;
   EXPECT_NE(what.find("not implemented"), std::string::npos) << what;
-  what = usage_error([&] { make_lr_scheduler(block(""), *optimizer); });
+  what = usage_error_message([&] { make_lr_scheduler(block(""), *optimizer); });
   EXPECT_NE(what.find("no type"), std::string::npos) << what;
 }
 
 TEST(MakeLRScheduler, UnknownParamSuggestsTheClosestAndListsTheTypesParams) {
   auto optimizer = make_adamw();
-  std::string what = usage_error([&] {
+  std::string what = usage_error_message([&] {
     make_lr_scheduler(block("WarmupLR", {{"warmup_num_stpes", 10}}), *optimizer);
   });
   EXPECT_NE(what.find("scheduler.params.warmup_num_stpes is not a WarmupLR parameter, did you "
@@ -161,7 +154,7 @@ TEST(MakeLRScheduler, UnknownParamSuggestsTheClosestAndListsTheTypesParams) {
             std::string::npos)
       << what;
   // A valid parameter of another scheduler is still unknown here.
-  what = usage_error([&] {
+  what = usage_error_message([&] {
     make_lr_scheduler(block("WarmupLR", {}, {"total_num_steps"}), *optimizer,
                       {{"total_num_steps", 10}});
   });
@@ -170,13 +163,13 @@ TEST(MakeLRScheduler, UnknownParamSuggestsTheClosestAndListsTheTypesParams) {
 
 TEST(MakeLRScheduler, StepCountsMustBeIntegers) {
   auto optimizer = make_adamw();
-  std::string what = usage_error([&] {
+  std::string what = usage_error_message([&] {
     make_lr_scheduler(block("WarmupLR", {{"warmup_num_steps", 10.5}}), *optimizer);
   });
   EXPECT_NE(what.find("warmup_num_steps counts optimizer steps and must be an integer"),
             std::string::npos)
       << what;
-  what = usage_error([&] {
+  what = usage_error_message([&] {
     make_lr_scheduler(block("WarmupCosineLR", {}, {"total_num_steps"}), *optimizer,
                       {{"total_num_steps", 1e300}});
   });
@@ -185,10 +178,10 @@ TEST(MakeLRScheduler, StepCountsMustBeIntegers) {
 
 TEST(MakeLRScheduler, WarmupTypeMustBeLogOrLinearAndIsNotForOneCycle) {
   auto optimizer = make_adamw();
-  std::string what = usage_error(
+  std::string what = usage_error_message(
       [&] { make_lr_scheduler(block("WarmupLR", {}, {}, "cosine"), *optimizer); });
   EXPECT_NE(what.find("warmup_type 'cosine' is not valid"), std::string::npos) << what;
-  what = usage_error([&] {
+  what = usage_error_message([&] {
     make_lr_scheduler(block("OneCycle", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}}, {}, "log"),
                       *optimizer);
   });
@@ -214,7 +207,7 @@ TEST(MakeLRScheduler, CycleMomentumIsAFlag) {
       block("OneCycle", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}, {"cycle_momentum", 0}}),
       *optimizer);
   EXPECT_EQ(group_lr(*optimizer, 0), 0.01);
-  std::string what = usage_error([&] {
+  std::string what = usage_error_message([&] {
     make_lr_scheduler(
         block("OneCycle", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}, {"cycle_momentum", 2}}),
         *optimizer);

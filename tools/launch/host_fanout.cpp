@@ -12,10 +12,11 @@
 #include <map>
 #include <sstream>
 
-#include "launch/hostfile.h"
-#include "launch/worker_group.h"
+// store_server.h declares connect_store() over c10d::Store.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "launch/hostfile.h"
+#include "launch/worker_group.h"
 #include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
 
@@ -154,7 +155,6 @@ int run_hostfile_launch(const LaunchOptions& opts) {
   for (size_t i = 0; i < hosts.size(); ++i) {
     WorkerSpec spec;
     spec.global_rank = static_cast<int>(i);  // the node: names the host in reports
-    spec.local_rank = static_cast<int>(i);
     for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);  // ssh's own
     spec.argv = {"ssh"};
     for (auto& word : split_words(opts.launcher_args)) spec.argv.push_back(word);
