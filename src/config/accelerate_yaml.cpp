@@ -196,6 +196,20 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
                    fmt::format("{}", config.gradient_clipping));
       config.gradient_clipping = clip;
       config.auto_keys.erase("gradient_clipping");  // fills the JSON's "auto"
+    } else if (key == "deepspeed_hostfile" || key == "deepspeed_inclusion_filter" ||
+               key == "deepspeed_exclusion_filter") {
+      if (v.is_null()) continue;
+      std::string text = v.as_string();
+      if (text == "none") text.clear();  // what `accelerate config` writes for "no filter"
+      (key == "deepspeed_hostfile"           ? config.deepspeed_hostfile
+       : key == "deepspeed_inclusion_filter" ? config.deepspeed_inclusion_filter
+                                             : config.deepspeed_exclusion_filter) = text;
+    } else if (key == "deepspeed_multinode_launcher") {
+      if (v.is_null()) continue;
+      // Accelerate's choices; tandem launch fans out over ssh for pdsh and
+      // refuses the MPI and Slurm ones (launch_options.cpp).
+      config.deepspeed_multinode_launcher =
+          v.as_choice({"pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "slurm", "nossh"});
     } else if (key == "zero3_init_flag") {
       zero.zero3_init = v.as_bool();
     } else if (key == "zero3_save_16bit_model") {
@@ -220,12 +234,12 @@ const KeyTable& accelerate_deepspeed_section_keys() {
   static const KeyTable table{{"zero_stage", "offload_optimizer_device", "offload_param_device",
                                "gradient_accumulation_steps", "gradient_clipping",
                                "zero3_init_flag", "zero3_save_16bit_model",
-                               "deepspeed_config_file"},
-                              {"deepspeed_hostfile", "deepspeed_exclusion_filter",
-                               "deepspeed_inclusion_filter", "deepspeed_moe_layer_cls_names",
+                               "deepspeed_config_file", "deepspeed_hostfile",
+                               "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+                               "deepspeed_multinode_launcher"},
+                              {"deepspeed_moe_layer_cls_names",
                                "seq_parallel_communication_data_type"},
-                              {"deepspeed_multinode_launcher", "offload_optimizer_nvme_path",
-                               "offload_param_nvme_path"},
+                              {"offload_optimizer_nvme_path", "offload_param_nvme_path"},
                               {}};
   return table;
 }

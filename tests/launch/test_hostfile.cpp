@@ -110,5 +110,43 @@ TEST(Hostfile, FlagsThatDoNotGoWithItAreRefused) {
   EXPECT_EQ(ok.program, (std::vector<std::string>{"prog", "arg"}));
 }
 
+// Accelerate's multi-node DeepSpeed keys stand for --hostfile and its filters.
+TEST(Hostfile, AccelerateDeepSpeedHostfileKeysActAsTheFlags) {
+  const Config config = parse_config_text(
+      "distributed_type: DEEPSPEED\nnum_machines: 2\nmachine_rank: 1\n"
+      "main_process_port: 29555\n"
+      "deepspeed_config:\n  zero_stage: 2\n  deepspeed_hostfile: /etc/lab_hosts\n"
+      "  deepspeed_inclusion_filter: node-a:0@node-b\n  deepspeed_exclusion_filter: none\n"
+      "  deepspeed_multinode_launcher: pdsh\n",
+      "accelerate.yaml");
+  LaunchOptions opts;
+  apply_launch_config(config, 0, opts);
+  EXPECT_EQ(opts.hostfile, "/etc/lab_hosts");
+  EXPECT_EQ(opts.include, "node-a:0@node-b");
+  EXPECT_EQ(opts.exclude, "");
+  EXPECT_FALSE(opts.node_rank_given) << "the head numbers the hosts from the file";
+  EXPECT_EQ(opts.master_port, 29555);
+
+  LaunchOptions flagged;  // a flag's filter wins over the file's
+  flagged.exclude = "node-b";
+  apply_launch_config(config, 0, flagged);
+  EXPECT_EQ(flagged.include, "");
+  EXPECT_EQ(flagged.exclude, "node-b");
+
+  Config standard = config;  // each machine runs its own launcher, as with Accelerate
+  standard.deepspeed_multinode_launcher = "standard";
+  LaunchOptions each;
+  apply_launch_config(standard, 0, each);
+  EXPECT_EQ(each.hostfile, "");
+  EXPECT_TRUE(each.node_rank_given);
+
+  Config mpi = config;
+  mpi.deepspeed_multinode_launcher = "openmpi";
+  LaunchOptions refused;
+  EXPECT_NE(usage_error_message([&] { apply_launch_config(mpi, 0, refused); })
+                .find("deepspeed_multinode_launcher openmpi is not supported"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::cli

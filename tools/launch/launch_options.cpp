@@ -276,9 +276,35 @@ std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) 
 }
 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
+  if (opts.hostfile.empty() && !config.deepspeed_hostfile.empty()) {
+    const std::string& how = config.deepspeed_multinode_launcher;
+    if (how.empty() || how == "pdsh") {
+      // Accelerate would start DeepSpeed's pdsh runner here; tandem fans out
+      // over ssh itself (host_fanout.h).
+      opts.hostfile = config.deepspeed_hostfile;
+      if (opts.include.empty() && opts.exclude.empty()) {
+        opts.include = config.deepspeed_inclusion_filter;
+        opts.exclude = config.deepspeed_exclusion_filter;
+      }
+    } else if (how == "standard") {
+      std::fprintf(stderr,
+                   "tandem launch: %s: deepspeed_hostfile is not used: "
+                   "deepspeed_multinode_launcher is standard, so each machine runs its own "
+                   "launcher (as with Accelerate)\n",
+                   config.source_path.c_str());
+    } else {
+      TANDEM_THROW(UsageError,
+                   "{}: deepspeed_multinode_launcher {} is not supported: tandem launch starts "
+                   "a deepspeed_hostfile's hosts over ssh (pdsh, or leave the key out). Under "
+                   "mpirun or srun, start the program directly: tandem reads OMPI_* and SLURM_* "
+                   "(docs/config.md)",
+                   config.source_path, how);
+    }
+  }
   if (!opts.standalone) {
-    if (!opts.nnodes_given) opts.nnodes = config.num_machines;
-    if (!opts.node_rank_given) {
+    // A hostfile job's head numbers the hosts from the file.
+    if (!opts.nnodes_given && opts.hostfile.empty()) opts.nnodes = config.num_machines;
+    if (!opts.node_rank_given && opts.hostfile.empty()) {
       opts.node_rank = config.machine_rank;
       // A config for several machines names this one's rank.
       opts.node_rank_given = config.num_machines > 1;

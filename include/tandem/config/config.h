@@ -142,6 +142,14 @@ struct Config {
   bool use_cpu = false;
   std::string rdzv_backend = "static";
   bool same_network = true;
+  // Accelerate's multi-node DeepSpeed keys (deepspeed_config section): the
+  // hostfile `tandem launch` fans out to, as with --hostfile, unless
+  // deepspeed_multinode_launcher is `standard` (each machine runs its own
+  // launcher); its --include / --exclude filters. Empty: not given.
+  std::string deepspeed_hostfile;
+  std::string deepspeed_inclusion_filter;
+  std::string deepspeed_exclusion_filter;
+  std::string deepspeed_multinode_launcher;
 
   // How it trains.
   MixedPrecision mixed_precision = MixedPrecision::kNo;
