@@ -6,10 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,11 +44,13 @@ struct SshCluster {
   }
 
   // `tandem launch --hostfile` run on host 0.
-  std::vector<std::string> head(int port, const std::vector<std::string>& program) const {
+  std::vector<std::string> head(int port, const std::vector<std::string>& program,
+                                const std::string& ssh_options = "") const {
     std::vector<std::string> argv = {
         bin("tandem"), "launch", "--hostfile", hostfile, "--launcher-args",
-        "-i " + cluster.ssh_dir() + "/client_key -l root -o StrictHostKeyChecking=no "
-            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=5",
+        ssh_options + " -i " + cluster.ssh_dir() + "/client_key -l root -o "
+            "StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o "
+            "ConnectTimeout=5",
         "--master-port", std::to_string(port), "--grace-period", "2"};
     argv.insert(argv.end(), program.begin(), program.end());
     return cluster.on(0, argv);
@@ -130,11 +134,70 @@ TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("exited with code 7"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("host " + host2 + " (node 2) failed with exit code 1; stopped the other "
-                       "hosts"),
+  EXPECT_NE(r.err.find("host " + host2 + " (node 2, ranks 4-5) failed with exit code 1; stopped "
+                       "the other hosts"),
             std::string::npos)
       << r.err;
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
+// A job of six ranks of launch_test_worker's `mode` (each writes its pid
+// into `pids` once all have met); returns when all six have.
+std::unique_ptr<BackgroundProcess> start_job(const SshCluster& c, int port,
+                                             const std::string& pids, const std::string& mode,
+                                             std::vector<std::string> env = {},
+                                             const std::string& ssh_options = "") {
+  env.push_back("TANDEM_TEST_PID_DIR=" + pids);
+  auto head = std::make_unique<BackgroundProcess>(
+      c.head(port, {bin("launch_test_worker"), mode}, ssh_options), env);
+  EXPECT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120))
+      << "the six ranks did not all start";
+  return head;
+}
+
+TEST(HostfileFaults, KillingEveryProcessOfOneHostStopsTheJobAndNamesIt) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  auto head = start_job(c, 29669, pids, "allreduce-then-hang");
+  ASSERT_TRUE(c.cluster.kill_host(2)) << "host 2 did not die";
+  auto r = head->wait(60);
+  EXPECT_EQ(r.exit_code, 255) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(2) + " (node 2, ranks 4-5) failed with exit "
+                       "code 255 (ssh could not reach the host, or lost it)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the surviving hosts";
+}
+
+TEST(HostfileFaults, AHostWhoseLinkGoesDownStopsTheJobAndNamesIt) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  // Ranks all-reducing every 50 ms, as training does. ssh's keepalive
+  // notices the silent host (every 2 s, twice: --launcher-args win over
+  // tandem's 5 s x 3) before the collectives' timeout, as it would before
+  // the default 600 s. TANDEM_TIMEOUT_S travels too: the cut-off host's
+  // ranks give up after 12 s, and their launcher then stops.
+  auto head = start_job(c, 29671, pids, "allreduce-loop", {"TANDEM_TIMEOUT_S=12"},
+                        "-o ServerAliveInterval=2 -o ServerAliveCountMax=2");
+  ASSERT_TRUE(c.cluster.set_link(2, false));
+  auto r = head->wait(60);
+  EXPECT_EQ(r.exit_code, 255) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(2) + " (node 2, ranks 4-5) failed with exit "
+                       "code 255"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 20) << "the lost host was noticed late";
+  // The surviving hosts stop at once; the cut-off host's launcher stops when
+  // its ranks time out.
+  const auto stopped = std::chrono::steady_clock::now();
+  for (pid_t pid : c.leftovers()) EXPECT_TRUE(testing::wait_for_exit(pid, 45)) << "pid " << pid;
+  std::printf("link down: head exited after %.1f s, the cut-off host's processes %.1f s later\n",
+              r.seconds,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count());
 }
 
 // Starts a job whose six ranks hang once they have met, stops the head

@@ -2,6 +2,8 @@
 //   allreduce           join the group, all-reduce rank+1, check the sum
 //   exit CODE RANK      rank RANK exits with CODE after joining; others hang
 //   hang                join the group, then hang until killed
+//   allreduce-loop      join, all-reduce and barrier, write the pid file, then
+//                       all-reduce every 50 ms until stopped or a collective fails
 //   allreduce-then-hang join, all-reduce and barrier, then write the pid file
 //                       (so it marks a rank past its first collective) and hang
 //   hang-nojoin         hang without joining (no rendezvous needed)
@@ -44,7 +46,7 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   try {
     auto env = tandem::RankEnv::from_environment();
-    if (mode != "allreduce-then-hang") write_pid(env);
+    if (mode != "allreduce-then-hang" && mode != "allreduce-loop") write_pid(env);
     if (mode == "hang-nojoin") hang();
     if (mode == "config") {
       auto config_env = tandem::ConfigEnv::from_environment();
@@ -71,6 +73,18 @@ int main(int argc, char** argv) {
       hang();
     }
     if (mode == "hang") hang();
+    if (mode == "allreduce-loop") {
+      // Training-like: collectives every 50 ms until stopped, or until one
+      // fails (a peer gone: TANDEM_TIMEOUT_S bounds the wait).
+      auto t = at::ones({16});
+      pg->all_reduce(t);
+      pg->barrier();
+      write_pid(env);
+      for (;;) {
+        pg->all_reduce(t);
+        ::usleep(50 * 1000);
+      }
+    }
     if (mode == "allreduce-then-hang") {
       auto t = at::ones({16});
       pg->all_reduce(t);

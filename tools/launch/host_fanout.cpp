@@ -12,6 +12,8 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
 // store_server.h declares connect_store() over c10d::Store.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -173,16 +175,19 @@ int run_hostfile_launch(const LaunchOptions& opts) {
   if (result.success) return 0;
   if (result.has_first_failure) {
     const WorkerExit& failed = result.first_failure;
-    const std::string& name = hosts[static_cast<size_t>(failed.global_rank)].name;
+    const auto node = static_cast<size_t>(failed.global_rank);
+    int first_rank = 0;
+    for (size_t i = 0; i < node; ++i) first_rank += static_cast<int>(hosts[i].slots.size());
+    const int last_rank = first_rank + static_cast<int>(hosts[node].slots.size()) - 1;
+    const std::string who = fmt::format("host {} (node {}, ranks {}-{})", hosts[node].name, node,
+                                        first_rank, last_rank);
     if (failed.signal != 0) {
-      std::fprintf(stderr, "tandem launch: host %s (node %d): ssh was killed by signal %d\n",
-                   name.c_str(), failed.global_rank, failed.signal);
+      std::fprintf(stderr, "tandem launch: %s: ssh was killed by signal %d\n", who.c_str(),
+                   failed.signal);
       return 128 + failed.signal;
     }
-    std::fprintf(stderr,
-                 "tandem launch: host %s (node %d) failed with exit code %d%s; stopped the "
-                 "other hosts\n",
-                 name.c_str(), failed.global_rank, failed.exit_code,
+    std::fprintf(stderr, "tandem launch: %s failed with exit code %d%s; stopped the other hosts\n",
+                 who.c_str(), failed.exit_code,
                  failed.exit_code == 255 ? " (ssh could not reach the host, or lost it)" : "");
     return failed.exit_code;
   }
