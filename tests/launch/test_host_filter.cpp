@@ -207,7 +207,7 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   auto fixed = parse({"--nnodes", "2:2", "--node-rank", "1", "train"}, &help);
   EXPECT_EQ(fixed.nnodes, 2) << "torchrun's MIN:MAX with MIN == MAX";
 
-  EXPECT_NE(refusal({"--nnodes", "1:2", "train"}).find("elastic job of 1 to 2 nodes"),
+  EXPECT_NE(refusal({"--nnodes", "1:2", "train"}).find("tandem runs one only with --hostfile"),
             std::string::npos);
   EXPECT_NE(refusal({"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0",
                      "train"})

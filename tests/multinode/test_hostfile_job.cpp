@@ -105,7 +105,9 @@ TEST(HostfileJob, ThreeHostsTrainTheQuickstartModelLikeOneProcess) {
   // The same global batch (48): one process, then 3 hosts x 2 ranks.
   auto alone = testing::run_process({bin("quickstart_worker"), "40", "48", one}, 120);
   ASSERT_EQ(alone.exit_code, 0) << alone.out << alone.err;
-  BackgroundProcess head(c.head(29661, {bin("quickstart_worker"), "40", "48", six}));
+  // Issue 31's command: `tandem launch --hostfile hosts --nproc-per-node 2 PROGRAM`.
+  BackgroundProcess head(
+      c.head(29661, {"--nproc-per-node", "2", bin("quickstart_worker"), "40", "48", six}));
   auto r = head.wait(180);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string host0 = c.cluster.address(0);
@@ -198,6 +200,72 @@ TEST(HostfileFaults, AHostWhoseLinkGoesDownStopsTheJobAndNamesIt) {
   std::printf("link down: head exited after %.1f s, the cut-off host's processes %.1f s later\n",
               r.seconds,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count());
+}
+
+TEST(HostfileRestarts, AFailedRankRestartsEveryHost) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  // Restart 0: rank 4 exits with 3. Restart 1 (TANDEM_RESTART_COUNT=1 on
+  // every host): all six all-reduce.
+  BackgroundProcess head(c.head(29673, {"--max-restarts", "1", bin("launch_test_worker"),
+                                        "exit-on-first-attempt", "3", "4"}));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("(node 2, ranks 4-5) failed with exit code 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("restarting the job (restart 1 of 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("3 host(s) from " + c.hostfile + ", 6 process(es), store on " +
+                       c.cluster.address(0) + ":29673 (restart 1)"),
+            std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + "/6 allreduce ok sum=21"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
+TEST(HostfileRestarts, ALostHostIsLeftOutWhileAtLeastMinHostsAnswer) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  BackgroundProcess head(c.head(29675, {"--nnodes", "2:3", "--max-restarts", "1",
+                                        bin("launch_test_worker"), "loop-on-first-attempt"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120));
+  ASSERT_TRUE(c.cluster.kill_host(2));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(2) + " does not answer ssh; leaving it out"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("2 host(s) from " + c.hostfile + ", 4 process(es)"), std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + "/4 allreduce ok sum=10"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
+TEST(HostfileRestarts, FewerHostsThanMinEndTheJob) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  BackgroundProcess head(c.head(29677, {"--nnodes", "3:3", "--max-restarts", "2",
+                                        bin("launch_test_worker"), "loop-on-first-attempt"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120));
+  ASSERT_TRUE(c.cluster.kill_host(1));
+  auto r = head.wait(120);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("2 of 3 hosts answer, fewer than the 3 --nnodes asks for; giving up"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty());
 }
 
 // Starts a job whose six ranks hang once they have met, stops the head

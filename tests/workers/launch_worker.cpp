@@ -2,6 +2,9 @@
 //   allreduce           join the group, all-reduce rank+1, check the sum
 //   exit CODE RANK      rank RANK exits with CODE after joining; others hang
 //   hang                join the group, then hang until killed
+//   exit-on-first-attempt CODE RANK   restart 0 (TANDEM_RESTART_COUNT): rank RANK
+//                       exits with CODE, the others hang; later restarts: allreduce
+//   loop-on-first-attempt  restart 0: allreduce-loop; later restarts: allreduce
 //   allreduce-loop      join, all-reduce and barrier, write the pid file, then
 //                       all-reduce every 50 ms until stopped or a collective fails
 //   allreduce-then-hang join, all-reduce and barrier, then write the pid file
@@ -46,7 +49,10 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   try {
     auto env = tandem::RankEnv::from_environment();
-    if (mode != "allreduce-then-hang" && mode != "allreduce-loop") write_pid(env);
+    if (mode != "allreduce-then-hang" && mode != "allreduce-loop" &&
+        mode != "loop-on-first-attempt") {
+      write_pid(env);
+    }
     if (mode == "hang-nojoin") hang();
     if (mode == "config") {
       auto config_env = tandem::ConfigEnv::from_environment();
@@ -58,6 +64,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto pg = tandem::ProcessGroup::init(env);
+    if (mode == "exit-on-first-attempt" && argc >= 4) {
+      // Restart 0: rank argv[3] exits with argv[2]; later: an all-reduce.
+      if (env.restart_count == 0 && pg->rank() == std::atoi(argv[3])) return std::atoi(argv[2]);
+      if (env.restart_count == 0) hang();
+      mode = "allreduce";
+    }
+    if (mode == "loop-on-first-attempt") {
+      // Restart 0: as allreduce-loop; later: an all-reduce.
+      mode = env.restart_count == 0 ? "allreduce-loop" : "allreduce";
+    }
     if (mode == "allreduce") {
       auto t = at::full({1000}, static_cast<float>(pg->rank() + 1));
       pg->all_reduce(t);

@@ -3,8 +3,12 @@
 
 #include "launch/host_fanout.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -72,7 +76,7 @@ void read_env_files(std::map<std::string, std::string>& env) {
 
 // The job's environment for the hosts, as the text their launcher reads
 // from stdin (one KEY=VALUE per line, an empty line last).
-std::string job_environment(const std::string& token, const std::string& host) {
+std::string job_environment(const std::string& token, const std::string& host, int attempt) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
@@ -84,6 +88,7 @@ std::string job_environment(const std::string& token, const std::string& host) {
   read_env_files(env);
   env["TANDEM_STORE_TOKEN"] = token;
   env["TANDEM_HOST_NAME"] = host;
+  env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);  // the hosts' first attempt number
   std::string text;
   for (const auto& [name, value] : env) {
     if (value.find('\n') != std::string::npos) {
@@ -104,7 +109,7 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
       self, "launch", "--env-from-stdin", "--nnodes", std::to_string(hosts.size()),
       "--node-rank", std::to_string(node), "--nproc-per-node", std::to_string(hosts[node].pool),
       "--include", include_filter(hosts), "--master-addr", master, "--master-port",
-      std::to_string(opts.master_port), "--max-restarts", std::to_string(opts.max_restarts),
+      std::to_string(opts.master_port), "--max-restarts", "0",  // the head restarts them
       "--grace-period", std::to_string(opts.grace_period_s)};
   if (opts.mixed_precision) {
     args.insert(args.end(), {"--mixed-precision", to_string(*opts.mixed_precision)});
@@ -129,71 +134,146 @@ std::vector<std::string> split_words(const std::string& text) {
   return words;
 }
 
+// `ssh [--launcher-args] [-p PORT] OPTIONS HOST`: the user's options first,
+// since ssh keeps the first value it reads for an option.
+std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host) {
+  std::vector<std::string> argv = {"ssh"};
+  for (auto& word : split_words(opts.launcher_args)) argv.push_back(word);
+  if (opts.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(opts.ssh_port)});
+  // No password prompts; a host that stops answering is noticed in 15 s.
+  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o",
+                           "ServerAliveCountMax=3", host});
+  return argv;
+}
+
+struct Job {
+  std::string token, self, cwd;
+  std::string master;  // this attempt's first host, unless --master-addr
+};
+
+// The ssh command that runs host `node`'s launcher for attempt `attempt`.
+WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>& hosts,
+                     size_t node, const Job& job, int attempt) {
+  WorkerSpec spec;
+  spec.global_rank = static_cast<int>(node);  // the node: names the host in reports
+  for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);  // ssh's own
+  spec.argv = ssh_argv(opts, hosts[node].name);
+  spec.argv.push_back(remote_command(opts, hosts, node, job.master, job.self, job.cwd));
+  spec.stdin_text = job_environment(job.token, hosts[node].name, attempt);
+  spec.host = hosts[node].name;
+  return spec;
+}
+
+// Whether `host` answers ssh now (`ssh HOST true`, 5 s to connect).
+bool reachable(const LaunchOptions& opts, const std::string& host) {
+  std::vector<std::string> argv = ssh_argv(opts, host);
+  argv.insert(argv.end() - 1, {"-o", "ConnectTimeout=5"});
+  argv.emplace_back("true");
+  std::vector<char*> c_argv;
+  for (auto& arg : argv) c_argv.push_back(arg.data());
+  c_argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int spawned = ::posix_spawnp(&pid, "ssh", &actions, nullptr, c_argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return false;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// Says which host failed, with its ranks; returns the launcher's exit code.
+int report_host_failure(const WorkerExit& failed, const std::vector<SelectedHost>& hosts) {
+  const auto node = static_cast<size_t>(failed.global_rank);
+  int first_rank = 0;
+  for (size_t i = 0; i < node; ++i) first_rank += static_cast<int>(hosts[i].slots.size());
+  const int last_rank = first_rank + static_cast<int>(hosts[node].slots.size()) - 1;
+  const std::string who = fmt::format("host {} (node {}, ranks {}-{})", hosts[node].name, node,
+                                      first_rank, last_rank);
+  if (failed.signal != 0) {
+    std::fprintf(stderr, "tandem launch: %s: ssh was killed by signal %d\n", who.c_str(),
+                 failed.signal);
+    return 128 + failed.signal;
+  }
+  std::fprintf(stderr, "tandem launch: %s failed with exit code %d%s; stopped the other hosts\n",
+               who.c_str(), failed.exit_code,
+               failed.exit_code == 255 ? " (ssh could not reach the host, or lost it)" : "");
+  return failed.exit_code;
+}
+
 }  // namespace
 
 int run_hostfile_launch(const LaunchOptions& opts) {
-  const std::vector<SelectedHost> hosts = select_hostfile_slots(
+  const std::vector<SelectedHost> all = select_hostfile_slots(
       read_hostfile(opts.hostfile), opts.include, opts.exclude,
       opts.nnodes_given ? std::optional<int>(opts.nnodes) : std::nullopt,
       opts.nproc_given ? std::optional<int>(opts.nproc_per_node) : std::nullopt, opts.hostfile);
-  const std::string master = opts.master_addr_given ? opts.master_addr : hosts.front().name;
+  const size_t min_hosts = opts.min_nodes > 0 ? static_cast<size_t>(opts.min_nodes) : all.size();
+  Job job;
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
-  const std::string token =
-      env_token != nullptr && *env_token ? env_token : random_store_token();
+  job.token = env_token != nullptr && *env_token ? env_token : random_store_token();
   char self_path[4096] = {0};
   const ssize_t length = ::readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
   TANDEM_CHECK(length > 0, "cannot read /proc/self/exe");
+  job.self.assign(self_path, static_cast<size_t>(length));
   char cwd_path[4096] = {0};
   TANDEM_CHECK(::getcwd(cwd_path, sizeof(cwd_path)) != nullptr,
                "tandem launch --hostfile: cannot read the working directory");
-  const std::string cwd = cwd_path;
+  job.cwd = cwd_path;
 
-  int world = 0;
-  for (const auto& host : hosts) world += static_cast<int>(host.slots.size());
-  std::fprintf(stderr, "tandem launch: %zu host(s) from %s, %d process(es), store on %s:%d\n",
-               hosts.size(), opts.hostfile.c_str(), world, master.c_str(), opts.master_port);
-
-  std::vector<WorkerSpec> specs;
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    WorkerSpec spec;
-    spec.global_rank = static_cast<int>(i);  // the node: names the host in reports
-    for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);  // ssh's own
-    spec.argv = {"ssh"};
-    for (auto& word : split_words(opts.launcher_args)) spec.argv.push_back(word);
-    if (opts.ssh_port > 0) spec.argv.insert(spec.argv.end(), {"-p", std::to_string(opts.ssh_port)});
-    // No password prompts; a host that stops answering is noticed in 15 s.
-    spec.argv.insert(spec.argv.end(), {"-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
-                                       "-o", "ServerAliveCountMax=3", hosts[i].name,
-                                       remote_command(opts, hosts, i, master,
-                                                      std::string(self_path, length), cwd)});
-    spec.stdin_text = job_environment(token, hosts[i].name);
-    spec.host = hosts[i].name;
-    specs.push_back(std::move(spec));
-  }
-  WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
-  const GroupResult result = group.run();
-  if (result.success) return 0;
-  if (result.has_first_failure) {
-    const WorkerExit& failed = result.first_failure;
-    const auto node = static_cast<size_t>(failed.global_rank);
-    int first_rank = 0;
-    for (size_t i = 0; i < node; ++i) first_rank += static_cast<int>(hosts[i].slots.size());
-    const int last_rank = first_rank + static_cast<int>(hosts[node].slots.size()) - 1;
-    const std::string who = fmt::format("host {} (node {}, ranks {}-{})", hosts[node].name, node,
-                                        first_rank, last_rank);
-    if (failed.signal != 0) {
-      std::fprintf(stderr, "tandem launch: %s: ssh was killed by signal %d\n", who.c_str(),
-                   failed.signal);
-      return 128 + failed.signal;
+  // Every attempt runs on the hosts that answer; --max-restarts counts the
+  // restarts of the whole job.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<SelectedHost> hosts;
+    for (const auto& host : all) {
+      if (attempt == 0 || reachable(opts, host.name)) {
+        hosts.push_back(host);
+      } else {
+        std::fprintf(stderr, "tandem launch: host %s does not answer ssh; leaving it out\n",
+                     host.name.c_str());
+      }
     }
-    std::fprintf(stderr, "tandem launch: %s failed with exit code %d%s; stopped the other hosts\n",
-                 who.c_str(), failed.exit_code,
-                 failed.exit_code == 255 ? " (ssh could not reach the host, or lost it)" : "");
-    return failed.exit_code;
+    if (hosts.size() < min_hosts) {
+      std::fprintf(stderr,
+                   "tandem launch: %zu of %zu hosts answer, fewer than the %zu --nnodes asks "
+                   "for; giving up\n",
+                   hosts.size(), all.size(), min_hosts);
+      return 1;
+    }
+    job.master = opts.master_addr_given ? opts.master_addr : hosts.front().name;
+    int world = 0;
+    for (const auto& host : hosts) world += static_cast<int>(host.slots.size());
+    std::fprintf(stderr,
+                 "tandem launch: %zu host(s) from %s, %d process(es), store on %s:%d%s\n",
+                 hosts.size(), opts.hostfile.c_str(), world, job.master.c_str(),
+                 opts.master_port,
+                 attempt > 0 ? fmt::format(" (restart {})", attempt).c_str() : "");
+    std::vector<WorkerSpec> specs;
+    for (size_t i = 0; i < hosts.size(); ++i) specs.push_back(host_spec(opts, hosts, i, job, attempt));
+    WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
+    const GroupResult result = group.run();
+    if (result.success) return 0;
+    if (!result.has_first_failure) {
+      std::fprintf(stderr, "tandem launch: stopped by signal %d; every host's workers stopped\n",
+                   result.launcher_signal);
+      return 128 + result.launcher_signal;
+    }
+    const int code = report_host_failure(result.first_failure, hosts);
+    if (attempt >= opts.max_restarts) {
+      if (opts.max_restarts > 0) {
+        std::fprintf(stderr,
+                     "tandem launch: the restart budget is spent (--max-restarts %d)\n",
+                     opts.max_restarts);
+      }
+      return code;
+    }
+    std::fprintf(stderr, "tandem launch: restarting the job (restart %d of %d)\n",
+                 attempt + 1, opts.max_restarts);
   }
-  std::fprintf(stderr, "tandem launch: stopped by signal %d; every host's workers stopped\n",
-               result.launcher_signal);
-  return 128 + result.launcher_signal;
 }
 
 }  // namespace tandem::cli

@@ -18,8 +18,12 @@
 //
 // Output comes back labelled "[host:rankN]: ". The first host whose
 // launcher fails (or whose ssh connection drops: ServerAliveInterval 5 s)
-// stops all the others; Ctrl-C does the same. Exit status: the failed
-// host's, else 0.
+// stops all the others; Ctrl-C does the same. Then, within --max-restarts
+// (counted for the whole job), the head starts the job again on the hosts
+// that answer `ssh HOST true` at that moment (a lost host is left out, one
+// that answers again rejoins), with TANDEM_RESTART_COUNT the restart number
+// on every host, provided at least MIN of `--nnodes MIN:MAX` (else all)
+// answer. Exit status: the failed host's, else 0.
 
 #include "launch/launch_options.h"
 

@@ -291,8 +291,13 @@ class RunDirectory {
 int report_failure(const GroupResult& result, const LaunchOptions& opts,
                    const RunDirectory& run_dir, int attempt) {
   if (result.launcher_signal != 0) {
-    std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
-                 sigabbrev_np(result.launcher_signal), result.exits.size());
+    if (opts.env_from_stdin && result.launcher_signal == SIGHUP) {
+      std::fprintf(stderr, "tandem launch: the --hostfile job's head stopped this host (or is "
+                   "gone); stopped all %zu workers\n", result.exits.size());
+    } else {
+      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
+                   sigabbrev_np(result.launcher_signal), result.exits.size());
+    }
     return 128 + result.launcher_signal;
   }
   const std::string attempt_dir = run_dir.attempt_dir(attempt);
@@ -424,8 +429,14 @@ int run_launch_command(int argc, char** argv) {
   // again with the next TANDEM_RESTART_COUNT: the store stays up, and each
   // attempt rendezvouses under its own key prefix (rendezvous.cpp).
   const RunDirectory run_dir(opts.log_dir);
-  for (int attempt = 0;; ++attempt) {
-    if (python && opts.node_rank == 0 && attempt > 0) {
+  // A --hostfile job's head restarts every host itself, numbering the
+  // attempts: this launcher's first is the head's (TANDEM_RESTART_COUNT).
+  int first_attempt = 0;
+  if (const char* count = std::getenv("TANDEM_RESTART_COUNT"); opts.env_from_stdin && count) {
+    first_attempt = std::max(0, std::atoi(count));
+  }
+  for (int attempt = first_attempt;; ++attempt) {
+    if (python && opts.node_rank == 0 && attempt > first_attempt) {
       // torch.distributed keys its rendezvous by no attempt number and
       // expects a fresh store per restart, as torchrun's agent gives it.
       python_store.reset();

@@ -51,8 +51,9 @@ void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
   }
 }
 
-// "4", or torchrun's "MIN:MAX" when MIN == MAX.
-int parse_nnodes(const std::string& text) {
+// "4", or torchrun's "MIN:MAX": returns MAX, and MIN in *min_nodes when it
+// differs (an elastic job).
+int parse_nnodes(const std::string& text, int* min_nodes) {
   auto number = [&](const std::string& part) {
     size_t used = 0;
     int value = 0;
@@ -69,11 +70,9 @@ int parse_nnodes(const std::string& text) {
   if (colon == std::string::npos) return number(text);
   const int low = number(text.substr(0, colon));
   const int high = number(text.substr(colon + 1));
-  TANDEM_CHECK_ARG(low == high,
-                   "--nnodes {} asks for an elastic job of {} to {} nodes; tandem's jobs have a "
-                   "fixed number of nodes for now: give --nnodes N",
-                   text, low, high);
-  return low;
+  TANDEM_CHECK_ARG(low >= 1 && low <= high, "--nnodes {}: MIN:MAX needs 1 <= MIN <= MAX", text);
+  *min_nodes = low == high ? 0 : low;
+  return high;
 }
 
 }  // namespace
@@ -93,6 +92,11 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
+  TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty(),
+                   "--nnodes {}:{} asks for an elastic job; tandem runs one only with "
+                   "--hostfile (which restarts on the hosts left, down to {}). Otherwise give "
+                   "--nnodes N",
+                   opts.min_nodes, opts.nnodes, opts.min_nodes);
   if (!opts.hostfile.empty()) {
     // --nnodes and --nproc-per-node pick hosts and slots of the file
     // (hostfile.h); the rest is the head's to set for every host.
@@ -247,7 +251,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;
-  if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes);
+  if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes, &opts.min_nodes);
   if (total_processes) {
     TANDEM_CHECK_ARG(!opts.nproc_given,
                      "--num_processes (all nodes' processes, as accelerate counts) and "

@@ -14,6 +14,7 @@ struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_given = false;
   int nnodes = 1;
+  int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX (--hostfile): restart on no fewer hosts
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0: the launcher picks a free port

@@ -121,11 +121,16 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   pids_.push_back(pid);
   if (in_pipe[0] >= 0) {
     ::close(in_pipe[0]);
-    // A few hundred bytes: the pipe holds them without a reader. The write
-    // end stays open (close-on-exec, so no other child holds it) until this
-    // process exits.
+    // Usually a few hundred bytes, which the pipe holds without a reader
+    // (more waits for the child to read). The write end stays open
+    // (close-on-exec, so no other child holds it) until this process exits.
     const std::string& text = *spec.stdin_text;
-    (void)!::write(in_pipe[1], text.data(), text.size());
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(in_pipe[1], text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // the child is gone: reap() reports it
+      done += static_cast<size_t>(n);
+    }
   }
   stdin_fds_.push_back(in_pipe[1]);
 }
