@@ -250,6 +250,37 @@ TEST(HostfileRestarts, ALostHostIsLeftOutWhileAtLeastMinHostsAnswer) {
   EXPECT_TRUE(c.leftovers().empty());
 }
 
+TEST(HostfileRestarts, LosingAHostResumesFromTheLastCheckpointOnTheOthers) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids", ckpt = c.dir.path() + "/ckpt";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  const std::string one = c.dir.path() + "/one.safetensors";
+  const std::string elastic = c.dir.path() + "/elastic.safetensors";
+  auto alone = testing::run_process({bin("quickstart_worker"), "40", "48", one}, 120);
+  ASSERT_EQ(alone.exit_code, 0) << alone.out << alone.err;
+  // 3 hosts x 2 ranks save every 10 steps and stop after step 20's
+  // checkpoint; host 2 dies; the job restarts on 2 hosts x 2 ranks from that
+  // checkpoint (the same global batch of 48: 12 per rank instead of 8).
+  BackgroundProcess head(c.head(29679, {"--nnodes", "2:3", "--max-restarts", "1",
+                                        bin("quickstart_worker"), "40", "48", elastic, ckpt,
+                                        "10"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids, "TANDEM_TEST_HANG_AFTER_STEP=20"});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120));
+  ASSERT_TRUE(c.cluster.kill_host(2));
+  auto r = head.wait(180);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string host0 = c.cluster.address(0);
+  EXPECT_NE(r.out.find("[" + host0 + ":rank0]: resumed at step 20 on 4 ranks"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE(r.out.find("[" + host0 + ":rank0]: {\"world\": 4, \"steps\": 40"), std::string::npos)
+      << r.out;
+  const double diff = max_relative_diff(elastic, one);
+  EXPECT_LE(diff, 1e-5) << "6 ranks, a lost host, then 4 ranks, against one process";
+  std::printf("lost host, resumed on 4 ranks: largest relative difference %.3g\n", diff);
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
 TEST(HostfileRestarts, FewerHostsThanMinEndTheJob) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;

@@ -4,10 +4,19 @@
 // and under `tandem launch --hostfile`, the two files must match
 // (tests/multinode/test_hostfile_job.cpp).
 //
-//   quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors
+//   quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors [CKPT_DIR SAVE_EVERY]
+//
+// With CKPT_DIR it saves a checkpoint every SAVE_EVERY steps and resumes
+// from the latest one there (at whatever world size it now runs). With
+// TANDEM_TEST_HANG_AFTER_STEP=K (restart 0 only) every rank, having saved
+// step K, writes its pid to $TANDEM_TEST_PID_DIR/rank<R>.pid and hangs, so
+// that a test can take a host away at a known point.
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <torch/torch.h>
@@ -15,13 +24,19 @@
 #include <tandem/tandem.h>
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors\n");
+  if (argc != 4 && argc != 6) {
+    std::fprintf(stderr, "usage: quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors "
+                         "[CKPT_DIR SAVE_EVERY]\n");
     return 2;
   }
   const int64_t steps = std::atoll(argv[1]);
   const int64_t global_batch = std::atoll(argv[2]);
   const std::string out = argv[3];
+  const std::string ckpt = argc == 6 ? argv[4] : "";
+  const int64_t save_every = argc == 6 ? std::atoll(argv[5]) : 0;
+  const char* hang_after = std::getenv("TANDEM_TEST_HANG_AFTER_STEP");
+  const char* restart = std::getenv("TANDEM_RESTART_COUNT");
+  const bool first_attempt = restart == nullptr || std::atoi(restart) == 0;
   tandem::Accelerator accelerator;
   const int world = accelerator.num_processes();
   if (global_batch % world != 0) {
@@ -42,6 +57,10 @@ int main(int argc, char** argv) {
   options.batch_size = global_batch / world;
   options.shuffle = false;  // step i sees samples [i * B, (i + 1) * B) at any world size
   auto loader = accelerator.prepare_data_loader({x, y}, options);
+  if (!ckpt.empty() && tandem::Accelerator::has_checkpoint(ckpt)) {
+    accelerator.load_state(ckpt);
+    accelerator.print("resumed at step {} on {} ranks", accelerator.step(), world);
+  }
   double loss_value = 0;
   for (auto& batch : *loader) {
     optimizer->zero_grad();
@@ -49,6 +68,16 @@ int main(int argc, char** argv) {
     accelerator.backward(loss);
     optimizer->step();
     loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
+    const int64_t step = accelerator.step();
+    if (save_every > 0 && step % save_every == 0) accelerator.save_state(ckpt);
+    if (first_attempt && hang_after != nullptr && step == std::atoll(hang_after)) {
+      if (const char* dir = std::getenv("TANDEM_TEST_PID_DIR")) {
+        std::ofstream(std::string(dir) + "/rank" + std::to_string(accelerator.process_index()) +
+                      ".pid")
+            << ::getpid();
+      }
+      for (;;) ::pause();
+    }
   }
   if (accelerator.is_main_process()) {
     std::vector<std::pair<std::string, at::Tensor>> weights;
