@@ -281,6 +281,47 @@ TEST(HostfileRestarts, LosingAHostResumesFromTheLastCheckpointOnTheOthers) {
   EXPECT_TRUE(c.leftovers().empty());
 }
 
+// Issue 31's fault 6: kill one host, go on with two, let it come back and
+// finish on three.
+TEST(HostfileRestarts, AHostThatComesBackRejoinsAtTheNextRestart) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  // Restarts 0 and 1 all-reduce until stopped; restart 2 all-reduces once.
+  BackgroundProcess head(c.head(29681, {"--nnodes", "2:3", "--max-restarts", "2",
+                                        bin("launch_test_worker"), "loop-until-restart", "2"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120));
+  ASSERT_EQ(std::system(("rm -f " + pids + "/*").c_str()), 0);
+  ASSERT_TRUE(c.cluster.kill_host(2));
+  // Restart 1: the two hosts left, four ranks.
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 4; }, 120))
+      << "the job did not go on without host 2";
+  ASSERT_EQ(c.cluster.restart_ssh(2), "");
+  // A rank fails: restart 2 finds host 2 answering again.
+  std::ifstream rank0(pids + "/rank0.pid");
+  pid_t victim = 0;
+  ASSERT_TRUE(rank0 >> victim);
+  ::kill(victim, SIGKILL);
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("2 host(s) from " + c.hostfile + ", 4 process(es), store on " +
+                       c.cluster.address(0) + ":29681 (restart 1)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("3 host(s) from " + c.hostfile + ", 6 process(es), store on " +
+                       c.cluster.address(0) + ":29681 (restart 2)"),
+            std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + "/6 allreduce ok sum=21"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
 TEST(HostfileRestarts, FewerHostsThanMinEndTheJob) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;

@@ -170,6 +170,12 @@ class TestCluster {
     return argv;
   }
 
+  // Starts `host`'s ssh server again after kill_host() (a machine that comes
+  // back). "" when it listens, else why not. start_ssh() first.
+  std::string restart_ssh(int host) {
+    return start_sshd(host, ssh_dir_ + "/sshd_" + std::to_string(host) + ".conf");
+  }
+
   // The folder of the cluster's ssh keys ("" before start_ssh()).
   const std::string& ssh_dir() const { return ssh_dir_; }
 

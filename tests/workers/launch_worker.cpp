@@ -5,6 +5,7 @@
 //   exit-on-first-attempt CODE RANK   restart 0 (TANDEM_RESTART_COUNT): rank RANK
 //                       exits with CODE, the others hang; later restarts: allreduce
 //   loop-on-first-attempt  restart 0: allreduce-loop; later restarts: allreduce
+//   loop-until-restart N   restarts below N: allreduce-loop; from N on: allreduce
 //   allreduce-loop      join, all-reduce and barrier, write the pid file, then
 //                       all-reduce every 50 ms until stopped or a collective fails
 //   allreduce-then-hang join, all-reduce and barrier, then write the pid file
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   try {
     auto env = tandem::RankEnv::from_environment();
     if (mode != "allreduce-then-hang" && mode != "allreduce-loop" &&
-        mode != "loop-on-first-attempt") {
+        mode != "loop-on-first-attempt" && mode != "loop-until-restart") {
       write_pid(env);
     }
     if (mode == "hang-nojoin") hang();
@@ -73,6 +74,10 @@ int main(int argc, char** argv) {
     if (mode == "loop-on-first-attempt") {
       // Restart 0: as allreduce-loop; later: an all-reduce.
       mode = env.restart_count == 0 ? "allreduce-loop" : "allreduce";
+    }
+    if (mode == "loop-until-restart" && argc >= 3) {
+      // Restarts below argv[2]: as allreduce-loop; from it on: an all-reduce.
+      mode = env.restart_count < std::atoi(argv[2]) ? "allreduce-loop" : "allreduce";
     }
     if (mode == "allreduce") {
       auto t = at::full({1000}, static_cast<float>(pg->rank() + 1));
