@@ -101,6 +101,9 @@ TEST(Hostfile, FlagsThatDoNotGoWithItAreRefused) {
   EXPECT_NE(usage_error_message([] { parse({"--launcher-args", "-i key", "prog"}); })
                 .find("go with --hostfile"),
             std::string::npos);
+  EXPECT_NE(usage_error_message([] { parse({"--keep-global-batch", "prog"}); })
+                .find("go with --hostfile"),
+            std::string::npos);
   const LaunchOptions ok = parse({"--hostfile", "h", "--ssh-port", "2222", "--launcher_args",
                                   "-i key", "--num_gpus", "2", "prog", "arg"});
   EXPECT_EQ(ok.hostfile, "h");

@@ -322,6 +322,51 @@ TEST(HostfileRestarts, AHostThatComesBackRejoinsAtTheNextRestart) {
   EXPECT_TRUE(c.leftovers().empty());
 }
 
+TEST(HostfileRestarts, KeepGlobalBatchScalesAccumulationToTheRanksLeft) {
+  SshCluster c(2);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  // 4 ranks x 3 accumulation steps; after host 1 is lost, 2 ranks x 6.
+  BackgroundProcess head(c.head(29683, {"--nnodes", "1:2", "--max-restarts", "1",
+                                        "--keep-global-batch", bin("launch_test_worker"),
+                                        "loop-on-first-attempt", "config"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids, "TANDEM_GRADIENT_ACCUMULATION_STEPS=3"});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 4; }, 120));
+  ASSERT_TRUE(c.cluster.kill_host(1));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("--keep-global-batch: gradient accumulation 6 on 2 ranks (3 on 4)"),
+            std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + "/2 mixed_precision=no file= "
+                         "accumulation=6"),
+              std::string::npos)
+        << r.out;
+  }
+}
+
+TEST(HostfileRestarts, KeepGlobalBatchStopsWhenTheBatchCannotSplit) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string pids = c.dir.path() + "/pids";
+  ASSERT_EQ(::mkdir(pids.c_str(), 0755), 0);
+  BackgroundProcess head(c.head(29685, {"--nnodes", "2:3", "--max-restarts", "1",
+                                        "--keep-global-batch", bin("launch_test_worker"),
+                                        "loop-on-first-attempt"}),
+                         {"TANDEM_TEST_PID_DIR=" + pids});
+  ASSERT_TRUE(testing::wait_for_files(pids, [&] { return count_files(pids) == 6; }, 120));
+  ASSERT_TRUE(c.cluster.kill_host(2));
+  auto r = head.wait(120);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("--keep-global-batch: 1 accumulation step(s) x 6 ranks = 6 micro-batches "
+                       "per step do not split over the 4 ranks left; stopping"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty());
+}
+
 TEST(HostfileRestarts, FewerHostsThanMinEndTheJob) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;

@@ -50,8 +50,15 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   try {
     auto env = tandem::RankEnv::from_environment();
-    if (mode != "allreduce-then-hang" && mode != "allreduce-loop" &&
-        mode != "loop-on-first-attempt" && mode != "loop-until-restart") {
+    if (mode == "loop-on-first-attempt") {
+      // Restart 0: as allreduce-loop; later: argv[2] (default allreduce).
+      mode = env.restart_count == 0 ? "allreduce-loop" : argc >= 3 ? argv[2] : "allreduce";
+    }
+    if (mode == "loop-until-restart" && argc >= 3) {
+      // Restarts below argv[2]: as allreduce-loop; from it on: an all-reduce.
+      mode = env.restart_count < std::atoi(argv[2]) ? "allreduce-loop" : "allreduce";
+    }
+    if (mode != "allreduce-then-hang" && mode != "allreduce-loop") {
       write_pid(env);
     }
     if (mode == "hang-nojoin") hang();
@@ -60,8 +67,10 @@ int main(int argc, char** argv) {
       tandem::Config file;
       if (!config_env.config_file.empty()) file = tandem::load_config_file(config_env.config_file);
       auto config = tandem::resolve_config(file, config_env, {}, env.world_size);
-      std::printf("rank %d/%d mixed_precision=%s file=%s\n", env.rank, env.world_size,
-                  tandem::to_string(config.mixed_precision), config_env.config_file.c_str());
+      std::printf("rank %d/%d mixed_precision=%s file=%s accumulation=%lld\n", env.rank,
+                  env.world_size, tandem::to_string(config.mixed_precision),
+                  config_env.config_file.c_str(),
+                  static_cast<long long>(config.gradient_accumulation_steps.value_or(1)));
       return 0;
     }
     auto pg = tandem::ProcessGroup::init(env);
@@ -70,14 +79,6 @@ int main(int argc, char** argv) {
       if (env.restart_count == 0 && pg->rank() == std::atoi(argv[3])) return std::atoi(argv[2]);
       if (env.restart_count == 0) hang();
       mode = "allreduce";
-    }
-    if (mode == "loop-on-first-attempt") {
-      // Restart 0: as allreduce-loop; later: an all-reduce.
-      mode = env.restart_count == 0 ? "allreduce-loop" : "allreduce";
-    }
-    if (mode == "loop-until-restart" && argc >= 3) {
-      // Restarts below argv[2]: as allreduce-loop; from it on: an all-reduce.
-      mode = env.restart_count < std::atoi(argv[2]) ? "allreduce-loop" : "allreduce";
     }
     if (mode == "allreduce") {
       auto t = at::full({1000}, static_cast<float>(pg->rank() + 1));

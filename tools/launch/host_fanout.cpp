@@ -76,7 +76,8 @@ void read_env_files(std::map<std::string, std::string>& env) {
 
 // The job's environment for the hosts, as the text their launcher reads
 // from stdin (one KEY=VALUE per line, an empty line last).
-std::string job_environment(const std::string& token, const std::string& host, int attempt) {
+std::string job_environment(const std::string& token, const std::string& host, int attempt,
+                            std::optional<int64_t> accumulation) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
@@ -89,6 +90,7 @@ std::string job_environment(const std::string& token, const std::string& host, i
   env["TANDEM_STORE_TOKEN"] = token;
   env["TANDEM_HOST_NAME"] = host;
   env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);  // the hosts' first attempt number
+  if (accumulation) env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*accumulation);
   std::string text;
   for (const auto& [name, value] : env) {
     if (value.find('\n') != std::string::npos) {
@@ -149,6 +151,7 @@ std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& 
 struct Job {
   std::string token, self, cwd;
   std::string master;  // this attempt's first host, unless --master-addr
+  std::optional<int64_t> accumulation;  // --keep-global-batch: this attempt's
 };
 
 // The ssh command that runs host `node`'s launcher for attempt `attempt`.
@@ -159,7 +162,7 @@ WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>&
   for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);  // ssh's own
   spec.argv = ssh_argv(opts, hosts[node].name);
   spec.argv.push_back(remote_command(opts, hosts, node, job.master, job.self, job.cwd));
-  spec.stdin_text = job_environment(job.token, hosts[node].name, attempt);
+  spec.stdin_text = job_environment(job.token, hosts[node].name, attempt, job.accumulation);
   spec.host = hosts[node].name;
   return spec;
 }
@@ -227,6 +230,7 @@ int run_hostfile_launch(const LaunchOptions& opts) {
 
   // Every attempt runs on the hosts that answer; --max-restarts counts the
   // restarts of the whole job.
+  int first_world = 0;
   for (int attempt = 0;; ++attempt) {
     std::vector<SelectedHost> hosts;
     for (const auto& host : all) {
@@ -247,6 +251,27 @@ int run_hostfile_launch(const LaunchOptions& opts) {
     job.master = opts.master_addr_given ? opts.master_addr : hosts.front().name;
     int world = 0;
     for (const auto& host : hosts) world += static_cast<int>(host.slots.size());
+    if (attempt == 0) first_world = world;
+    if (opts.keep_global_batch) {
+      // accumulation x world as on the first attempt (the per-rank batch is
+      // the program's and stays).
+      const int64_t total = opts.base_accumulation * first_world;
+      if (total % world != 0) {
+        std::fprintf(stderr,
+                     "tandem launch: --keep-global-batch: %lld accumulation step(s) x %d "
+                     "ranks = %lld micro-batches per step do not split over the %d ranks "
+                     "left; stopping\n",
+                     static_cast<long long>(opts.base_accumulation), first_world,
+                     static_cast<long long>(total), world);
+        return 1;
+      }
+      job.accumulation = total / world;
+      if (attempt > 0) {
+        std::fprintf(stderr, "tandem launch: --keep-global-batch: gradient accumulation %lld "
+                     "on %d ranks (%lld on %d)\n", static_cast<long long>(*job.accumulation),
+                     world, static_cast<long long>(opts.base_accumulation), first_world);
+      }
+    }
     std::fprintf(stderr,
                  "tandem launch: %zu host(s) from %s, %d process(es), store on %s:%d%s\n",
                  hosts.size(), opts.hostfile.c_str(), world, job.master.c_str(),

@@ -343,7 +343,14 @@ int run_launch_command(int argc, char** argv) {
     apply_launch_config(*config, static_cast<int>(torch::cuda::device_count()), opts);
   }
   validate_launch_options(opts);
-  if (!opts.hostfile.empty()) return run_hostfile_launch(opts);  // the head: no worker here
+  if (!opts.hostfile.empty()) {  // the head: no worker here
+    if (config_env.gradient_accumulation_steps) {
+      opts.base_accumulation = *config_env.gradient_accumulation_steps;
+    } else if (config && config->gradient_accumulation_steps) {
+      opts.base_accumulation = *config->gradient_accumulation_steps;
+    }
+    return run_hostfile_launch(opts);
+  }
   TANDEM_CHECK_ARG(is_executable(opts.program[0]),
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",

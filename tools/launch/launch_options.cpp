@@ -118,8 +118,10 @@ void validate_launch_options(LaunchOptions& opts) {
     TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
                      "--ssh-port {} is out of range", opts.ssh_port);
   } else {
-    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0,
-                     "--launcher, --launcher-args and --ssh-port go with --hostfile");
+    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0 &&
+                         !opts.keep_global_batch,
+                     "--launcher, --launcher-args, --ssh-port and --keep-global-batch go with "
+                     "--hostfile");
   }
   if ((opts.tee != 0 || opts.redirects != 0) && opts.log_dir.empty()) {
     TANDEM_THROW(UsageError, "--tee and --redirects write log files: add --log-dir DIR");
@@ -204,6 +206,9 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--launcher-args", opts.launcher_args,
                  "options for ssh, e.g. \"-i KEY -o StrictHostKeyChecking=no\" (--hostfile)");
   app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)");
+  app.add_flag("--keep-global-batch", opts.keep_global_batch,
+               "--hostfile restarts on fewer or more hosts scale gradient accumulation so that "
+               "accumulation x world size stays the same");
   app.add_flag("--env-from-stdin", opts.env_from_stdin,
                "set by --hostfile's head on each host: read KEY=VALUE lines from stdin up to an "
                "empty line, and stop the workers when stdin closes");

@@ -2,6 +2,7 @@
 // Options of `tandem launch`, spelled as torchrun spells them, and how a
 // config file fills the ones no flag gave.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,12 @@ struct LaunchOptions {
   std::string launcher = "ssh";
   std::string launcher_args;
   int ssh_port = 0;  // 0: ssh's own default
+  // --keep-global-batch: a restart at another world size scales gradient
+  // accumulation (TANDEM_GRADIENT_ACCUMULATION_STEPS) to keep
+  // accumulation x world; base_accumulation is the first attempt's (from the
+  // environment or the config file; set by the launcher).
+  bool keep_global_batch = false;
+  int64_t base_accumulation = 1;
   // Set by the head on each host's launcher: read KEY=VALUE lines from stdin
   // up to an empty line, export them, and stop when stdin closes.
   bool env_from_stdin = false;
