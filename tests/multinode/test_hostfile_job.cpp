@@ -367,6 +367,25 @@ TEST(HostfileRestarts, KeepGlobalBatchStopsWhenTheBatchCannotSplit) {
   EXPECT_TRUE(c.leftovers().empty());
 }
 
+TEST(HostfileRestarts, AnElasticJobStartsOnTheHostsThatAnswer) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  ASSERT_TRUE(c.cluster.kill_host(1));  // down before the job starts
+  BackgroundProcess head(
+      c.head(29687, {"--nnodes", "2:3", bin("launch_test_worker"), "allreduce"}));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(1) + " does not answer ssh; leaving it out"),
+            std::string::npos)
+      << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + "/4 allreduce ok sum=10"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_NE(r.out.find("[" + c.cluster.address(2) + ":rank3]: "), std::string::npos) << r.out;
+}
+
 TEST(HostfileRestarts, FewerHostsThanMinEndTheJob) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;

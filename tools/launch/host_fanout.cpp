@@ -233,8 +233,11 @@ int run_hostfile_launch(const LaunchOptions& opts) {
   int first_world = 0;
   for (int attempt = 0;; ++attempt) {
     std::vector<SelectedHost> hosts;
+    // A fixed job starts on every host (a missing one fails it at once); an
+    // elastic one, and every restart, on those that answer.
+    const bool probe = attempt > 0 || opts.min_nodes > 0;
     for (const auto& host : all) {
-      if (attempt == 0 || reachable(opts, host.name)) {
+      if (!probe || reachable(opts, host.name)) {
         hosts.push_back(host);
       } else {
         std::fprintf(stderr, "tandem launch: host %s does not answer ssh; leaving it out\n",

@@ -23,7 +23,8 @@
 // that answer `ssh HOST true` at that moment (a lost host is left out, one
 // that answers again rejoins), with TANDEM_RESTART_COUNT the restart number
 // on every host, provided at least MIN of `--nnodes MIN:MAX` (else all)
-// answer. Exit status: the failed host's, else 0.
+// answer; an elastic job (--nnodes MIN:MAX) starts that way too. Exit
+// status: the failed host's, else 0.
 
 #include "launch/launch_options.h"
 
