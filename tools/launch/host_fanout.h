@@ -34,4 +34,9 @@ namespace tandem::cli {
 // Throws UsageError for a bad hostfile or filter before starting anything.
 int run_hostfile_launch(const LaunchOptions& opts);
 
+// A host's side (`tandem launch --env-from-stdin`): reads the KEY=VALUE lines
+// the head sends, up to an empty line or the end, and exports them. Throws
+// UsageError for a line without '='.
+void read_environment_from_stdin();
+
 }  // namespace tandem::cli

@@ -124,27 +124,6 @@ bool names_this_node(const std::string& host) {
   return mine;
 }
 
-// KEY=VALUE lines up to an empty line (or the end), exported.
-void read_environment_from_stdin() {
-  std::string line;
-  char c = 0;
-  for (;;) {
-    const ssize_t got = ::read(STDIN_FILENO, &c, 1);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0 || c == '\n') {
-      if (line.empty()) return;
-      const auto eq = line.find('=');
-      TANDEM_CHECK_ARG(eq != std::string::npos && eq > 0,
-                       "--env-from-stdin: '{}' is not KEY=VALUE", line);
-      ::setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
-      line.clear();
-      if (got <= 0) return;
-      continue;
-    }
-    line += c;
-  }
-}
-
 struct Plan {
   NodeLayout layout;
   bool set_visible_devices = false;
