@@ -24,7 +24,7 @@ namespace tandem::detail {
 namespace {
 
 // TANDEM_FUSED_ADAM: unset or 1 (on), 0 (LibTorch's own loop).
-bool enabled() {
+bool fused_adam_enabled() {
   static const bool on = [] {
     const char* value = std::getenv("TANDEM_FUSED_ADAM");
     if (value == nullptr) return true;
@@ -38,7 +38,7 @@ bool enabled() {
 }
 
 // The kernels want every tensor of a parameter alike and dense.
-bool like(const at::Tensor& t, const at::Tensor& p) {
+bool same_layout(const at::Tensor& t, const at::Tensor& p) {
   return t.defined() && t.layout() == at::kStrided && t.scalar_type() == p.scalar_type() &&
          t.device() == p.device() && t.sizes() == p.sizes() && t.strides() == p.strides();
 }
@@ -64,14 +64,14 @@ bool can_fuse(torch::optim::Optimizer& optimizer, bool any_device) {
       if (!seen.insert(p.unsafeGetTensorImpl()).second) return false;  // listed twice
       if (!any_device && !p.is_cuda()) return false;
       if (p.layout() != at::kStrided || !p.is_non_overlapping_and_dense() ||
-          !fusable_dtype(p.scalar_type()) || !like(p.grad(), p)) {
+          !fusable_dtype(p.scalar_type()) || !same_layout(p.grad(), p)) {
         return false;
       }
       auto found = optimizer.state().find(p.unsafeGetTensorImpl());
       if (found == optimizer.state().end()) continue;
       auto& state = static_cast<State&>(*found->second);
-      if (!like(state.exp_avg(), p) || !like(state.exp_avg_sq(), p)) return false;
-      if (options.amsgrad() && !like(state.max_exp_avg_sq(), p)) return false;
+      if (!same_layout(state.exp_avg(), p) || !same_layout(state.exp_avg_sq(), p)) return false;
+      if (options.amsgrad() && !same_layout(state.max_exp_avg_sq(), p)) return false;
     }
   }
   return true;
@@ -135,7 +135,7 @@ bool fused_step(torch::optim::Optimizer& optimizer, bool decoupled, bool any_dev
 }  // namespace
 
 bool try_fused_adam_step(torch::optim::Optimizer& optimizer, bool any_device) {
-  if (!enabled()) return false;
+  if (!fused_adam_enabled()) return false;
   // Exactly LibTorch's classes: a subclass may have changed step().
   if (typeid(optimizer) == typeid(torch::optim::AdamW)) {
     return fused_step<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(

@@ -11,7 +11,7 @@
 namespace tandem::cli {
 namespace {
 
-std::string trim(const std::string& s) {
+std::string strip_blanks(const std::string& s) {
   const auto begin = s.find_first_not_of(" \t\r");
   if (begin == std::string::npos) return "";
   return s.substr(begin, s.find_last_not_of(" \t\r") - begin + 1);
@@ -31,7 +31,7 @@ std::vector<HostfileHost> parse_hostfile(const std::string& text, const std::str
   std::istringstream in(text);
   std::string raw;
   for (int number = 1; std::getline(in, raw); ++number) {
-    const std::string line = trim(raw.substr(0, raw.find('#')));
+    const std::string line = strip_blanks(raw.substr(0, raw.find('#')));
     if (line.empty()) continue;
     std::istringstream words(line);
     std::string name, slots, extra;
