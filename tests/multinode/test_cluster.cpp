@@ -45,10 +45,36 @@ std::string shell_output(const std::string& command) {
   return out;
 }
 
-// A listener on `host`, port 29700, until the returned process goes.
+// A FIFO a process on a host writes a line to once it is ready.
+class ReadySignal {
+ public:
+  ReadySignal() : path_(dir_.path() + "/ready") {
+    ::mkfifo(path_.c_str(), 0600);
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  }
+  ~ReadySignal() { ::close(fd_); }
+  const std::string& path() const { return path_; }
+  // Whether a line came within `timeout_ms`.
+  bool wait(int timeout_ms) {
+    pollfd readable{fd_, POLLIN, 0};
+    char byte = 0;
+    return ::poll(&readable, 1, timeout_ms) == 1 && ::read(fd_, &byte, 1) == 1;
+  }
+
+ private:
+  testing::TempDir dir_;
+  std::string path_;
+  int fd_ = -1;
+};
+
+// A listener on `host`, port 29700, listening when this returns, until the
+// returned process goes.
 std::unique_ptr<BackgroundProcess> listen_on(const TestCluster& cluster, int host) {
-  return std::make_unique<BackgroundProcess>(
-      cluster.on(host, {python(), probe(), "listen", "29700"}));
+  ReadySignal ready;
+  auto listener = std::make_unique<BackgroundProcess>(
+      cluster.on(host, {python(), probe(), "listen", "29700", ready.path()}));
+  EXPECT_TRUE(ready.wait(10000)) << "the listener on host " << host << " did not start";
+  return listener;
 }
 
 // Seconds a TCP connect from `from` to `to` took, or a negative number when
@@ -119,28 +145,6 @@ TEST(TestCluster, ALinkDownCutsTheHostOffUntilItComesBack) {
   ASSERT_TRUE(cluster.set_link(2, true));
   EXPECT_GE(connect_seconds(cluster, 0, 2, 10), 0) << "host 2 is back";
 }
-
-// A FIFO a process on a host writes a line to once it is ready.
-class ReadySignal {
- public:
-  ReadySignal() : path_(dir_.path() + "/ready") {
-    ::mkfifo(path_.c_str(), 0600);
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  }
-  ~ReadySignal() { ::close(fd_); }
-  const std::string& path() const { return path_; }
-  // Whether a line came within `timeout_ms`.
-  bool wait(int timeout_ms) {
-    pollfd readable{fd_, POLLIN, 0};
-    char byte = 0;
-    return ::poll(&readable, 1, timeout_ms) == 1 && ::read(fd_, &byte, 1) == 1;
-  }
-
- private:
-  testing::TempDir dir_;
-  std::string path_;
-  int fd_ = -1;
-};
 
 TEST(TestCluster, KillingAHostLeavesNoProcessOnItAndSparesTheOthers) {
   TestCluster cluster(2);
