@@ -74,10 +74,10 @@ void read_env_files(std::map<std::string, std::string>& env) {
   }
 }
 
-// The job's environment for the hosts, as the text their launcher reads
-// from stdin (one KEY=VALUE per line, an empty line last).
-std::string job_environment(const std::string& token, const std::string& host, int attempt,
-                            std::optional<int64_t> accumulation) {
+// The environment every host gets: the variables forwarded from here, then
+// the env files' lines. Read once per job; a value spanning lines cannot
+// travel as one KEY=VALUE line and is left out, with a warning.
+std::map<std::string, std::string> forwarded_environment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
@@ -87,20 +87,16 @@ std::string job_environment(const std::string& token, const std::string& host, i
     if (forwarded(name)) env[name] = entry.substr(eq + 1);
   }
   read_env_files(env);
-  env["TANDEM_STORE_TOKEN"] = token;
-  env["TANDEM_HOST_NAME"] = host;
-  env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);  // the hosts' first attempt number
-  if (accumulation) env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*accumulation);
-  std::string text;
-  for (const auto& [name, value] : env) {
-    if (value.find('\n') != std::string::npos) {
-      std::fprintf(stderr, "tandem launch: not forwarding %s: its value spans lines\n",
-                   name.c_str());
+  for (auto it = env.begin(); it != env.end();) {
+    if (it->second.find('\n') == std::string::npos) {
+      ++it;
       continue;
     }
-    text += name + "=" + value + "\n";
+    std::fprintf(stderr, "tandem launch: not forwarding %s: its value spans lines\n",
+                 it->first.c_str());
+    it = env.erase(it);
   }
-  return text + "\n";
+  return env;
 }
 
 // The command each host's shell runs: its launcher, for node `node`.
@@ -149,10 +145,26 @@ std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& 
 }
 
 struct Job {
-  std::string token, self, cwd;
+  std::string self, cwd;
+  std::map<std::string, std::string> env;  // forwarded_environment() and the store token
   std::string master;  // this attempt's first host, unless --master-addr
   std::optional<int64_t> accumulation;  // --keep-global-batch: this attempt's
 };
+
+// What host `host`'s launcher reads from stdin for attempt `attempt`: the
+// job's environment and the host's own variables, one KEY=VALUE per line,
+// an empty line last.
+std::string stdin_text(const Job& job, const std::string& host, int attempt) {
+  std::map<std::string, std::string> env = job.env;
+  env["TANDEM_HOST_NAME"] = host;
+  env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);  // the hosts' first attempt number
+  if (job.accumulation) {
+    env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*job.accumulation);
+  }
+  std::string text;
+  for (const auto& [name, value] : env) text += name + "=" + value + "\n";
+  return text + "\n";
+}
 
 // The ssh command that runs host `node`'s launcher for attempt `attempt`.
 WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>& hosts,
@@ -162,7 +174,7 @@ WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>&
   for (char** e = environ; *e != nullptr; ++e) spec.env.emplace_back(*e);  // ssh's own
   spec.argv = ssh_argv(opts, hosts[node].name);
   spec.argv.push_back(remote_command(opts, hosts, node, job.master, job.self, job.cwd));
-  spec.stdin_text = job_environment(job.token, hosts[node].name, attempt, job.accumulation);
+  spec.stdin_text = stdin_text(job, hosts[node].name, attempt);
   spec.host = hosts[node].name;
   return spec;
 }
@@ -217,8 +229,10 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       opts.nproc_given ? std::optional<int>(opts.nproc_per_node) : std::nullopt, opts.hostfile);
   const size_t min_hosts = opts.min_nodes > 0 ? static_cast<size_t>(opts.min_nodes) : all.size();
   Job job;
+  job.env = forwarded_environment();
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
-  job.token = env_token != nullptr && *env_token ? env_token : random_store_token();
+  job.env["TANDEM_STORE_TOKEN"] =
+      env_token != nullptr && *env_token ? env_token : random_store_token();
   char self_path[4096] = {0};
   const ssize_t length = ::readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
   TANDEM_CHECK(length > 0, "cannot read /proc/self/exe");
