@@ -66,6 +66,22 @@ TEST(GpuOffload, OptimizerAndParameterOffloadTrainLikeTheRunWithout) {
   }
 }
 
+// One rank's ZeRO run of recipe `r` on a fixed micro-batch, for timing.
+struct TimedRun {
+  TimedRun(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& options)
+      : model(testing::make_model(r)),
+        optimizer(testing::make_optimizer(r.opt, model->parameters())),
+        zero(model, *optimizer, pg.shared_from_this(), options),
+        batch(testing::micro_batch(r, 0, 0, 0, 1)) {}
+  void forward_backward() {
+    torch::nn::functional::cross_entropy(model->forward(batch.first), batch.second).backward();
+  }
+  testing::Stack model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ZeroOptimizer zero;
+  std::pair<torch::Tensor, torch::Tensor> batch;
+};
+
 // Milliseconds of each part of a step, each part waited for on its own
 // (which removes overlap: for finding where the time goes, not a step time).
 struct StepParts {
@@ -75,10 +91,7 @@ struct StepParts {
 
 StepParts step_parts(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& options,
                      int steps) {
-  testing::Stack model = testing::make_model(r);
-  auto optimizer = testing::make_optimizer(r.opt, model->parameters());
-  ZeroOptimizer zero(model, *optimizer, pg.shared_from_this(), options);
-  auto [x, y] = testing::micro_batch(r, 0, 0, 0, 1);
+  TimedRun run(pg, r, options);
   StepParts parts;
   auto timed = [](double& total, const std::function<void()>& fn) {
     const auto start = std::chrono::steady_clock::now();
@@ -90,14 +103,13 @@ StepParts step_parts(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptio
   for (int i = 0; i < steps + 3; ++i) {
     if (i == 3) {
       parts = StepParts{};
-      zero.reset_stats();
+      run.zero.reset_stats();
     }
-    timed(parts.zero_grad_ms, [&] { zero.zero_grad(); });
-    timed(parts.forward_backward_ms,
-          [&] { torch::nn::functional::cross_entropy(model->forward(x), y).backward(); });
-    timed(parts.step_ms, [&] { zero.step(); });
+    timed(parts.zero_grad_ms, [&] { run.zero.zero_grad(); });
+    timed(parts.forward_backward_ms, [&] { run.forward_backward(); });
+    timed(parts.step_ms, [&] { run.zero.step(); });
   }
-  const auto stats = zero.comm_stats();
+  const auto stats = run.zero.comm_stats();
   parts.reduce_scatter_ms = 1e3 * stats.reduce_scatter_seconds;
   parts.drain_wait_ms = 1e3 * stats.drain_wait_seconds;
   for (double* v : {&parts.zero_grad_ms, &parts.forward_backward_ms, &parts.step_ms,
@@ -111,16 +123,12 @@ StepParts step_parts(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptio
 // steps after three warm-up steps, at world 1 on the GPU.
 double step_ms(ProcessGroup& pg, const testing::Recipe& r, const ZeroOptions& options,
                int steps) {
-  testing::Stack model = testing::make_model(r);
-  auto optimizer = testing::make_optimizer(r.opt, model->parameters());
-  ZeroOptimizer zero(model, *optimizer, pg.shared_from_this(), options);
-  auto [x, y] = testing::micro_batch(r, 0, 0, 0, 1);
-  auto one_step = [&] {
-    zero.zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-    zero.step();
-  };
-  return testing::gpu_ms_per_call(3, steps, one_step);
+  TimedRun run(pg, r, options);
+  return testing::gpu_ms_per_call(3, steps, [&] {
+    run.zero.zero_grad();
+    run.forward_backward();
+    run.zero.step();
+  });
 }
 
 // Where an offloaded step's time can go, for `n` fp32 parameters: CPU Adam
