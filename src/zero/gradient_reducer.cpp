@@ -130,7 +130,7 @@ void GradientReducer::launch(std::size_t index) {
   }
   at::Tensor wire = std::move(wire_[index]);
   wire_[index] = at::Tensor();
-  queue_.submit([pg, clock = &clock_, g, wire] {
+  queue_.submit([pg, clock = &clock_, layout = &layout_, g, wire] {
     torch::NoGradGuard no_grad;
     at::Tensor shard = at::empty({g->shard_numel}, wire.options());
     const auto start = std::chrono::steady_clock::now();
@@ -143,10 +143,7 @@ void GradientReducer::launch(std::size_t index) {
       // Offloaded: through a pinned buffer (the caching host allocator
       // reuses it), not a fresh pageable tensor each step, whose first touch
       // and staged copy cost more than the update itself.
-      at::Tensor host = at::empty(shard.sizes(), g->grad_shard.options().pinned_memory(
-                                                     g->grad_shard.is_pinned()));
-      host.copy_(shard);
-      g->grad_shard.add_(host);
+      g->grad_shard.add_(layout->to_state_device(shard));
     }
   });
 }

@@ -59,6 +59,9 @@ class ZeroLayout {
   // The bytes the buffers hold now, and the gradients autograd holds outside
   // them; the gathered-parameter fields are the UnitGatherer's to fill.
   ZeroMemoryStats memory_stats() const;
+  // `t` copied to where the optimizer state lives (pinned host memory when
+  // it is offloaded from a GPU), or `t` itself when it is already there.
+  at::Tensor to_state_device(const at::Tensor& t) const;
   std::vector<std::vector<std::string>> group_names() const;
 
  private:
@@ -71,7 +74,6 @@ class ZeroLayout {
   void finish_group(FlatGroup& group, ProcessGroup& pg, torch::optim::Optimizer& optimizer,
                     UpdateRule rule);
   void build_runs(FlatGroup& group);
-  at::Tensor to_state_device(const at::Tensor& t) const;
   at::Tensor empty_state(int64_t n) const;
 
   const ZeroOptions& options_;
