@@ -169,7 +169,8 @@ void WorkerGroup::reap(GroupResult& result) {
     exit.stopped = stopping_;
     pids_[i] = 0;
     result.exits.push_back(exit);
-    if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0) {
+    if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0 &&
+        result.stop_reason.empty()) {
       result.has_first_failure = true;
       result.first_failure = exit;
     }
@@ -196,11 +197,17 @@ GroupResult WorkerGroup::run() {
     kill_deadline = now_s() + grace_period_s_ + (remote ? 10.0 : 0.0);
   };
 
+  double next_check = stop_check_ ? now_s() + stop_check_every_s_ : -1;
   for (;;) {
     reap(result);
     bool all_reaped = true;
     for (pid_t pid : pids_) all_reaped = all_reaped && pid == 0;
     if (result.has_first_failure) begin_shutdown(SIGTERM);
+    if (next_check >= 0 && !stopping_ && !all_reaped && now_s() >= next_check) {
+      result.stop_reason = stop_check_();
+      if (!result.stop_reason.empty()) begin_shutdown(SIGTERM);
+      next_check = now_s() + stop_check_every_s_;
+    }
     if (kill_deadline >= 0 && !killed && now_s() >= kill_deadline) {
       signal_all(SIGKILL);
       killed = true;
@@ -249,7 +256,8 @@ GroupResult WorkerGroup::run() {
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
-  result.success = result.launcher_signal == 0 && !result.has_first_failure;
+  result.success =
+      result.launcher_signal == 0 && !result.has_first_failure && result.stop_reason.empty();
   return result;
 }
 

@@ -7,6 +7,7 @@
 // period). SIGINT/SIGTERM sent to the launcher are forwarded the same way.
 // Single-threaded: run() owns the calling thread until every worker is gone.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@ struct GroupResult {
   int launcher_signal = 0;           // SIGINT/SIGTERM received by the launcher
   bool has_first_failure = false;
   WorkerExit first_failure;          // the root cause when !success
+  std::string stop_reason;           // why stop_when()'s check stopped the group, if it did
   std::vector<WorkerExit> exits;     // every worker, in exit order
 };
 
@@ -62,6 +64,16 @@ class WorkerGroup {
   // a --hostfile job is gone). Call before run().
   void stop_when_closed(int fd) { watch_fd_ = fd; }
 
+  // Also stops the group (SIGTERM, then SIGKILL after the grace period) when
+  // `check`, called about every `every_s` seconds while the workers run,
+  // returns a reason: the job's membership changed (a host came back, or
+  // another node restarted the job). The result is then not a success and
+  // has no failure; its stop_reason is the reason. Call before run().
+  void stop_when(std::function<std::string()> check, double every_s) {
+    stop_check_ = std::move(check);
+    stop_check_every_s_ = every_s;
+  }
+
  private:
   void spawn(const WorkerSpec& spec);
   void signal_all(int sig);
@@ -74,6 +86,8 @@ class WorkerGroup {
   std::vector<int> pids_;  // by position in workers_; 0 once reaped
   std::vector<int> stdin_fds_;  // write ends of stdin pipes, by position; -1 if none
   int watch_fd_ = -1;
+  std::function<std::string()> stop_check_;
+  double stop_check_every_s_ = 1.0;
   bool stopping_ = false;  // SIGTERM/SIGKILL sent to the group
   double start_ = 0;
 };
