@@ -207,7 +207,24 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   auto fixed = parse({"--nnodes", "2:2", "--node-rank", "1", "train"}, &help);
   EXPECT_EQ(fixed.nnodes, 2) << "torchrun's MIN:MAX with MIN == MAX";
 
-  EXPECT_NE(refusal({"--nnodes", "1:2", "train"}).find("tandem runs one only with --hostfile"),
+  EXPECT_NE(refusal({"--nnodes", "1:2", "--node-rank", "0", "train"})
+                .find("needs nodes that meet at the store: --rdzv-backend c10d"),
+            std::string::npos);
+  auto elastic = parse({"--nnodes", "1:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        "10.0.0.1:29400", "--rdzv-conf",
+                        "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5",
+                        "train"},
+                       &help);
+  EXPECT_EQ(elastic.nnodes, 3) << "MAX";
+  EXPECT_EQ(elastic.min_nodes, 1);
+  EXPECT_EQ(elastic.rdzv_last_call_s, 2);
+  EXPECT_EQ(elastic.rdzv_keep_alive_interval_s, 1);
+  EXPECT_EQ(elastic.rdzv_keep_alive_attempts, 5);
+  EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "read_timeout=5", "train"})
+                .find("--rdzv-conf read_timeout: not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=soon", "train"})
+                .find("'soon' is not a number"),
             std::string::npos);
   EXPECT_NE(refusal({"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0",
                      "train"})

@@ -102,7 +102,7 @@ TEST(Hostfile, FlagsThatDoNotGoWithItAreRefused) {
                 .find("go with --hostfile"),
             std::string::npos);
   EXPECT_NE(usage_error_message([] { parse({"--keep-global-batch", "prog"}); })
-                .find("go with --hostfile"),
+                .find("--keep-global-batch goes with jobs whose world size can change"),
             std::string::npos);
   const LaunchOptions ok = parse({"--hostfile", "h", "--ssh-port", "2222", "--launcher_args",
                                   "-i key", "--num_gpus", "2", "prog", "arg"});

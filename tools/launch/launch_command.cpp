@@ -4,11 +4,9 @@
 #include "launch/launch_command.h"
 
 #include <arpa/inet.h>
-#include <ftw.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 
@@ -26,17 +23,17 @@
 
 #include "tandem/comm/c10d_store_host.h"
 #include "tandem/comm/store_server.h"
+#include "launch/elastic_node.h"
 #include "launch/failure_report.h"
 #include "launch/host_fanout.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
-#include "launch/node_rendezvous.h"
 #include "launch/python_store.h"
 #include "launch/worker_group.h"
+#include "launch/worker_plan.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
 
-extern char** environ;
 
 namespace tandem::cli {
 namespace {
@@ -95,19 +92,6 @@ std::vector<std::string> node_names() {
   return names;
 }
 
-void make_dirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || (path[i] == '/' && i > 0)) {
-      partial = path.substr(0, i);
-      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        TANDEM_THROW(UsageError, "cannot create log directory {}: {}", partial,
-                     std::strerror(errno));
-      }
-    }
-  }
-}
-
 // Whether `host` (a name or a numeric address) is this machine.
 bool names_this_node(const std::string& host) {
   const std::vector<std::string> names = node_names();
@@ -123,11 +107,6 @@ bool names_this_node(const std::string& host) {
   ::freeaddrinfo(found);
   return mine;
 }
-
-struct Plan {
-  NodeLayout layout;
-  bool set_visible_devices = false;
-};
 
 Plan plan_slots(const LaunchOptions& opts) {
   Plan plan;
@@ -145,125 +124,9 @@ Plan plan_slots(const LaunchOptions& opts) {
   plan.layout =
       layout_nodes(pool, opts.nnodes, node_rank, opts.include, opts.exclude, node_names());
   plan.set_visible_devices = !opts.include.empty() || !opts.exclude.empty();
+  plan.nodes = opts.nnodes;
   return plan;
 }
-
-// The nodes meet at the store (--rdzv-backend c10d): each runs its own
-// slots, --exclude only removing some of this node's.
-Plan plan_rendezvous(const LaunchOptions& opts, c10d::Store& store, bool hosts_store,
-                     std::chrono::milliseconds timeout) {
-  Plan plan;
-  const std::vector<int> slots =
-      select_local_slots(opts.nproc_per_node, "", opts.exclude, node_names());
-  plan.layout = rendezvous_nodes(store, opts.rdzv_id, opts.nnodes, hosts_store, slots, timeout);
-  plan.set_visible_devices = !opts.exclude.empty();
-  return plan;
-}
-
-// Workers of restart number `attempt`; their logs and error files go under
-// `attempt_dir` (<log dir or a temporary directory>/attempt_<attempt>).
-std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan, int master_port,
-                                     bool agent_store, int attempt,
-                                     const std::string& attempt_dir) {
-  std::map<std::string, std::string> base;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string kv(*e);
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  const int local_world = static_cast<int>(plan.layout.slots.size());
-  if (local_world > 1 && !base.count("OMP_NUM_THREADS")) {
-    // torchrun's rule: N processes each with all cores' threads oversubscribe.
-    if (attempt == 0) std::fprintf(stderr,
-                 "tandem launch: setting OMP_NUM_THREADS=1 for each of the %d workers; set it "
-                 "yourself to tune\n",
-                 local_world);
-    base["OMP_NUM_THREADS"] = "1";
-  }
-  std::string visible;
-  for (int slot : plan.layout.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
-
-  std::vector<WorkerSpec> workers;
-  for (int local = 0; local < local_world; ++local) {
-    auto env = base;
-    const int rank = plan.layout.rank_offset + local;
-    env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(local);
-    env["WORLD_SIZE"] = std::to_string(plan.layout.world_size);
-    env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
-    env["GROUP_RANK"] = std::to_string(plan.layout.node_rank);
-    env["GROUP_WORLD_SIZE"] = std::to_string(opts.nnodes);
-    env["ROLE_RANK"] = std::to_string(rank);
-    env["ROLE_WORLD_SIZE"] = std::to_string(plan.layout.world_size);
-    env["ROLE_NAME"] = "default";
-    env["MASTER_ADDR"] = opts.master_addr;
-    env["MASTER_PORT"] = std::to_string(master_port);
-    env["TORCHELASTIC_USE_AGENT_STORE"] = agent_store ? "True" : "False";
-    env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
-    env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(opts.max_restarts);
-    env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);
-    const std::string rank_dir = fmt::format("{}/rank_{}", attempt_dir, rank);
-    make_dirs(rank_dir);
-    env["TANDEM_ERROR_FILE"] = error_file_path(attempt_dir, rank);
-    env["TORCHELASTIC_ERROR_FILE"] = env["TANDEM_ERROR_FILE"];
-    if (plan.set_visible_devices) {
-      env["CUDA_VISIBLE_DEVICES"] = visible;
-    } else if (!opts.visible_devices.empty()) {
-      env["CUDA_VISIBLE_DEVICES"] = opts.visible_devices;
-    }
-    // Workers read the same file and precision through ConfigEnv.
-    if (!opts.config_file.empty()) env["TANDEM_CONFIG_FILE"] = opts.config_file;
-    if (opts.mixed_precision) env["TANDEM_MIXED_PRECISION"] = to_string(*opts.mixed_precision);
-
-    WorkerSpec spec;
-    spec.global_rank = rank;
-    spec.local_rank = local;
-    for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
-    if (!opts.log_dir.empty()) {
-      const bool out_file = (opts.tee | opts.redirects) & 1;
-      const bool err_file = (opts.tee | opts.redirects) & 2;
-      if (out_file) spec.stdout_sink.file_path = rank_dir + "/stdout.log";
-      if (err_file) spec.stderr_sink.file_path = rank_dir + "/stderr.log";
-      spec.stdout_sink.to_console = !(opts.redirects & 1);
-      spec.stderr_sink.to_console = !(opts.redirects & 2);
-    }
-    workers.push_back(std::move(spec));
-  }
-  return workers;
-}
-
-// Where logs and error files go: the log directory, or a temporary one
-// that is removed when the launcher exits.
-class RunDirectory {
- public:
-  explicit RunDirectory(const std::string& log_dir) : path_(log_dir) {
-    if (!path_.empty()) return;
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                          "/tandem-launch-XXXXXX";
-    TANDEM_CHECK(::mkdtemp(pattern.data()) != nullptr,
-                 "cannot create a directory for the workers' error files ({}): {}; set TMPDIR "
-                 "to a writable directory or pass --log-dir",
-                 pattern, std::strerror(errno));
-    path_ = pattern;
-    temporary_ = true;
-  }
-  ~RunDirectory() {
-    if (!temporary_) return;
-    ::nftw(path_.c_str(),
-           [](const char* path, const struct stat*, int, FTW*) { return ::remove(path); }, 16,
-           FTW_DEPTH | FTW_PHYS);
-  }
-  RunDirectory(const RunDirectory&) = delete;
-  RunDirectory& operator=(const RunDirectory&) = delete;
-
-  std::string attempt_dir(int attempt) const { return fmt::format("{}/attempt_{}", path_, attempt); }
-  bool kept() const { return !temporary_; }
-
- private:
-  std::string path_;
-  bool temporary_ = false;
-};
 
 // Prints why attempt `attempt` failed; returns the launcher's exit code
 // when it must stop, 0 when the group is to be restarted.
@@ -322,14 +185,13 @@ int run_launch_command(int argc, char** argv) {
     apply_launch_config(*config, static_cast<int>(torch::cuda::device_count()), opts);
   }
   validate_launch_options(opts);
-  if (!opts.hostfile.empty()) {  // the head: no worker here
-    if (config_env.gradient_accumulation_steps) {
-      opts.base_accumulation = *config_env.gradient_accumulation_steps;
-    } else if (config && config->gradient_accumulation_steps) {
-      opts.base_accumulation = *config->gradient_accumulation_steps;
-    }
-    return run_hostfile_launch(opts);
+  // --keep-global-batch keeps the first attempt's accumulation x world.
+  if (config_env.gradient_accumulation_steps) {
+    opts.base_accumulation = *config_env.gradient_accumulation_steps;
+  } else if (config && config->gradient_accumulation_steps) {
+    opts.base_accumulation = *config->gradient_accumulation_steps;
   }
+  if (!opts.hostfile.empty()) return run_hostfile_launch(opts);  // the head: no worker here
   TANDEM_CHECK_ARG(is_executable(opts.program[0]),
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",
@@ -356,10 +218,11 @@ int run_launch_command(int argc, char** argv) {
                      "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
                      "-An -tx1 | tr -d ' \\n')` and export that value on every node");
   }
-  if (opts.monitor_interval_given) {
+  if (opts.monitor_interval_given && !rendezvous_at_store(opts)) {
     std::fprintf(stderr,
-                 "tandem launch: --monitor-interval has no effect: the launcher learns of a "
-                 "worker's exit as it happens (it waits on the processes), not by polling\n");
+                 "tandem launch: --monitor-interval has no effect here: the launcher learns of "
+                 "a worker's exit as it happens (it waits on the processes), not by polling; it "
+                 "sets how often nodes meeting at the store (--rdzv-backend c10d) look at it\n");
   }
   const bool python = is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;
@@ -370,24 +233,37 @@ int run_launch_command(int argc, char** argv) {
     store_options.token = store_token;
     store = std::make_unique<StoreServer>(store_options);
   };
-  Plan plan;
   if (rendezvous_at_store(opts)) {
     TANDEM_CHECK_ARG(!python,
                      "--rdzv-backend c10d without --node-rank runs tandem programs only: a "
                      "Python program's torch.distributed meets at c10d's own store. Give each "
                      "node its --node-rank");
-    // The node whose address the endpoint names hosts the store.
-    const bool hosts = names_this_node(opts.master_addr);
-    if (hosts) host_store();
+    // The node whose address the endpoint names hosts the store and
+    // coordinates the rounds (elastic_node.h).
+    ElasticNode node;
+    node.coordinator = names_this_node(opts.master_addr);
+    if (node.coordinator) host_store();
     const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
     auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
-    plan = plan_rendezvous(opts, *meeting, hosts, timeout);
-    std::fprintf(stderr, "tandem launch: rendezvous '%s': this node is node %d of %d (%d of %d "
-                 "processes)\n", opts.rdzv_id.c_str(), plan.layout.node_rank, opts.nnodes,
-                 static_cast<int>(plan.layout.slots.size()), plan.layout.world_size);
-  } else {
-    plan = plan_slots(opts);
+    node.store = meeting.get();
+    node.master_port = opts.master_port;
+    node.slots = select_local_slots(opts.nproc_per_node, "", opts.exclude, node_names());
+    node.set_visible_devices = !opts.exclude.empty();
+    bool config_told = false;
+    node.check_world = [&](int world_size) {
+      if (!config) return;
+      ConfigOverrides overrides;
+      overrides.mixed_precision = opts.mixed_precision;
+      resolve_config(*config, config_env, overrides, world_size);
+      if (!config_told) {
+        std::fprintf(stderr, "tandem launch: config %s (%s)\n", opts.config_file.c_str(),
+                     to_string(config->format));
+      }
+      config_told = true;
+    };
+    return run_elastic_node(opts, node);
   }
+  const Plan plan = plan_slots(opts);
   opts.node_rank = plan.layout.node_rank;  // --include or the rendezvous may number the nodes
   if (config) {
     // Workers resolve the config again; doing it once here turns a batch

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
@@ -18,7 +19,7 @@ const std::set<std::string> kValueOptions = {
     "--master-port",    "--max-restarts", "--log-dir",      "--tee",
     "--redirects",      "--include",      "--exclude",      "--grace-period",
     "--rdzv-endpoint",  "--rdzv-backend", "--rdzv-id",      "--monitor-interval",
-    "--config-file",    "--mixed-precision", "--rdzv-timeout",
+    "--config-file",    "--mixed-precision", "--rdzv-timeout", "--rdzv-conf",
     // accelerate launch's and the deepspeed launcher's spellings
     "--num-processes",  "--num-machines",  "--num-nodes",    "--num-gpus",
     "--machine-rank",   "--main-process-ip", "--main-process-port", "--hostfile",
@@ -48,6 +49,46 @@ void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
     opts.master_port = std::stoi(endpoint.substr(colon + 1));
   } catch (const std::exception&) {
     TANDEM_THROW(UsageError, "--rdzv-endpoint '{}' has no valid port; write HOST:PORT", endpoint);
+  }
+}
+
+// torchrun's --rdzv-conf "join_timeout=60,last_call_timeout=5".
+void apply_rdzv_conf(const std::string& conf, LaunchOptions& opts) {
+  std::stringstream items(conf);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    double seconds = 0;
+    try {
+      size_t used = 0;
+      seconds = std::stod(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      TANDEM_CHECK_ARG(name != "join_timeout" && name != "last_call_timeout" &&
+                           name != "keep_alive_interval" && name != "keep_alive_max_attempt",
+                       "--rdzv-conf {}: '{}' is not a number", name, value);
+    }
+    if (name == "join_timeout") {
+      opts.rdzv_timeout_s = seconds;
+    } else if (name == "last_call_timeout") {
+      opts.rdzv_last_call_s = seconds;
+    } else if (name == "keep_alive_interval") {
+      opts.rdzv_keep_alive_interval_s = seconds;
+    } else if (name == "keep_alive_max_attempt") {
+      TANDEM_CHECK_ARG(seconds >= 1 && seconds == static_cast<int>(seconds),
+                       "--rdzv-conf keep_alive_max_attempt: '{}' is not a whole number >= 1",
+                       value);
+      opts.rdzv_keep_alive_attempts = static_cast<int>(seconds);
+    } else {
+      TANDEM_THROW(UsageError,
+                   "--rdzv-conf {}: not supported. tandem's rendezvous reads join_timeout, "
+                   "last_call_timeout, keep_alive_interval and keep_alive_max_attempt; the node the endpoint names always hosts the store "
+                   "(is_host), and its store has no separate read or close timeouts",
+                   name);
+    }
   }
 }
 
@@ -92,11 +133,11 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
-  TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty(),
-                   "--nnodes {}:{} asks for an elastic job; tandem runs one only with "
-                   "--hostfile (which restarts on the hosts left, down to {}). Otherwise give "
-                   "--nnodes N",
-                   opts.min_nodes, opts.nnodes, opts.min_nodes);
+  TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty() || rendezvous_at_store(opts),
+                   "--nnodes {}:{} asks for an elastic job, which needs nodes that meet at the "
+                   "store: --rdzv-backend c10d --rdzv-endpoint HOST:PORT without --node-rank "
+                   "or --include, or --hostfile. Otherwise give --nnodes N",
+                   opts.min_nodes, opts.nnodes);
   if (!opts.hostfile.empty()) {
     // --nnodes and --nproc-per-node pick hosts and slots of the file
     // (hostfile.h); the rest is the head's to set for every host.
@@ -118,10 +159,11 @@ void validate_launch_options(LaunchOptions& opts) {
     TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
                      "--ssh-port {} is out of range", opts.ssh_port);
   } else {
-    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0 &&
-                         !opts.keep_global_batch,
-                     "--launcher, --launcher-args, --ssh-port and --keep-global-batch go with "
-                     "--hostfile");
+    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0,
+                     "--launcher, --launcher-args and --ssh-port go with --hostfile");
+    TANDEM_CHECK_ARG(!opts.keep_global_batch || rendezvous_at_store(opts),
+                     "--keep-global-batch goes with jobs whose world size can change between "
+                     "restarts: --hostfile, or --rdzv-backend c10d without --node-rank");
   }
   if ((opts.tee != 0 || opts.redirects != 0) && opts.log_dir.empty()) {
     TANDEM_THROW(UsageError, "--tee and --redirects write log files: add --log-dir DIR");
@@ -140,6 +182,15 @@ void validate_launch_options(LaunchOptions& opts) {
                    opts.rdzv_backend);
   TANDEM_CHECK_ARG(opts.rdzv_timeout_s > 0, "--rdzv-timeout must be > 0 seconds, got {}",
                    opts.rdzv_timeout_s);
+  TANDEM_CHECK_ARG(opts.rdzv_keep_alive_interval_s > 0,
+                   "--rdzv-conf keep_alive_interval must be > 0 seconds, got {}",
+                   opts.rdzv_keep_alive_interval_s);
+  TANDEM_CHECK_ARG(opts.rdzv_last_call_s >= 0,
+                   "--rdzv-conf last_call_timeout must be >= 0 seconds, got {}",
+                   opts.rdzv_last_call_s);
+  TANDEM_CHECK_ARG(opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600,
+                   "--monitor-interval must be between 0 and 3600 seconds, got {}",
+                   opts.monitor_interval_s);
   TANDEM_CHECK_ARG(opts.nnodes == 1 || opts.node_rank_given || !opts.include.empty() ||
                        opts.rdzv_backend == "c10d",
                    "--nnodes {} without --node-rank would make every node node 0. Give each "
@@ -214,7 +265,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                "empty line, and stop the workers when stdin closes");
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
   std::string rdzv_endpoint;
-  double monitor_interval = 0;
+  std::string rdzv_conf;
   app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
   app.add_option("--rdzv-backend", opts.rdzv_backend,
                  "static (each node gives --node-rank) or c10d (without --node-rank the nodes "
@@ -222,8 +273,14 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
                  "seconds a node waits for the others to arrive (c10d; default 600)");
-  app.add_option("--monitor-interval", monitor_interval,
-                 "accepted for torchrun compatibility; no effect (warned)")
+  app.add_option("--rdzv-conf", rdzv_conf,
+                 "c10d rendezvous settings KEY=VALUE,...: join_timeout (as --rdzv-timeout), "
+                 "last_call_timeout (seconds a round stays open for more nodes once MIN "
+                 "joined; default 30), keep_alive_interval and keep_alive_max_attempt (a node "
+                 "silent for their product, default 5 x 3 s, is lost)");
+  app.add_option("--monitor-interval", opts.monitor_interval_s,
+                 "seconds between a c10d node's looks at the store for restarts and joining "
+                 "nodes (default 0.5)")
       ->each([&](const std::string&) { opts.monitor_interval_given = true; });
   app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
   app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");
@@ -270,6 +327,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     opts.nproc_given = true;
   }
   if (!rdzv_endpoint.empty()) apply_rdzv_endpoint(rdzv_endpoint, opts);
+  if (!rdzv_conf.empty()) apply_rdzv_conf(rdzv_conf, opts);
   if (!mixed_precision.empty()) opts.mixed_precision = parse_mixed_precision(mixed_precision);
   return opts;
 }

@@ -15,7 +15,7 @@ struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_given = false;
   int nnodes = 1;
-  int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX (--hostfile): restart on no fewer hosts
+  int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX: an elastic job runs on no fewer nodes
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;  // 0: the launcher picks a free port
@@ -34,7 +34,15 @@ struct LaunchOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_id = "none";
   double rdzv_timeout_s = 600;  // how long a launcher waits for the other nodes
-  bool monitor_interval_given = false;  // --monitor-interval: warned about, no effect
+  double rdzv_last_call_s = 30;  // --rdzv-conf last_call_timeout: a round's wait for more nodes
+  // --rdzv-conf keep_alive_interval and keep_alive_max_attempt: a node whose
+  // heartbeat stops for their product is lost.
+  double rdzv_keep_alive_interval_s = 5;
+  int rdzv_keep_alive_attempts = 3;
+  // How often a c10d node looks at the store for restarts and waiting
+  // nodes (the workers' exits need no polling).
+  double monitor_interval_s = 0.5;
+  bool monitor_interval_given = false;
   // --hostfile: this launcher starts every host's launcher over ssh
   // (host_fanout.h). --launcher-args are ssh options, --ssh-port its port.
   std::string hostfile;
