@@ -19,6 +19,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/cuda.h>
 
 #include "tandem/comm/c10d_store_host.h"
@@ -245,6 +246,10 @@ int run_launch_command(int argc, char** argv) {
     if (node.coordinator) host_store();
     const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
     auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
+    // Connected: from now on a store that does not answer within the
+    // keep-alive time is lost (a node cut off stops, rather than hangs).
+    meeting->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(
+        opts.rdzv_keep_alive_interval_s * opts.rdzv_keep_alive_attempts * 1000)));
     node.store = meeting.get();
     node.master_port = opts.master_port;
     node.slots = select_local_slots(opts.nproc_per_node, "", opts.exclude, node_names());
