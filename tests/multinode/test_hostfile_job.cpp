@@ -126,6 +126,40 @@ TEST(HostfileFaults, AHostWhoseLinkGoesDownStopsTheJobAndNamesIt) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count());
 }
 
+// Issue 31's fault test 5.3. Where the kernel has no netem, a relay in the
+// switch namespace delays and drops host 2's frames (TestCluster::shape).
+TEST(HostfileFaults, ASlowLossyLinkCompletesWithTheSameResult) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string no_shaping = c.cluster.why_no_shaping();
+  if (!no_shaping.empty()) GTEST_SKIP() << "skipped: " << no_shaping;
+  const std::string one = c.dir.path() + "/one.safetensors";
+  const std::string plain = c.dir.path() + "/plain.safetensors";
+  const std::string lossy = c.dir.path() + "/lossy.safetensors";
+  auto alone = testing::run_process({bin("quickstart_worker"), "5", "48", one}, 120);
+  ASSERT_EQ(alone.exit_code, 0) << alone.out << alone.err;
+  BackgroundProcess plain_head(
+      c.head(29689, {"--nproc-per-node", "2", bin("quickstart_worker"), "5", "48", plain}));
+  auto p = plain_head.wait(180);
+  ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+  // Host 2's ranks (4 and 5) and its ssh reach the others only over the
+  // slow link: 100 ms more per round trip, and 1% of frames lost each way.
+  // Each step waits on it dozens of times (a ring all-reduce crosses it at
+  // every one of its 10 hops): about 4 s a step, hence 5 steps.
+  ASSERT_EQ(c.cluster.shape(2, "delay 50ms loss 1%"), "");
+  BackgroundProcess lossy_head(
+      c.head(29691, {"--nproc-per-node", "2", bin("quickstart_worker"), "5", "48", lossy}));
+  auto r = lossy_head.wait(300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(max_relative_diff(lossy, plain), 0) << "the lossy link changed the result";
+  const double diff = max_relative_diff(lossy, one);
+  EXPECT_LE(diff, 1e-5) << "3 hosts x 2 ranks over a lossy link against one process";
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+  std::printf("slow lossy link: the job took %.1f s (%.1f s on plain links); relative "
+              "difference to one process %.3g\n",
+              r.seconds, p.seconds, diff);
+}
+
 // Starts a job whose six ranks hang once they have met, stops the head
 // with `sig`, and expects every process on every host gone.
 void stop_the_head_and_expect_no_process_left(int sig, int port) {

@@ -8,18 +8,19 @@
 //   TestCluster cluster(3);
 //   if (!cluster.ok()) GTEST_SKIP() << cluster.why();   // no root or no iproute2
 //   BackgroundProcess p(cluster.on(1, {bin("tandem"), "launch", ...}));
-//   cluster.shape(2, "delay 50ms loss 1%");             // tc netem, both directions
-//                                                       // (why_no_shaping() first)
+//   cluster.shape(2, "delay 50ms loss 1%");             // both directions: tc netem, or
+//                                                       // a relay where the kernel has
+//                                                       // no netem (why_no_shaping())
 //   cluster.set_link(2, false);                         // host 2 unreachable
 //   cluster.kill_host(0);                               // SIGKILL all it runs
 //   cluster.start_ssh();                                // sshd on every host
 //   run_process(cluster.on(0, cluster.ssh(1, {"hostname"})), 30);
 //
-// The destructor kills every process left in the cluster and removes its
-// namespaces. Namespaces are named after the owning process
-// ("tnd<pid>c<k>h<i>", "tnd<pid>c<k>sw"); constructing a cluster first removes
-// those of processes that no longer exist, so even a test that crashed
-// leaves nothing behind past the next run.
+// The destructor kills every process left in the cluster (link relays in the
+// switch namespace too) and removes its namespaces. Namespaces are named
+// after the owning process ("tnd<pid>c<k>h<i>", "tnd<pid>c<k>sw");
+// constructing a cluster first removes those of processes that no longer
+// exist, so even a test that crashed leaves nothing behind past the next run.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -33,11 +34,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "support/link_relay.h"
 
 namespace tandem::testing {
 
@@ -80,7 +84,9 @@ class TestCluster {
   }
 
   ~TestCluster() {
+    relays_.clear();
     for (std::size_t i = 0; i < hosts_.size(); ++i) kill_host(static_cast<int>(i), SIGKILL);
+    if (!namespaces_.empty()) kill_namespace(switch_name(), SIGKILL, 10000);
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
       shell("ip netns del " + *it);
     }
@@ -102,28 +108,53 @@ class TestCluster {
     return argv;
   }
 
-  // Whether shape() can work: the kernel must have the netem qdisc
-  // (sch_netem); some VM kernels are built without it. "" when it can,
-  // else why not.
+  // "" when shape() can work, else why not: it needs the kernel's netem
+  // qdisc (sch_netem; some VM kernels are built without it) or, failing
+  // that, a Python that may open AF_PACKET sockets for the link relay.
   std::string why_no_shaping() const {
-    const std::string lo = "ip netns exec " + switch_name() + " tc qdisc ";
-    if (!shell(lo + "add dev lo root netem delay 1ms")) {
-      return "this kernel has no tc netem qdisc (`tc qdisc add ... netem` says \"Specified qdisc "
-             "kind is unknown\"; it needs CONFIG_NET_SCH_NETEM)";
-    }
-    shell(lo + "del dev lo root");
-    return "";
+    if (has_netem()) return "";
+    const std::string relay = LinkRelay::why_not(switch_name());
+    if (relay.empty()) return "";
+    return "this kernel has no tc netem qdisc (`tc qdisc add ... netem` says \"Specified qdisc "
+           "kind is unknown\"; it needs CONFIG_NET_SCH_NETEM), and " + relay;
   }
 
-  // Shapes `host`'s link in both directions with tc netem ("delay 50ms",
-  // "loss 1%", "rate 10mbit", or several); "" removes the shaping.
-  bool shape(int host, const std::string& netem) {
-    const std::string verb = netem.empty() ? "del" : "replace";
-    const std::string tail = netem.empty() ? "" : " netem " + netem;
-    return shell("ip netns exec " + hosts_.at(host) + " tc qdisc " + verb + " dev eth0 root" +
-                 tail) &&
-           shell("ip netns exec " + switch_name() + " tc qdisc " + verb + " dev s" +
-                 std::to_string(host) + " root" + tail);
+  // Shapes `host`'s link in both directions with netem's words: "delay
+  // 50ms", "loss 1%", "rate 10mbit", or several; "" restores the plain
+  // link. Uses tc netem where the kernel has it, else a LinkRelay (a
+  // process in the switch namespace, gone with the shaping or the
+  // cluster). Returns "" once the link is shaped, else why not; any other
+  // word (jitter, duplicate, ...) is refused, whichever shapes the link.
+  std::string shape(int host, const std::string& spec) {
+    std::istringstream words(spec);
+    std::string key, value;
+    while (words >> key) {
+      if (key != "delay" && key != "loss" && key != "rate") {
+        return "cannot shape a link with \"" + key + "\" (in \"" + spec +
+               "\"): shape() takes delay, loss and rate only";
+      }
+      words >> value;
+    }
+    relays_.erase(host);
+    const std::string link = "dev s" + std::to_string(host) + " root";
+    if (!has_netem()) {
+      if (spec.empty()) return "";
+      auto relay = std::make_unique<LinkRelay>(switch_name(), host, spec);
+      if (!relay->ok()) return relay->why();
+      relays_[host] = std::move(relay);
+      return "";
+    }
+    const std::string tc = " tc qdisc ";
+    if (spec.empty()) {  // absent qdiscs make these fail: the link is plain either way
+      shell("ip netns exec " + hosts_.at(host) + tc + "del dev eth0 root");
+      shell("ip netns exec " + switch_name() + tc + "del " + link);
+      return "";
+    }
+    if (!shell("ip netns exec " + hosts_.at(host) + tc + "replace dev eth0 root netem " + spec) ||
+        !shell("ip netns exec " + switch_name() + tc + "replace " + link + " netem " + spec)) {
+      return "tc netem refused \"" + spec + "\"";
+    }
+    return "";
   }
 
   // Starts an ssh server on every host, on port 22 of its own address, with
@@ -186,22 +217,41 @@ class TestCluster {
   }
 
   // Every process running in `host`'s namespace.
-  std::vector<pid_t> pids(int host) const {
+  std::vector<pid_t> pids(int host) const { return namespace_pids(hosts_.at(host)); }
+
+  // Every process in the switch namespace: the relays of links shaped in
+  // user space (shape()), none otherwise.
+  std::vector<pid_t> switch_pids() const { return namespace_pids(switch_name()); }
+
+  // Sends `signal` to every process on `host` (a machine that dies at once)
+  // and, for SIGKILL, waits up to `timeout_ms` for each to be gone (a pidfd
+  // per process, polled for its exit). True when none is left.
+  bool kill_host(int host, int signal = SIGKILL, int timeout_ms = 10000) {
+    const bool gone = kill_namespace(hosts_.at(host), signal, timeout_ms);
+    reap_sshd(host);
+    return gone;
+  }
+
+ private:
+  static bool shell(const std::string& command) {
+    return std::system(("{ " + command + "; } >/dev/null 2>&1").c_str()) == 0;
+  }
+
+  // Every process running in namespace `name`.
+  static std::vector<pid_t> namespace_pids(const std::string& name) {
     std::vector<pid_t> out;
     std::unique_ptr<FILE, int (*)(FILE*)> pipe(
-        ::popen(("ip netns pids " + hosts_.at(host) + " 2>/dev/null").c_str(), "r"), ::pclose);
+        ::popen(("ip netns pids " + name + " 2>/dev/null").c_str(), "r"), ::pclose);
     if (!pipe) return out;
     long pid = 0;
     while (std::fscanf(pipe.get(), "%ld", &pid) == 1) out.push_back(static_cast<pid_t>(pid));
     return out;
   }
 
-  // Sends `signal` to every process on `host` (a machine that dies at once)
-  // and, for SIGKILL, waits up to `timeout_ms` for each to be gone (a pidfd
-  // per process, polled for its exit). True when none is left.
-  bool kill_host(int host, int signal = SIGKILL, int timeout_ms = 10000) {
+  // kill_host() for any of the cluster's namespaces.
+  static bool kill_namespace(const std::string& name, int signal, int timeout_ms) {
     std::vector<int> exits;
-    for (pid_t pid : pids(host)) {
+    for (pid_t pid : namespace_pids(name)) {
       const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
       if (fd >= 0) exits.push_back(fd);
       ::kill(pid, signal);
@@ -217,13 +267,17 @@ class TestCluster {
       }
       ::close(fd);
     }
-    reap_sshd(host);
     return gone;
   }
 
- private:
-  static bool shell(const std::string& command) {
-    return std::system(("{ " + command + "; } >/dev/null 2>&1").c_str()) == 0;
+  // Whether the kernel has tc netem; asked once.
+  bool has_netem() const {
+    if (has_netem_ < 0) {
+      const std::string lo = "ip netns exec " + switch_name() + " tc qdisc ";
+      has_netem_ = shell(lo + "add dev lo root netem delay 1ms");
+      if (has_netem_) shell(lo + "del dev lo root");
+    }
+    return has_netem_ == 1;
   }
 
   std::string switch_name() const { return prefix_ + "sw"; }
@@ -319,6 +373,8 @@ class TestCluster {
   std::vector<std::string> addresses_;
   std::string ssh_dir_;
   std::vector<std::pair<int, pid_t>> sshd_;  // (host, pid) of each ssh server
+  std::map<int, std::unique_ptr<LinkRelay>> relays_;  // by host: links shaped in user space
+  mutable int has_netem_ = -1;                        // -1 until asked
 };
 
 }  // namespace tandem::testing
