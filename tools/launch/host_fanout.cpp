@@ -3,18 +3,13 @@
 
 #include "launch/host_fanout.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -22,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "launch/hostfile.h"
+#include "launch/ssh_probe.h"
 #include "launch/worker_group.h"
 #include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
@@ -125,25 +121,6 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
   return command;
 }
 
-std::vector<std::string> split_words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> words;
-  for (std::string word; in >> word;) words.push_back(word);
-  return words;
-}
-
-// `ssh [--launcher-args] [-p PORT] OPTIONS HOST`: the user's options first,
-// since ssh keeps the first value it reads for an option.
-std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host) {
-  std::vector<std::string> argv = {"ssh"};
-  for (auto& word : split_words(opts.launcher_args)) argv.push_back(word);
-  if (opts.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(opts.ssh_port)});
-  // No password prompts; a host that stops answering is noticed in 15 s.
-  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o",
-                           "ServerAliveCountMax=3", host});
-  return argv;
-}
-
 struct Job {
   std::string self, cwd;
   std::map<std::string, std::string> env;  // forwarded_environment() and the store token
@@ -177,28 +154,6 @@ WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>&
   spec.stdin_text = stdin_text(job, hosts[node].name, attempt);
   spec.host = hosts[node].name;
   return spec;
-}
-
-// Whether `host` answers ssh now (`ssh HOST true`, 5 s to connect).
-bool reachable(const LaunchOptions& opts, const std::string& host) {
-  std::vector<std::string> argv = ssh_argv(opts, host);
-  argv.insert(argv.end() - 1, {"-o", "ConnectTimeout=5"});
-  argv.emplace_back("true");
-  std::vector<char*> c_argv;
-  for (auto& arg : argv) c_argv.push_back(arg.data());
-  c_argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, "ssh", &actions, nullptr, c_argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return false;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 // Says which host failed, with its ranks; returns the launcher's exit code.
