@@ -177,8 +177,12 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   EXPECT_NE(unranked.find("--rdzv-backend c10d"), std::string::npos) << unranked;
   EXPECT_NE(refusal({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout must be > 0"),
             std::string::npos);
-  auto monitored = parse({"--monitor-interval", "5", "prog"}, &help);
-  EXPECT_TRUE(monitored.monitor_interval_given) << "warned about by the launcher";
+  EXPECT_DOUBLE_EQ(parse({"prog"}, &help).monitor_interval_s, 5.0);
+  auto monitored = parse({"--monitor-interval", "2.5", "prog"}, &help);
+  EXPECT_TRUE(monitored.monitor_interval_given) << "warned about where it has no effect";
+  EXPECT_DOUBLE_EQ(monitored.monitor_interval_s, 2.5) << "a --hostfile head's probe interval";
+  EXPECT_NE(refusal({"--monitor-interval", "0", "prog"}).find("--monitor-interval must be > 0"),
+            std::string::npos);
 }
 
 TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {

@@ -5,11 +5,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -183,6 +185,10 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       opts.nnodes_given ? std::optional<int>(opts.nnodes) : std::nullopt,
       opts.nproc_given ? std::optional<int>(opts.nproc_per_node) : std::nullopt, opts.hostfile);
   const size_t min_hosts = opts.min_nodes > 0 ? static_cast<size_t>(opts.min_nodes) : all.size();
+  if (opts.monitor_interval_given && opts.min_nodes == 0) {
+    std::fprintf(stderr, "tandem launch: --monitor-interval has no effect without --nnodes "
+                 "MIN:MAX: a job that needs every host never runs without one to probe\n");
+  }
   Job job;
   job.env = forwarded_environment();
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
@@ -197,11 +203,15 @@ int run_hostfile_launch(const LaunchOptions& opts) {
                "tandem launch --hostfile: cannot read the working directory");
   job.cwd = cwd_path;
 
-  // Every attempt runs on the hosts that answer; --max-restarts counts the
-  // restarts of the whole job.
+  // Every attempt runs on the hosts that answer. --max-restarts counts the
+  // restarts that failures cause, for the whole job; a restart that takes a
+  // host back (a membership change, as torchrun's agent restarts its
+  // workers for a node waiting to join) is not one of them.
   int first_world = 0;
+  int failures = 0;
   for (int attempt = 0;; ++attempt) {
     std::vector<SelectedHost> hosts;
+    std::vector<std::string> left_out;
     // A fixed job starts on every host (a missing one fails it at once); an
     // elastic one, and every restart, on those that answer.
     const bool probe = attempt > 0 || opts.min_nodes > 0;
@@ -209,6 +219,7 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       if (!probe || reachable(opts, host.name)) {
         hosts.push_back(host);
       } else {
+        left_out.push_back(host.name);
         std::fprintf(stderr, "tandem launch: host %s does not answer ssh; leaving it out\n",
                      host.name.c_str());
       }
@@ -252,15 +263,43 @@ int run_hostfile_launch(const LaunchOptions& opts) {
     std::vector<WorkerSpec> specs;
     for (size_t i = 0; i < hosts.size(); ++i) specs.push_back(host_spec(opts, hosts, i, job, attempt));
     WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
+    // Without some of its hosts, an elastic job probes them as it runs and,
+    // when one answers, stops to start again with it. The check runs in the
+    // group's loop, so the probes run in the background (ssh_probe.h).
+    std::optional<RejoinProbe> rejoin;
+    if (!left_out.empty()) {
+      rejoin.emplace(opts, left_out, opts.monitor_interval_s);
+      group.stop_when(
+          [&rejoin]() -> std::string {
+            const std::string host = rejoin->check();
+            if (host.empty()) return host;
+            std::fprintf(stderr,
+                         "tandem launch: host %s answers again; restarting the job to take it "
+                         "in (a membership change, not counted against --max-restarts)\n",
+                         host.c_str());
+            return "host " + host + " answers again";
+          },
+          std::min(opts.monitor_interval_s, 0.5));
+    }
     const GroupResult result = group.run();
+    rejoin.reset();  // kills the probes still running
     if (result.success) return 0;
+    if (!result.stop_reason.empty() && result.launcher_signal == 0) {
+      bool finished = true;
+      for (const auto& exit : result.exits) finished = finished && !exit.failed();
+      if (!finished) continue;
+      // Every host ended on its own before the stop reached it.
+      std::fprintf(stderr, "tandem launch: the job finished as it was being stopped; "
+                   "not restarting it\n");
+      return 0;
+    }
     if (!result.has_first_failure) {
       std::fprintf(stderr, "tandem launch: stopped by signal %d; every host's workers stopped\n",
                    result.launcher_signal);
       return 128 + result.launcher_signal;
     }
     const int code = report_host_failure(result.first_failure, hosts);
-    if (attempt >= opts.max_restarts) {
+    if (failures >= opts.max_restarts) {
       if (opts.max_restarts > 0) {
         std::fprintf(stderr,
                      "tandem launch: the restart budget is spent (--max-restarts %d)\n",
@@ -268,8 +307,9 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       }
       return code;
     }
-    std::fprintf(stderr, "tandem launch: restarting the job (restart %d of %d)\n",
-                 attempt + 1, opts.max_restarts);
+    ++failures;
+    std::fprintf(stderr, "tandem launch: restarting the job after a failure (%d of "
+                 "--max-restarts %d)\n", failures, opts.max_restarts);
   }
 }
 

@@ -358,8 +358,9 @@ int run_launch_command(int argc, char** argv) {
   }
   if (opts.monitor_interval_given) {
     std::fprintf(stderr,
-                 "tandem launch: --monitor-interval has no effect: the launcher learns of a "
-                 "worker's exit as it happens (it waits on the processes), not by polling\n");
+                 "tandem launch: --monitor-interval has no effect here: the launcher learns "
+                 "of a worker's exit as it happens (it waits on the processes); it sets how "
+                 "often a --hostfile head probes the hosts an elastic job runs without\n");
   }
   const bool python = is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;

@@ -90,6 +90,8 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
                    "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
   TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
+  TANDEM_CHECK_ARG(opts.monitor_interval_s > 0, "--monitor-interval must be > 0 seconds, got {}",
+                   opts.monitor_interval_s);
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
   TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty(),
@@ -214,7 +216,6 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                "empty line, and stop the workers when stdin closes");
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
   std::string rdzv_endpoint;
-  double monitor_interval = 0;
   app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
   app.add_option("--rdzv-backend", opts.rdzv_backend,
                  "static (each node gives --node-rank) or c10d (without --node-rank the nodes "
@@ -222,8 +223,9 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
                  "seconds a node waits for the others to arrive (c10d; default 600)");
-  app.add_option("--monitor-interval", monitor_interval,
-                 "accepted for torchrun compatibility; no effect (warned)")
+  app.add_option("--monitor-interval", opts.monitor_interval_s,
+                 "seconds between a --hostfile head's probes of the hosts an elastic job runs "
+                 "without (default 5); no effect otherwise (warned)")
       ->each([&](const std::string&) { opts.monitor_interval_given = true; });
   app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
   app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");

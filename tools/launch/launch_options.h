@@ -34,7 +34,11 @@ struct LaunchOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_id = "none";
   double rdzv_timeout_s = 600;  // how long a launcher waits for the other nodes
-  bool monitor_interval_given = false;  // --monitor-interval: warned about, no effect
+  // --monitor-interval: how often a --hostfile job's head probes the hosts
+  // an elastic job runs without (host_fanout.h); elsewhere it has no effect
+  // (warned about).
+  double monitor_interval_s = 5.0;
+  bool monitor_interval_given = false;
   // --hostfile: this launcher starts every host's launcher over ssh
   // (host_fanout.h). --launcher-args are ssh options, --ssh-port its port.
   std::string hostfile;
