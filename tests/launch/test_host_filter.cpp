@@ -177,8 +177,15 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   EXPECT_NE(unranked.find("--rdzv-backend c10d"), std::string::npos) << unranked;
   EXPECT_NE(refusal({"--rdzv-timeout", "0", "prog"}).find("--rdzv-timeout must be > 0"),
             std::string::npos);
-  auto monitored = parse({"--monitor-interval", "5", "prog"}, &help);
-  EXPECT_TRUE(monitored.monitor_interval_given) << "warned about by the launcher";
+  const LaunchOptions plain = parse({"prog"}, &help);
+  EXPECT_DOUBLE_EQ(monitor_interval(plain, 5.0), 5.0) << "a --hostfile head's default";
+  EXPECT_DOUBLE_EQ(monitor_interval(plain, 0.5), 0.5) << "a c10d node's default";
+  auto monitored = parse({"--monitor-interval", "2.5", "prog"}, &help);
+  EXPECT_TRUE(monitored.monitor_interval_given) << "warned about where it has no effect";
+  EXPECT_DOUBLE_EQ(monitor_interval(monitored, 5.0), 2.5) << "given, it wins in every mode";
+  EXPECT_NE(refusal({"--monitor-interval", "0", "prog"})
+                .find("--monitor-interval must be between 0 and 3600 seconds"),
+            std::string::npos);
 }
 
 TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {

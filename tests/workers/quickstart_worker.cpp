@@ -10,7 +10,10 @@
 // from the latest one there (at whatever world size it now runs). With
 // TANDEM_TEST_HANG_AFTER_STEP=K (restart 0 only) every rank, having saved
 // step K, writes its pid to $TANDEM_TEST_PID_DIR/rank<R>.pid and hangs, so
-// that a test can take a host away at a known point.
+// that a test can take a host away at a known point. With
+// TANDEM_TEST_HANG_ON_RANKS=N:K (any restart) it does the same when it runs
+// on N ranks, so that a test can bring a host back while the job runs
+// without it.
 
 #include <unistd.h>
 
@@ -39,6 +42,13 @@ int main(int argc, char** argv) {
   const bool first_attempt = restart == nullptr || std::atoi(restart) == 0;
   tandem::Accelerator accelerator;
   const int world = accelerator.num_processes();
+  int64_t hang_at = first_attempt && hang_after != nullptr ? std::atoll(hang_after) : -1;
+  if (const char* on_ranks = std::getenv("TANDEM_TEST_HANG_ON_RANKS")) {
+    const std::string spec = on_ranks;  // N:K
+    if (std::atoi(spec.c_str()) == world) {
+      hang_at = std::atoll(spec.substr(spec.find(':') + 1).c_str());
+    }
+  }
   if (global_batch % world != 0) {
     std::fprintf(stderr, "quickstart_worker: global batch %lld does not split over %d ranks\n",
                  static_cast<long long>(global_batch), world);
@@ -70,7 +80,7 @@ int main(int argc, char** argv) {
     loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
     const int64_t step = accelerator.step();
     if (save_every > 0 && step % save_every == 0) accelerator.save_state(ckpt);
-    if (first_attempt && hang_after != nullptr && step == std::atoll(hang_after)) {
+    if (step == hang_at) {
       if (const char* dir = std::getenv("TANDEM_TEST_PID_DIR")) {
         std::ofstream(std::string(dir) + "/rank" + std::to_string(accelerator.process_index()) +
                       ".pid")

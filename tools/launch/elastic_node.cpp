@@ -133,7 +133,7 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
                       make_workers(opts, plan, node.master_port, /*agent_store=*/true,
                                    round.number, attempt_dir),
                       opts.grace_period_s, opts.prefix_output);
-    group.stop_when([&] { return rendezvous.check(round); }, opts.monitor_interval_s);
+    group.stop_when([&] { return rendezvous.check(round); }, monitor_interval(opts, 0.5));
     const GroupResult result = group.run();
     if (result.success) {
       if (rendezvous.finish(round, exit_barrier)) return 0;

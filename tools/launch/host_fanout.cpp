@@ -3,18 +3,15 @@
 
 #include "launch/host_fanout.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -22,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "launch/hostfile.h"
+#include "launch/ssh_probe.h"
 #include "launch/worker_group.h"
 #include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
@@ -125,25 +123,6 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
   return command;
 }
 
-std::vector<std::string> split_words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> words;
-  for (std::string word; in >> word;) words.push_back(word);
-  return words;
-}
-
-// `ssh [--launcher-args] [-p PORT] OPTIONS HOST`: the user's options first,
-// since ssh keeps the first value it reads for an option.
-std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host) {
-  std::vector<std::string> argv = {"ssh"};
-  for (auto& word : split_words(opts.launcher_args)) argv.push_back(word);
-  if (opts.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(opts.ssh_port)});
-  // No password prompts; a host that stops answering is noticed in 15 s.
-  argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o",
-                           "ServerAliveCountMax=3", host});
-  return argv;
-}
-
 struct Job {
   std::string self, cwd;
   std::map<std::string, std::string> env;  // forwarded_environment() and the store token
@@ -179,28 +158,6 @@ WorkerSpec host_spec(const LaunchOptions& opts, const std::vector<SelectedHost>&
   return spec;
 }
 
-// Whether `host` answers ssh now (`ssh HOST true`, 5 s to connect).
-bool reachable(const LaunchOptions& opts, const std::string& host) {
-  std::vector<std::string> argv = ssh_argv(opts, host);
-  argv.insert(argv.end() - 1, {"-o", "ConnectTimeout=5"});
-  argv.emplace_back("true");
-  std::vector<char*> c_argv;
-  for (auto& arg : argv) c_argv.push_back(arg.data());
-  c_argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, "ssh", &actions, nullptr, c_argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return false;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
 // Says which host failed, with its ranks; returns the launcher's exit code.
 int report_host_failure(const WorkerExit& failed, const std::vector<SelectedHost>& hosts) {
   const auto node = static_cast<size_t>(failed.global_rank);
@@ -228,6 +185,10 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       opts.nnodes_given ? std::optional<int>(opts.nnodes) : std::nullopt,
       opts.nproc_given ? std::optional<int>(opts.nproc_per_node) : std::nullopt, opts.hostfile);
   const size_t min_hosts = opts.min_nodes > 0 ? static_cast<size_t>(opts.min_nodes) : all.size();
+  if (opts.monitor_interval_given && opts.min_nodes == 0) {
+    std::fprintf(stderr, "tandem launch: --monitor-interval has no effect without --nnodes "
+                 "MIN:MAX: a job that needs every host never runs without one to probe\n");
+  }
   Job job;
   job.env = forwarded_environment();
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
@@ -242,11 +203,15 @@ int run_hostfile_launch(const LaunchOptions& opts) {
                "tandem launch --hostfile: cannot read the working directory");
   job.cwd = cwd_path;
 
-  // Every attempt runs on the hosts that answer; --max-restarts counts the
-  // restarts of the whole job.
+  // Every attempt runs on the hosts that answer. --max-restarts counts the
+  // restarts that failures cause, for the whole job; a restart that takes a
+  // host back (a membership change, as torchrun's agent restarts its
+  // workers for a node waiting to join) is not one of them.
   int first_world = 0;
+  int failures = 0;
   for (int attempt = 0;; ++attempt) {
     std::vector<SelectedHost> hosts;
+    std::vector<std::string> left_out;
     // A fixed job starts on every host (a missing one fails it at once); an
     // elastic one, and every restart, on those that answer.
     const bool probe = attempt > 0 || opts.min_nodes > 0;
@@ -254,6 +219,7 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       if (!probe || reachable(opts, host.name)) {
         hosts.push_back(host);
       } else {
+        left_out.push_back(host.name);
         std::fprintf(stderr, "tandem launch: host %s does not answer ssh; leaving it out\n",
                      host.name.c_str());
       }
@@ -297,15 +263,43 @@ int run_hostfile_launch(const LaunchOptions& opts) {
     std::vector<WorkerSpec> specs;
     for (size_t i = 0; i < hosts.size(); ++i) specs.push_back(host_spec(opts, hosts, i, job, attempt));
     WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
+    // Without some of its hosts, an elastic job probes them as it runs and,
+    // when one answers, stops to start again with it. The check runs in the
+    // group's loop, so the probes run in the background (ssh_probe.h).
+    std::optional<RejoinProbe> rejoin;
+    if (!left_out.empty()) {
+      rejoin.emplace(opts, left_out, monitor_interval(opts, 5.0));
+      group.stop_when(
+          [&rejoin]() -> std::string {
+            const std::string host = rejoin->check();
+            if (host.empty()) return host;
+            std::fprintf(stderr,
+                         "tandem launch: host %s answers again; restarting the job to take it "
+                         "in (a membership change, not counted against --max-restarts)\n",
+                         host.c_str());
+            return "host " + host + " answers again";
+          },
+          std::min(monitor_interval(opts, 5.0), 0.5));
+    }
     const GroupResult result = group.run();
+    rejoin.reset();  // kills the probes still running
     if (result.success) return 0;
+    if (!result.stop_reason.empty() && result.launcher_signal == 0) {
+      bool finished = true;
+      for (const auto& exit : result.exits) finished = finished && !exit.failed();
+      if (!finished) continue;
+      // Every host ended on its own before the stop reached it.
+      std::fprintf(stderr, "tandem launch: the job finished as it was being stopped; "
+                   "not restarting it\n");
+      return 0;
+    }
     if (!result.has_first_failure) {
       std::fprintf(stderr, "tandem launch: stopped by signal %d; every host's workers stopped\n",
                    result.launcher_signal);
       return 128 + result.launcher_signal;
     }
     const int code = report_host_failure(result.first_failure, hosts);
-    if (attempt >= opts.max_restarts) {
+    if (failures >= opts.max_restarts) {
       if (opts.max_restarts > 0) {
         std::fprintf(stderr,
                      "tandem launch: the restart budget is spent (--max-restarts %d)\n",
@@ -313,8 +307,9 @@ int run_hostfile_launch(const LaunchOptions& opts) {
       }
       return code;
     }
-    std::fprintf(stderr, "tandem launch: restarting the job (restart %d of %d)\n",
-                 attempt + 1, opts.max_restarts);
+    ++failures;
+    std::fprintf(stderr, "tandem launch: restarting the job after a failure (%d of "
+                 "--max-restarts %d)\n", failures, opts.max_restarts);
   }
 }
 

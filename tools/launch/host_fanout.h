@@ -23,8 +23,11 @@
 // that answer `ssh HOST true` at that moment (a lost host is left out, one
 // that answers again rejoins), with TANDEM_RESTART_COUNT the restart number
 // on every host, provided at least MIN of `--nnodes MIN:MAX` (else all)
-// answer; an elastic job (--nnodes MIN:MAX) starts that way too. Exit
-// status: the failed host's, else 0.
+// answer; an elastic job (--nnodes MIN:MAX) starts that way too. While an
+// elastic job runs without some of its hosts, the head probes them every
+// --monitor-interval seconds (ssh_probe.h) and, when one answers, stops the
+// job and starts it again the same way: a membership change, which
+// --max-restarts does not count. Exit status: the failed host's, else 0.
 
 #include "launch/launch_options.h"
 

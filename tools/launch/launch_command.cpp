@@ -222,8 +222,9 @@ int run_launch_command(int argc, char** argv) {
   if (opts.monitor_interval_given && !rendezvous_at_store(opts)) {
     std::fprintf(stderr,
                  "tandem launch: --monitor-interval has no effect here: the launcher learns of "
-                 "a worker's exit as it happens (it waits on the processes), not by polling; it "
-                 "sets how often nodes meeting at the store (--rdzv-backend c10d) look at it\n");
+                 "a worker's exit as it happens (it waits on the processes); it sets how often "
+                 "nodes meeting at the store (--rdzv-backend c10d) look at it, and how often a "
+                 "--hostfile head probes the hosts an elastic job runs without\n");
   }
   const bool python = is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;

@@ -131,6 +131,10 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
                    "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
   TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
+  TANDEM_CHECK_ARG(!opts.monitor_interval_given ||
+                       (opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600),
+                   "--monitor-interval must be between 0 and 3600 seconds, got {}",
+                   opts.monitor_interval_s);
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
   TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty() || rendezvous_at_store(opts),
@@ -188,9 +192,6 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.rdzv_last_call_s >= 0,
                    "--rdzv-conf last_call_timeout must be >= 0 seconds, got {}",
                    opts.rdzv_last_call_s);
-  TANDEM_CHECK_ARG(opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600,
-                   "--monitor-interval must be between 0 and 3600 seconds, got {}",
-                   opts.monitor_interval_s);
   TANDEM_CHECK_ARG(opts.nnodes == 1 || opts.node_rank_given || !opts.include.empty() ||
                        opts.rdzv_backend == "c10d",
                    "--nnodes {} without --node-rank would make every node node 0. Give each "
@@ -280,7 +281,8 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                  "silent for their product, default 5 x 3 s, is lost)");
   app.add_option("--monitor-interval", opts.monitor_interval_s,
                  "seconds between a c10d node's looks at the store for restarts and joining "
-                 "nodes (default 0.5)")
+                 "nodes (default 0.5), or a --hostfile head's probes of the hosts an elastic "
+                 "job runs without (default 5); no effect otherwise (warned)")
       ->each([&](const std::string&) { opts.monitor_interval_given = true; });
   app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
   app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");

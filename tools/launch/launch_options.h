@@ -39,9 +39,11 @@ struct LaunchOptions {
   // heartbeat stops for their product is lost.
   double rdzv_keep_alive_interval_s = 5;
   int rdzv_keep_alive_attempts = 3;
-  // How often a c10d node looks at the store for restarts and waiting
-  // nodes (the workers' exits need no polling).
-  double monitor_interval_s = 0.5;
+  // --monitor-interval: how often a c10d node looks at the store for
+  // restarts and waiting nodes (default 0.5 s), and how often a --hostfile
+  // head probes the hosts an elastic job runs without (default 5 s); the
+  // workers' exits need no polling. Read it with monitor_interval().
+  double monitor_interval_s = 0;
   bool monitor_interval_given = false;
   // --hostfile: this launcher starts every host's launcher over ssh
   // (host_fanout.h). --launcher-args are ssh options, --ssh-port its port.
@@ -70,6 +72,11 @@ struct LaunchOptions {
   // left as it is.
   std::string visible_devices;
 };
+
+// --monitor-interval when given, else `default_s` (the mode's default).
+inline double monitor_interval(const LaunchOptions& opts, double default_s) {
+  return opts.monitor_interval_given ? opts.monitor_interval_s : default_s;
+}
 
 // Parses argv (argv[0] is "launch"). Options may be written with dashes or
 // underscores (--nproc-per-node, --nproc_per_node) and as "--opt value" or
