@@ -35,7 +35,7 @@ std::vector<std::string> elastic_node(const TestCluster& cluster, int port,
                                    "--rdzv-endpoint",
                                    cluster.address(0) + ":" + std::to_string(port),
                                    "--rdzv-id", "elastic", "--grace-period", "2", "--rdzv-conf",
-                                   "keep_alive_interval=0.5,keep_alive_max_attempt=4,last_call_timeout=1",
+                                   "keep_alive_interval=1,keep_alive_max_attempt=4,last_call_timeout=1",
                                    "--monitor-interval", "0.2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), program.begin(), program.end());
