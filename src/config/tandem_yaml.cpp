@@ -46,13 +46,16 @@ std::optional<int64_t> count_or_auto(const Value& v) {
 const KeyTable& tandem_top_level_keys() {
   static const KeyTable table{
       {"distributed", "num_processes", "num_machines", "machine_rank", "main_process_ip",
-       "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend", "same_network",
+       "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend",
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
-       "gradient_accumulation_steps", "gradient_clipping", "seed", "steps_per_print",
-       "wall_clock_breakdown", "fp16", "zero_optimization", "optimizer", "scheduler", "ddp",
-       "activation_checkpointing"},
-      {},
-      {},
+       "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
+       "optimizer", "scheduler", "ddp", "activation_checkpointing"},
+      {{"steps_per_print", "is not implemented yet: tandem prints no periodic step report; "
+                           "ignored", {"10"}, check_whole(1)},
+       {"wall_clock_breakdown", "is not implemented yet: tandem logs no per-step time "
+                                "breakdown; ignored", {"false"}, check_bool},
+       {"same_network", "changes nothing in tandem launch: every machine must reach "
+                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
   return table;
 }
@@ -62,7 +65,6 @@ const KeyTable& tandem_fp16_keys() {
                                "hysteresis", "consecutive_hysteresis", "min_loss_scale",
                                "deepspeed_semantics"},
                               {},
-                              {},
                               {}};
   return table;
 }
@@ -70,7 +72,6 @@ const KeyTable& tandem_fp16_keys() {
 const KeyTable& ddp_keys() {
   static const KeyTable table{{"bucket_cap_mb", "first_bucket_cap_mb", "find_unused_parameters",
                                "broadcast_buffers", "comm_hook", "cache_cpu_allocations"},
-                              {},
                               {},
                               {}};
   return table;
