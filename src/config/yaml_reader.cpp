@@ -166,7 +166,10 @@ Value Value::root(const ReadContext& ctx, YAML::Node node) {
 }
 
 std::string Value::where() const {
-  if (is_null() || node_.Mark().line < 0) return mark_text(ctx_->name, key_mark_);
+  // Not is_null(): saying where a value is does not read it.
+  if (!node_.IsDefined() || node_.IsNull() || node_.Mark().line < 0) {
+    return mark_text(ctx_->name, key_mark_);
+  }
   return mark_text(ctx_->name, node_.Mark());
 }
 
