@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "core/text.h"
 #include "tandem/comm/process_group.h"
 
 namespace tandem::detail {
@@ -45,6 +44,7 @@ const char* to_string(CollectiveOp op) {
     case CollectiveOp::kReduceScatter: return "reduce_scatter";
     case CollectiveOp::kBarrier: return "barrier";
     case CollectiveOp::kAllGatherBytes: return "all_gather_bytes";
+    case CollectiveOp::kNewGroup: return "new_group";
   }
   return "unknown collective";
 }
@@ -77,10 +77,8 @@ std::string Fingerprint::describe(bool with_sequence) const {
   const auto& f = fields;
   const auto op = static_cast<CollectiveOp>(f[kOp]);
   std::string text = to_string(op);
-  if (op != CollectiveOp::kAllReduce && op != CollectiveOp::kBroadcast &&
-      op != CollectiveOp::kAllGather && op != CollectiveOp::kAllGatherInto &&
-      op != CollectiveOp::kReduceScatter && op != CollectiveOp::kBarrier &&
-      op != CollectiveOp::kAllGatherBytes) {
+  if (f[kOp] < static_cast<std::int64_t>(CollectiveOp::kAllReduce) ||
+      f[kOp] > static_cast<std::int64_t>(CollectiveOp::kLast)) {
     text = fmt::format("collective {}", f[kOp]);  // a different tandem build?
   }
   if (with_sequence) text += fmt::format(" #{}", f[kSequence]);
@@ -101,7 +99,7 @@ std::string Fingerprint::describe(bool with_sequence) const {
   return text;
 }
 
-std::string find_desync(const std::vector<Fingerprint>& by_rank) {
+std::string find_desync(const std::vector<Fingerprint>& by_rank, const GroupRanks& group) {
   // Groups of ranks with equal fingerprints, in order of their lowest rank.
   std::vector<Fingerprint> kinds;
   std::vector<std::vector<int>> ranks;
@@ -118,12 +116,12 @@ std::string find_desync(const std::vector<Fingerprint>& by_rank) {
   const bool same_sequence = std::all_of(kinds.begin(), kinds.end(), [&](const Fingerprint& k) {
     return k.sequence() == kinds[0].sequence();
   });
-  std::string text = same_sequence ? fmt::format("collective desync at #{}: ", kinds[0].sequence())
-                                   : std::string("collective desync: ");
+  std::string text = same_sequence ? fmt::format("collective desync at #{}{}: ",
+                                                  kinds[0].sequence(), group.suffix())
+                                   : fmt::format("collective desync{}: ", group.suffix());
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     const char* joint = i == 0 ? "" : (i == 1 ? " but " : " and ");
-    text += fmt::format("{}{} {} called {}", joint, ranks[i].size() == 1 ? "rank" : "ranks",
-                        rank_list(ranks[i]),
+    text += fmt::format("{}{} called {}", joint, group.name(ranks[i]),
                         kinds[i].describe(!same_sequence));
   }
   text +=

@@ -16,6 +16,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/group_ranks.h"
+
 namespace tandem::detail {
 
 enum class CollectiveOp : std::int64_t {
@@ -26,6 +28,8 @@ enum class CollectiveOp : std::int64_t {
   kReduceScatter,
   kBarrier,
   kAllGatherBytes,
+  kNewGroup,  // new_group and split_group
+  kLast = kNewGroup,
 };
 
 const char* to_string(CollectiveOp op);
@@ -50,6 +54,7 @@ struct Fingerprint {
 // message naming the ranks and what each group of them called, e.g.
 // "collective desync at #7: rank 0 called all_reduce Float[10] (sum) but
 // rank 1 called broadcast Float[12] (root 0)", followed by the likely cause.
-std::string find_desync(const std::vector<Fingerprint>& by_rank);
+// `group` names the ranks (group ranks index `by_rank`).
+std::string find_desync(const std::vector<Fingerprint>& by_rank, const GroupRanks& group = {});
 
 }  // namespace tandem::detail

@@ -21,6 +21,10 @@ void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
   }
 }
 
+void ProcessGroup::Impl::require_member(const char* op) const {
+  if (!outside.empty()) TANDEM_THROW(UsageError, "{}: {}", op, outside);
+}
+
 bool ProcessGroup::Impl::uses_nccl(const at::Tensor& tensor) const {
 #if defined(TANDEM_WITH_NCCL)
   return tensor.is_cuda() && options.cuda_backend != CudaBackend::kGloo;
@@ -66,10 +70,11 @@ ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
   if (tensor != nullptr) {
     std::ostringstream shape;
     shape << tensor->sizes();
-    call.what = fmt::format("{} #{} {}{} on {}", detail::to_string(op), call.sequence,
-                            c10::toString(tensor->scalar_type()), shape.str(), backend);
+    call.what = fmt::format("{} #{} {}{} on {}{}", detail::to_string(op), call.sequence,
+                            c10::toString(tensor->scalar_type()), shape.str(), backend,
+                            group.suffix());
   } else {
-    call.what = fmt::format("{} #{}", detail::to_string(op), call.sequence);
+    call.what = fmt::format("{} #{}{}", detail::to_string(op), call.sequence, group.suffix());
   }
   if (setting_up) return call;
   monitor->entered(call.sequence, call.what);
@@ -121,7 +126,7 @@ void ProcessGroup::Impl::check_desync(const detail::Fingerprint& mine, const Cal
     std::copy(row + static_cast<std::ptrdiff_t>(r) * kFields,
               row + static_cast<std::ptrdiff_t>(r + 1) * kFields, by_rank[r].fields.begin());
   }
-  std::string message = detail::find_desync(by_rank);
+  std::string message = detail::find_desync(by_rank, group);
   if (message.empty()) message = "collective desync at " + call.what + " (the ranks disagreed)";
   TANDEM_THROW(UsageError, "{}", message);
 }

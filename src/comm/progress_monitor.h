@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/group_ranks.h"
 #include "core/torch_compat.h"
 
 namespace tandem::detail {
@@ -28,9 +29,10 @@ class ProgressMonitor {
  public:
   // Publishes "joined" for this rank at once, then starts the publisher.
   // Call before the group's rendezvous, so every key is fresh (a store kept
-  // across restarts may hold the previous run's keys).
+  // across restarts may hold the previous run's keys). `group` names the
+  // ranks in explanations.
   ProgressMonitor(compat::StorePtr store, int rank, int world_size,
-                  std::chrono::milliseconds interval);
+                  std::chrono::milliseconds interval, GroupRanks group = {});
   // Stops the publisher; returns within one store call.
   ~ProgressMonitor();
   ProgressMonitor(const ProgressMonitor&) = delete;
@@ -52,6 +54,7 @@ class ProgressMonitor {
   int rank_;
   int world_size_;
   std::chrono::milliseconds interval_;
+  GroupRanks group_;
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -67,7 +70,9 @@ std::string progress_key(int rank);
 
 // Pure part of explain_timeout: `values[r]` is rank r's published value
 // ("joined", or "<sequence> <description>"), nullopt when it has none.
+// `group` names the ranks (group ranks index `values`).
 std::string explain_progress(std::uint64_t sequence, int self,
-                             const std::vector<std::optional<std::string>>& values);
+                             const std::vector<std::optional<std::string>>& values,
+                             const GroupRanks& group = {});
 
 }  // namespace tandem::detail

@@ -37,7 +37,11 @@ std::size_t ShmTransport::segment_bytes(int world_size) {
 
 ShmTransport::ShmTransport(ShmSegment segment, int rank, int world_size,
                            std::chrono::milliseconds timeout)
-    : segment_(std::move(segment)), rank_(rank), world_size_(world_size), timeout_(timeout) {
+    : segment_(std::move(segment)),
+      rank_(rank),
+      world_size_(world_size),
+      timeout_(timeout),
+      label_(thread_rank_label()) {
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -56,7 +60,9 @@ bool ShmTransport::supports(const at::Tensor& tensor, bool reduces) {
 }
 
 void ShmTransport::worker_loop() {
-  set_thread_rank_label(rank_, world_size_);  // errors raised here name the rank
+  // Errors raised here name the rank as the caller's do (its global rank,
+  // also on a subgroup); a process without thread labels uses its own.
+  if (label_.first >= 0) set_thread_rank_label(label_.first, label_.second);
   for (;;) {
     std::function<void()> job;
     {

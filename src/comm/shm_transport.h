@@ -84,6 +84,8 @@ class ShmTransport {
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  // The creating thread's rank label: the global rank also in a subgroup.
+  std::pair<int, int> label_;
   std::uint32_t generation_ = 0;
   std::uint64_t round_ = 0;  // rounds run so far, of every collective
   std::string failed_;  // first error; the transport is unusable after one
