@@ -28,6 +28,10 @@ enum class CollectiveOp : std::int64_t {
   kReduceScatter,
   kBarrier,
   kAllGatherBytes,
+  kAllToAll,
+  kAllToAllUneven,  // dim 0 differs between ranks by design; it reads "*"
+  kGather,
+  kScatter,
   kNewGroup,  // new_group and split_group
   kLast = kNewGroup,
 };
@@ -43,6 +47,11 @@ struct Fingerprint {
   // -1 when the operation has none.
   static Fingerprint of(CollectiveOp op, std::uint64_t sequence, const at::Tensor* tensor,
                         std::int64_t reduce_op = -1, std::int64_t root = -1);
+  // From a tensor's description instead of the tensor; a size of -1 stands
+  // for a dimension that may differ between ranks (shown as "*").
+  static Fingerprint of(CollectiveOp op, std::uint64_t sequence, at::ScalarType dtype,
+                        c10::DeviceType device, at::IntArrayRef sizes, std::int64_t reduce_op = -1,
+                        std::int64_t root = -1);
 
   std::uint64_t sequence() const;
   // "all_reduce Float[10] (sum)"; with_sequence adds "#7" after the name.

@@ -21,6 +21,12 @@ void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
   }
 }
 
+std::string detail::tensor_text(const at::Tensor& tensor) {
+  std::ostringstream shape;
+  shape << tensor.sizes();
+  return c10::toString(tensor.scalar_type()) + shape.str();
+}
+
 void ProcessGroup::Impl::require_member(const char* op) const {
   if (!outside.empty()) TANDEM_THROW(UsageError, "{}: {}", op, outside);
 }
@@ -64,7 +70,8 @@ compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
 ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
                                                    const at::Tensor* tensor,
                                                    const std::string& backend,
-                                                   std::int64_t reduce_op, std::int64_t root) {
+                                                   std::int64_t reduce_op, std::int64_t root,
+                                                   bool rows_vary) {
   Call call;
   call.sequence = sequence++;
   if (tensor != nullptr) {
@@ -79,7 +86,15 @@ ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
   if (setting_up) return call;
   monitor->entered(call.sequence, call.what);
   if (options.debug_detail || call.sequence < options.desync_check_collectives) {
-    check_desync(detail::Fingerprint::of(op, call.sequence, tensor, reduce_op, root), call);
+    if (rows_vary && tensor != nullptr && tensor->dim() > 0) {
+      std::vector<std::int64_t> sizes = tensor->sizes().vec();
+      sizes[0] = -1;
+      check_desync(detail::Fingerprint::of(op, call.sequence, tensor->scalar_type(),
+                                           tensor->device().type(), sizes, reduce_op, root),
+                   call);
+    } else {
+      check_desync(detail::Fingerprint::of(op, call.sequence, tensor, reduce_op, root), call);
+    }
   }
   return call;
 }

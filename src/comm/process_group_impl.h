@@ -64,9 +64,10 @@ struct ProcessGroup::Impl {
   // collectives or in debug mode, compares its fingerprint across ranks
   // (throws UsageError on a mismatch). Returns its description, used in
   // every error message: "all_reduce #12 Float[4, 8] on gloo", with " in
-  // group [1, 3]" on a subgroup.
+  // group [1, 3]" on a subgroup. With `rows_vary` (uneven all_to_all) the
+  // fingerprint leaves dim 0 out, since it differs between ranks by design.
   Call begin(detail::CollectiveOp op, const at::Tensor* tensor, const std::string& backend,
-             std::int64_t reduce_op = -1, std::int64_t root = -1);
+             std::int64_t reduce_op = -1, std::int64_t root = -1, bool rows_vary = false);
 
   // Name of the backend that carries collectives on `tensor` ("gloo",
   // "nccl"), without creating it.
@@ -99,8 +100,8 @@ struct ProcessGroup::Impl {
   [[noreturn]] static void rethrow_usage(const std::string& what);
 
   // Every rank's bytes, indexed by rank: the inner gathers of a collective
-  // already begun as `call` (all_gather_bytes, new_group). Not counted or
-  // checked again. collectives.cpp.
+  // already begun as `call` (all_gather_bytes, new_group, the split sizes of
+  // an uneven all_to_all). Not counted or checked again. collectives.cpp.
   std::vector<std::vector<std::uint8_t>> gather_bytes(const std::vector<std::uint8_t>& bytes,
                                                       const Call& call);
   // Every rank's `tensor` (same shape everywhere), indexed by rank, for a
@@ -138,6 +139,9 @@ namespace detail {
 // Throws UsageError unless `tensor` is defined, dense and contiguous; `op`
 // and `name` say which call and which argument.
 void check_dense(const at::Tensor& tensor, const char* op, const char* name);
+
+// "Float[7, 3]": a tensor's dtype and shape, for messages.
+std::string tensor_text(const at::Tensor& tensor);
 
 // Gloo has no bfloat16 type. Collectives that only move bytes send a bf16
 // tensor as fp16 with the same bits (same element size).

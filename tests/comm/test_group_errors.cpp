@@ -1,6 +1,7 @@
-// Misuse of subgroups: a rank outside a group, ranks that pass different
-// groups, a desync or a timeout inside a subgroup (named by global and group
-// rank). Each gives every rank involved a clear error instead of a hang.
+// Misuse of subgroups and of the new collectives: a rank outside a group,
+// ranks that pass different groups, a desync or a timeout inside a subgroup
+// (named by global and group rank), and all_to_all split sizes that disagree.
+// Each gives every rank involved a clear error instead of a hang.
 
 #include <gtest/gtest.h>
 
@@ -56,6 +57,9 @@ TEST(GroupErrors, ARankOutsideAGroupIsToldWhichRanksAreInIt) {
         {"all_gather_into", [&] { group->all_gather_into(out, t); }},
         {"reduce_scatter", [&] { group->reduce_scatter(t, out); }},
         {"barrier", [&] { group->barrier(); }},
+        {"all_to_all", [&] { group->all_to_all(out, out); }},
+        {"gather", [&] { group->gather(t); }},
+        {"scatter", [&] { group->scatter(t, {}); }},
         {"new_group", [&] { group->new_group({0}); }},
     };
     for (auto& [name, call] : calls) {
@@ -155,6 +159,61 @@ TEST(GroupErrors, ATimeoutInASubgroupNamesTheMissingRankByBothRanks) {
               std::string::npos)
         << message;
   }
+}
+
+TEST(GroupErrors, AllToAllSplitsThatDisagreeAreNamedOnEveryRank) {
+  auto messages = group_errors<UsageError>(3, [](ProcessGroup& pg) {
+    // Each rank sends 1 row to each; rank 2 expects 2 rows from rank 0.
+    std::vector<int64_t> out_splits = {1, 1, 1};
+    if (pg.rank() == 2) out_splits = {2, 1, 0};
+    auto input = at::ones({3});
+    auto output = at::empty({3});
+    pg.all_to_all(output, input, out_splits, {1, 1, 1});
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("rank 0 sends 1 row(s) to rank 2 (its input_splits[2]) but rank 2 "
+                           "expects 2 from rank 0 (its output_splits[0])"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+  messages = group_errors<UsageError>(2, [](ProcessGroup& pg) {
+    auto t = at::ones({pg.rank() == 0 ? 4 : 6});
+    auto out = at::empty_like(t);
+    pg.all_to_all(out, t);
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("rank 0 called all_to_all Float[4] but rank 1 called all_to_all "
+                           "Float[6]"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+  messages = group_errors<UsageError>(1, [](ProcessGroup& pg) {
+    auto out = at::empty({3});
+    pg.all_to_all(out, at::ones({4}), {3}, {5});
+  });
+  EXPECT_NE(messages[0].find("input_splits sums to 5 rows but the tensor's dim 0 has 4"),
+            std::string::npos)
+      << messages[0];
+}
+
+TEST(GroupErrors, GatherAndScatterRootsThatDisagreeAreADesync) {
+  auto messages = group_errors<UsageError>(3, [](ProcessGroup& pg) {
+    pg.gather(at::ones({7}), pg.rank() == 1 ? 1 : 0);
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("ranks 0, 2 called gather Float[7] (root 0) but rank 1 called gather "
+                           "Float[7] (root 1)"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+  messages = group_errors<UsageError>(1, [](ProcessGroup& pg) {
+    auto out = at::empty({7});
+    pg.scatter(out, {at::ones({7}), at::ones({7})}, 0);  // two tensors for one rank
+  });
+  EXPECT_NE(messages[0].find("scatter: the root passed 2 input tensor(s); it needs one per rank "
+                             "(1)"),
+            std::string::npos)
+      << messages[0];
 }
 
 }  // namespace

@@ -76,8 +76,8 @@ struct ProcessGroupOptions {
   // Network interface Gloo listens on (e.g. "eth0"); wins over gloo_host.
   std::string gloo_interface;
   // When every rank of a group is on one host, carry its CPU all-reduces,
-  // all-gathers and reduce-scatters through shared memory instead of Gloo's
-  // loopback TCP (several times faster).
+  // all-gathers, reduce-scatters, all-to-alls, gathers and scatters through
+  // shared memory instead of Gloo's loopback TCP (several times faster).
   // false forces Gloo. Subgroups decide for themselves.
   bool shared_memory = true;
   // Ranks with equal host ids share memory. Empty: hostname and boot id.
@@ -115,8 +115,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::chrono::milliseconds timeout() const;
   // Name of the backend for CPU tensors: "gloo", or "local" at world 1.
   std::string backend_name() const;
-  // True when CPU all-reduces, all-gathers and reduce-scatters go through
-  // the shared-memory transport.
+  // True when CPU all-reduces, all-gathers, reduce-scatters, all-to-alls,
+  // gathers and scatters go through the shared-memory transport.
   bool uses_shared_memory() const;
   // Id of this rank's host (ProcessGroupOptions::host_id, else hostname and
   // boot id): ranks with equal ids share memory.
@@ -174,6 +174,32 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   void barrier();
 
+  // ---- exchanges ----
+
+  // Equal splits (torch's all_to_all_single without split sizes): input's
+  // dim 0 is cut into world_size equal blocks, block r going to rank r;
+  // output's block r comes from rank r. Both have the same shape, dtype and
+  // device, and dim 0 must divide by world_size. Input and output must not
+  // overlap. Shared memory on one host (CPU), else Gloo (NCCL for CUDA).
+  void all_to_all(at::Tensor& output, const at::Tensor& input);
+  // Uneven splits (all_to_all_single with split sizes): input_splits[r]
+  // rows (dim 0) of input, in order, go to rank r; output_splits[r] rows of
+  // output arrive from rank r. Zero is allowed. Splits sum to the tensors'
+  // dim 0, the other dims agree. Every rank's input_splits[r] must equal rank
+  // r's output_splits[this rank]: the ranks exchange their splits first (one
+  // small all-gather) and throw UsageError naming the pair that disagrees,
+  // instead of corrupting memory or hanging. Counted once.
+  void all_to_all(at::Tensor& output, const at::Tensor& input,
+                  const std::vector<std::int64_t>& output_splits,
+                  const std::vector<std::int64_t>& input_splits);
+
+  // Rank `root` gets every rank's `tensor` (same shape and dtype on every
+  // rank), indexed by rank; the other ranks get an empty vector.
+  std::vector<at::Tensor> gather(const at::Tensor& tensor, int root = 0);
+  // Rank r's `output` gets root's inputs[r]. On root, `inputs` holds
+  // world_size tensors of output's shape, dtype and device; on the other
+  // ranks it is ignored (pass {}).
+  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root = 0);
 
   // Every rank's bytes / string, indexed by rank. Sizes may differ per rank.
   std::vector<std::vector<std::uint8_t>> all_gather_bytes(const std::vector<std::uint8_t>& bytes);
