@@ -4,8 +4,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/collective_fingerprint.h"
@@ -42,6 +46,11 @@ struct ProcessGroup::Impl {
   // Subgroups made so far: the next one's store prefix. Every rank of this
   // group counts them alike, since new_group is collective.
   std::uint64_t subgroups_made = 0;
+  // Point to point: for each (source rank, tag), when the last recv issued
+  // has posted its data receive. Data receives of one (source, tag) are
+  // posted in the order the recvs were issued (point_to_point.cpp).
+  std::mutex recv_order_mutex;
+  std::map<std::pair<int, int>, std::shared_future<void>> recv_posted;
 
   // A collective being started: its number and its description.
   struct Call {

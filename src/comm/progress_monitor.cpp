@@ -65,6 +65,12 @@ void ProgressMonitor::entered(std::uint64_t sequence, const std::string& what) {
   dirty_ = true;
 }
 
+void ProgressMonitor::entered_point_to_point(std::uint64_t next_sequence,
+                                             const std::string& what) {
+  if (next_sequence == 0) return;
+  entered(next_sequence - 1, what);
+}
+
 void ProgressMonitor::publish_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
@@ -111,6 +117,27 @@ std::string ProgressMonitor::explain_timeout(std::uint64_t sequence) {
     return fmt::format("the ranks' progress could not be read from the store ({})", reason);
   }
   return explain_progress(sequence, rank_, values, group_);
+}
+
+std::string ProgressMonitor::explain_peer(int peer) {
+  publish_latest();
+  const int global = group_.global(peer);
+  try {
+    const std::string key = progress_key(peer);
+    if (!store_->check({key})) return fmt::format("rank {} never reported", global);
+    auto bytes = store_->get(key);
+    const std::string value(bytes.begin(), bytes.end());
+    std::uint64_t seq = 0;
+    std::string what;
+    if (!parse_sequence(value, seq, what)) {
+      return fmt::format("rank {} entered no collective yet", global);
+    }
+    return fmt::format("rank {} last entered {}", global, what);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason.resize(std::min(reason.find('\n'), reason.size()));
+    return fmt::format("rank {}'s progress could not be read from the store ({})", global, reason);
+  }
 }
 
 std::string explain_progress(std::uint64_t sequence, int self,

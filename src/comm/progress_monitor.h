@@ -40,11 +40,20 @@ class ProgressMonitor {
 
   // This rank entered collective `sequence`, described by `what`.
   void entered(std::uint64_t sequence, const std::string& what);
+  // This rank started a send or recv (`what`) while `next_sequence`
+  // collectives had been issued. It is published as if it came right after
+  // the last collective, so a rank waiting at the next one names it as the
+  // place where this rank is. Before any collective it is not published.
+  void entered_point_to_point(std::uint64_t next_sequence, const std::string& what);
 
   // After collective `sequence` timed out on this rank: reads every rank's
   // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
   // last entered barrier #9; rank 3 never reported)". Never throws.
   std::string explain_timeout(std::uint64_t sequence);
+
+  // After a send or recv with `peer` timed out: where that rank last was,
+  // e.g. "rank 2 last entered barrier #9". Never throws.
+  std::string explain_peer(int peer);
 
  private:
   void publish_loop();

@@ -60,6 +60,8 @@ TEST(GroupErrors, ARankOutsideAGroupIsToldWhichRanksAreInIt) {
         {"all_to_all", [&] { group->all_to_all(out, out); }},
         {"gather", [&] { group->gather(t); }},
         {"scatter", [&] { group->scatter(t, {}); }},
+        {"send", [&] { group->send(t, 0); }},
+        {"recv", [&] { group->recv(t, 0); }},
         {"new_group", [&] { group->new_group({0}); }},
     };
     for (auto& [name, call] : calls) {

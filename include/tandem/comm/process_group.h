@@ -18,7 +18,8 @@
 // every rank must issue the same collectives in the same order (as in c10d);
 // the desync check (ProcessGroupOptions) catches a rank that does not.
 // Different ProcessGroup objects are independent: a subgroup may be used from
-// another thread than its parent.
+// another thread than its parent. send/recv are not collectives: only the
+// two ranks involved call them.
 
 #include <chrono>
 #include <cstdint>
@@ -201,13 +202,37 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // ranks it is ignored (pass {}).
   void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root = 0);
 
+  // ---- point to point ----
+  //
+  // Not collectives: only the sender and the receiver call them, so they
+  // neither count in sequence_number() nor take part in the desync check.
+  // Each send matches the recv from the same rank with the same tag, in
+  // order. A small header travels before the data, so a recv whose tensor
+  // disagrees with what was sent (dtype or element count; the shape may
+  // differ) throws UsageError naming both, instead of truncating or
+  // overrunning it. Carried by Gloo (NCCL for CUDA data), also within a host:
+  // there is no shared-memory mailbox yet. tag: 0 <= tag < 2^30. A timeout
+  // names the peer and where it last was.
+
+  // Returns once the receiver has taken `tensor`.
+  void send(const at::Tensor& tensor, int dst, int tag = 0);
+  // Fills `tensor` (contiguous, of the sent dtype and element count).
+  void recv(at::Tensor& tensor, int src, int tag = 0);
+  // Start the same; the tensor must stay alive and untouched until
+  // Work::wait() returns. Any number may be outstanding; a recv_async waits
+  // for its header on a helper thread of its own, so that independent
+  // messages never wait for each other.
+  Work send_async(at::Tensor tensor, int dst, int tag = 0);
+  Work recv_async(at::Tensor tensor, int src, int tag = 0);
+
   // Every rank's bytes / string, indexed by rank. Sizes may differ per rank.
   std::vector<std::vector<std::uint8_t>> all_gather_bytes(const std::vector<std::uint8_t>& bytes);
   std::vector<std::string> all_gather_strings(const std::string& text);
 
   // Number of collectives issued so far (the next one's sequence number).
   // Each collective above counts once, also when it moves no data (empty
-  // tensors) and the byte/string gathers, which run two inner gathers.
+  // tensors) and the byte/string gathers, which run two inner gathers;
+  // send and recv do not count.
   std::uint64_t sequence_number() const;
 
   struct Impl;
