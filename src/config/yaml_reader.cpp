@@ -424,7 +424,7 @@ void for_each_key(const Value& map, const KeyTable& table,
     Value value(ctx, it->second, key_mark, path);
 
     if (std::find(table.read.begin(), table.read.end(), key) != table.read.end()) {
-      const YAML::Node& raw = it->second;
+      const YAML::Node raw = it->second;  // a handle: it-> yields a temporary
       const bool auto_value = raw.IsScalar() && raw.Scalar() == "auto";
       if (raw.IsDefined() && !raw.IsNull() && !auto_value) {
         ctx.config->key_locations[path] = value.where();
