@@ -120,7 +120,11 @@ HookWork PowerSGDHook::start(GradBucket& bucket) {
     } else {
       state.error = at::zeros_like(plan->buffer);
     }
-    plan->input_copy = plan->buffer.clone();
+    // Kept between iterations: a fresh bucket-sized tensor every step costs
+    // its page faults again (30 ms for 50 MB here).
+    if (!state.input_copy.defined()) state.input_copy = at::empty_like(plan->buffer);
+    plan->input_copy = state.input_copy;
+    plan->input_copy.copy_(plan->buffer);
   }
 
   // Which gradients to compress; Ps and Qs are laid out shape group by
@@ -205,7 +209,10 @@ HookWork PowerSGDHook::start(GradBucket& bucket) {
     }
     for (std::size_t k = 0; k < plan->matrices.size(); ++k) {
       orthogonalize(plan->ps[k], epsilon);
-      at::bmm_out(plan->qs[k], plan->matrices[k].transpose(1, 2), plan->ps[k]);
+      // Q = M^T P, computed as (P^T M)^T: a product over M's rows as
+      // stored, about 20x faster on the CPU than over its transpose
+      // (2048 x 2048, rank 4, one thread: 1 ms against 21).
+      plan->qs[k].copy_(at::bmm(plan->ps[k].transpose(1, 2), plan->matrices[k]).transpose(1, 2));
     }
     at::Tensor q = buckets_.at(index).q;
     Work sum_qs = pg.all_reduce_async(q, ReduceOp::kSum);

@@ -86,8 +86,9 @@ class PowerSGDHook : public CommHook {
 
  private:
   struct BucketState {
-    at::Tensor error;  // what compression lost, added to the next gradient
-    at::Tensor q;      // every Q of the bucket, back to back (warm start)
+    at::Tensor error;       // what compression lost, added to the next gradient
+    at::Tensor q;           // every Q of the bucket, back to back (warm start)
+    at::Tensor input_copy;  // the gradient before compression, reused each time
   };
 
   // Next seed for a fresh set of Qs, as numpy's RandomState.randint(1e9).
