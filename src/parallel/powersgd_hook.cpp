@@ -114,7 +114,8 @@ HookWork PowerSGDHook::start(GradBucket& bucket) {
     if (state.error.defined()) {
       TANDEM_CHECK(state.error.numel() == plan->buffer.numel(),
                    "PowerSGD: bucket {} holds {} elements, but its error feedback {}: the "
-                   "buckets changed after compression started",
+                   "buckets changed after compression started. PowerSGD keeps its state per "
+                   "bucket index: give it the same buckets in every iteration",
                    bucket.index(), plan->buffer.numel(), state.error.numel());
       plan->buffer.add_(state.error);
     } else {
@@ -163,7 +164,8 @@ HookWork PowerSGDHook::start(GradBucket& bucket) {
   if (!fresh_q && state.q.numel() != plan->q_numel) {
     TANDEM_THROW(Error,
                  "PowerSGD: bucket {} needs {} elements of Q, but kept {}: the buckets changed "
-                 "after compression started",
+                 "after compression started. PowerSGD keeps its state per bucket index: give it "
+                 "the same buckets in every iteration",
                  bucket.index(), plan->q_numel, state.q.numel());
   }
   if (fresh_q) state.q = at::empty({plan->q_numel}, plan->buffer.options());

@@ -113,8 +113,10 @@ class HookWork {
 // The interface of a communication hook. DDP calls start() once per bucket
 // and synchronised backward, in bucket order, on the thread running
 // backward, and the returned steps at the end of that backward, before
-// backward() returns; never two calls at once. A hook object belongs to one
-// DistributedDataParallel (it may keep per-bucket state) and must outlive it.
+// backward() returns; never two calls at once, and under the wrapper's lock
+// (a hook must not call its DistributedDataParallel). A hook object belongs
+// to one DistributedDataParallel (it may keep per-bucket state); the wrapper
+// shares its ownership.
 class CommHook {
  public:
   // The built-in hooks, chosen by DDPOptions::comm_hook (tandem YAML:
