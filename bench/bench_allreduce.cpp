@@ -1,5 +1,6 @@
-// Bandwidth of tandem's CPU collectives: all-reduce, all-gather and
-// reduce-scatter (shared memory on one host, or Gloo with --no-shm).
+// Bandwidth of tandem's CPU collectives: all-reduce, all-gather,
+// reduce-scatter and all-to-all (shared memory on one host, or Gloo with
+// --no-shm).
 //
 // A rank program: start it with `tandem launch` (or any launcher that sets
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT). bench_allreduce.py is its peer and
@@ -9,9 +10,9 @@
 // (kSum where the op reduces), each preceded by a barrier. An iteration's
 // time is the slowest rank's; the figure reported is the median over
 // iterations. The size is the whole buffer: the all-reduced tensor, the
-// gathered output, the reduce-scattered input. Bandwidths follow nccl-tests:
-// algbw = bytes / time, busbw = algbw * 2(n-1)/n for all-reduce and
-// algbw * (n-1)/n for all-gather and reduce-scatter.
+// gathered output, the reduce-scattered input, the all-to-all's input.
+// Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw *
+// 2(n-1)/n for all-reduce and algbw * (n-1)/n for the others.
 
 #include <algorithm>
 #include <chrono>
@@ -33,7 +34,7 @@ namespace {
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
 
 struct Options {
-  std::string op = "all_reduce";  // or all_gather, reduce_scatter
+  std::string op = "all_reduce";  // or all_gather, reduce_scatter, all_to_all
   bool shared_memory = true;
   std::vector<double> sizes_mb = {1, 4, 16, 64, 256};
   int iters = 20;
@@ -55,6 +56,7 @@ class Collective {
     numel -= numel % world_;
     whole_ = at::ones({numel}, at::kFloat);
     part_ = at::ones({numel / world_}, at::kFloat);
+    if (op_ == "all_to_all") received_ = at::ones({numel}, at::kFloat);
   }
 
   void run() {
@@ -62,6 +64,8 @@ class Collective {
       pg_.all_reduce(whole_, tandem::ReduceOp::kSum);
     } else if (op_ == "all_gather") {
       pg_.all_gather_into(whole_, part_);
+    } else if (op_ == "all_to_all") {
+      pg_.all_to_all(received_, whole_);
     } else {
       pg_.reduce_scatter(part_, whole_, tandem::ReduceOp::kSum);
     }
@@ -71,14 +75,19 @@ class Collective {
   // zeros, which stay finite however many times they are summed.
   void check_then_zero() {
     part_.fill_(static_cast<float>(pg_.rank() + 1));
+    if (op_ == "all_to_all") whole_.fill_(static_cast<float>(pg_.rank() + 1));
     run();
-    const at::Tensor& out = op_ == "reduce_scatter" ? part_ : whole_;
-    // A sum of world ones, or rank 0's part (first in the gathered buffer).
-    const float want = op_ == "all_gather" ? 1.0f : static_cast<float>(world_);
+    const at::Tensor& out =
+        op_ == "reduce_scatter" ? part_ : (op_ == "all_to_all" ? received_ : whole_);
+    // A sum of world ones, or rank 0's part (first in the gathered or
+    // exchanged buffer).
+    const float want =
+        op_ == "all_gather" || op_ == "all_to_all" ? 1.0f : static_cast<float>(world_);
     TANDEM_CHECK(out.numel() == 0 || out[0].item<float>() == want,
                  "bench_allreduce: {} returned {}, expected {}", op_, out[0].item<float>(), want);
     whole_.zero_();
     part_.zero_();
+    if (received_.defined()) received_.zero_();
   }
 
   std::int64_t bytes() const { return whole_.numel() * static_cast<std::int64_t>(sizeof(float)); }
@@ -89,6 +98,7 @@ class Collective {
   int world_;
   at::Tensor whole_;
   at::Tensor part_;
+  at::Tensor received_;  // all_to_all's output
 };
 
 // Returns the median over iterations of the slowest rank's time, in seconds.
@@ -151,7 +161,7 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"tandem collective bandwidth benchmark (one rank)"};
   app.add_option("--op", options.op, "collective to time")
-      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter"}));
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}));
   app.add_flag("!--no-shm", options.shared_memory,
                "use Gloo even when every rank is on one host");
   app.add_option("--sizes-mb", options.sizes_mb, "message sizes in MiB, comma separated")

@@ -1,9 +1,10 @@
 """Collective bandwidth of torch.distributed (Gloo): the peer of bench_allreduce.cpp.
 
 A rank program, measuring exactly as the C++ one does: all_reduce,
-all_gather_into_tensor (--op all_gather) or reduce_scatter_tensor
-(--op reduce_scatter), float32, sum. Start it with RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT set (compare_allreduce.py does):
+all_gather_into_tensor (--op all_gather), reduce_scatter_tensor
+(--op reduce_scatter) or all_to_all_single (--op all_to_all), float32, sum.
+Start it with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set
+(compare_allreduce.py does):
 
     .venv/bin/python bench/bench_allreduce.py --op all_gather --sizes-mb 1,4,16 --iters 20
 """
@@ -27,12 +28,15 @@ class Collective:
         self.op, self.world = op, world
         self.whole = torch.ones(numel, dtype=torch.float32)
         self.part = torch.ones(numel // world, dtype=torch.float32)
+        self.received = torch.ones(numel, dtype=torch.float32) if op == "all_to_all" else None
 
     def run(self):
         if self.op == "all_reduce":
             dist.all_reduce(self.whole)
         elif self.op == "all_gather":
             dist.all_gather_into_tensor(self.whole, self.part)
+        elif self.op == "all_to_all":
+            dist.all_to_all_single(self.received, self.whole)
         else:
             dist.reduce_scatter_tensor(self.part, self.whole)
 
@@ -40,14 +44,19 @@ class Collective:
         """One checked call, so a broken collective cannot post a fast time;
         then zeros, which stay finite however many times they are summed."""
         self.part.fill_(dist.get_rank() + 1)
+        if self.op == "all_to_all":
+            self.whole.fill_(dist.get_rank() + 1)
         self.run()
-        out = self.part if self.op == "reduce_scatter" else self.whole
-        # A sum of world ones, or rank 0's part (first in the gathered buffer).
-        want = 1.0 if self.op == "all_gather" else float(self.world)
+        out = {"reduce_scatter": self.part, "all_to_all": self.received}.get(self.op, self.whole)
+        # A sum of world ones, or rank 0's part (first in the gathered or
+        # exchanged buffer).
+        want = 1.0 if self.op in ("all_gather", "all_to_all") else float(self.world)
         if out.numel() and out[0].item() != want:
             raise RuntimeError(f"{self.op} returned {out[0].item()}, expected {want}")
         self.whole.zero_()
         self.part.zero_()
+        if self.received is not None:
+            self.received.zero_()
 
     def bytes(self):
         return self.whole.numel() * 4
@@ -72,7 +81,7 @@ def time_collective(collective, iters, warmup):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", default="all_reduce",
-                        choices=["all_reduce", "all_gather", "reduce_scatter"])
+                        choices=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
     parser.add_argument("--sizes-mb", default="1,4,16,64,256",
                         help="message sizes in MiB, comma separated")
     parser.add_argument("--iters", type=int, default=20)

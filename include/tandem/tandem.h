@@ -10,6 +10,7 @@
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/amp/master_weights.h"
 #include "tandem/amp/unscale.h"
+#include "tandem/comm/mesh.h"
 #include "tandem/comm/objects.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/comm/spawn.h"

@@ -123,7 +123,26 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
 }
 
 void Accelerator::resolve(int64_t micro_batch) {
-  if (micro_batch > 0) overrides_.train_micro_batch_size_per_gpu = micro_batch;
+  if (micro_batch > 0) {
+    // The program's loader and the config must agree on the per-process
+    // batch; one given in only one place is used.
+    const std::optional<int64_t>& file_micro = file_config_.train_micro_batch_size_per_gpu;
+    if (file_micro && *file_micro != micro_batch) {
+      auto where = file_config_.key_locations.find("train_micro_batch_size_per_gpu");
+      TANDEM_THROW(UsageError,
+                   "train_micro_batch_size_per_gpu {} (from {}) disagrees with the data loader's "
+                   "batch size {} (the program's prepare_data_loader): each process would train "
+                   "on {}, not on {}. Make them agree: change one, or set the config's value to "
+                   "\"auto\" so the loader decides",
+                   *file_micro,
+                   where != file_config_.key_locations.end() ? where->second
+                   : file_config_.source_path.empty()         ? std::string("the config")
+                                                              : file_config_.source_path,
+                   micro_batch, micro_batch, *file_micro);
+    }
+    overrides_.train_micro_batch_size_per_gpu = micro_batch;
+    overrides_.train_micro_batch_size_source = "the data loader's batch size";
+  }
   config_ = resolve_config(file_config_, env_, overrides_, process_group_->world_size());
   controller_->set_accumulation_steps(config_.gradient_accumulation_steps.value_or(1));
 }

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include "accelerate/model_strategy.h"
 #include "accelerate/optimizer_state.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"

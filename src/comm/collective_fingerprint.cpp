@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "core/text.h"
 #include "tandem/comm/process_group.h"
 
 namespace tandem::detail {
@@ -45,12 +44,21 @@ const char* to_string(CollectiveOp op) {
     case CollectiveOp::kReduceScatter: return "reduce_scatter";
     case CollectiveOp::kBarrier: return "barrier";
     case CollectiveOp::kAllGatherBytes: return "all_gather_bytes";
+    case CollectiveOp::kAllToAll: return "all_to_all";
+    case CollectiveOp::kAllToAllUneven: return "all_to_all (uneven splits)";
+    case CollectiveOp::kGather: return "gather";
+    case CollectiveOp::kScatter: return "scatter";
+    case CollectiveOp::kNewGroup: return "new_group";
   }
   return "unknown collective";
 }
 
 Fingerprint Fingerprint::of(CollectiveOp op, std::uint64_t sequence, const at::Tensor* tensor,
                             std::int64_t reduce_op, std::int64_t root) {
+  if (tensor != nullptr) {
+    return of(op, sequence, tensor->scalar_type(), tensor->device().type(), tensor->sizes(),
+              reduce_op, root);
+  }
   Fingerprint fp;
   auto& f = fp.fields;
   f[kSequence] = static_cast<std::int64_t>(sequence);
@@ -58,14 +66,23 @@ Fingerprint Fingerprint::of(CollectiveOp op, std::uint64_t sequence, const at::T
   f[kReduceOp] = reduce_op;
   f[kRoot] = root;
   f[kDims] = -1;
-  if (tensor != nullptr) {
-    f[kDtype] = static_cast<std::int64_t>(tensor->scalar_type()) + 1;
-    f[kDevice] = static_cast<std::int64_t>(tensor->device().type()) + 1;
-    f[kDims] = tensor->dim();
-    f[kShapeHash] = hash_shape(tensor->sizes());
-    f[kNumel] = tensor->numel();
-    for (int d = 0; d < kMaxDims && d < tensor->dim(); ++d) f[kFirstDim + d] = tensor->size(d);
-  }
+  return fp;
+}
+
+Fingerprint Fingerprint::of(CollectiveOp op, std::uint64_t sequence, at::ScalarType dtype,
+                            c10::DeviceType device, at::IntArrayRef sizes, std::int64_t reduce_op,
+                            std::int64_t root) {
+  Fingerprint fp = of(op, sequence, nullptr, reduce_op, root);
+  auto& f = fp.fields;
+  const auto dims = static_cast<std::int64_t>(sizes.size());
+  f[kDtype] = static_cast<std::int64_t>(dtype) + 1;
+  f[kDevice] = static_cast<std::int64_t>(device) + 1;
+  f[kDims] = dims;
+  f[kShapeHash] = hash_shape(sizes);
+  std::int64_t numel = 1;
+  for (std::int64_t s : sizes) numel = s < 0 || numel < 0 ? -1 : numel * s;
+  f[kNumel] = numel;
+  for (std::int64_t d = 0; d < kMaxDims && d < dims; ++d) f[kFirstDim + d] = sizes[d];
   return fp;
 }
 
@@ -77,17 +94,16 @@ std::string Fingerprint::describe(bool with_sequence) const {
   const auto& f = fields;
   const auto op = static_cast<CollectiveOp>(f[kOp]);
   std::string text = to_string(op);
-  if (op != CollectiveOp::kAllReduce && op != CollectiveOp::kBroadcast &&
-      op != CollectiveOp::kAllGather && op != CollectiveOp::kAllGatherInto &&
-      op != CollectiveOp::kReduceScatter && op != CollectiveOp::kBarrier &&
-      op != CollectiveOp::kAllGatherBytes) {
+  if (f[kOp] < static_cast<std::int64_t>(CollectiveOp::kAllReduce) ||
+      f[kOp] > static_cast<std::int64_t>(CollectiveOp::kLast)) {
     text = fmt::format("collective {}", f[kOp]);  // a different tandem build?
   }
   if (with_sequence) text += fmt::format(" #{}", f[kSequence]);
   if (f[kDims] >= 0) {
     text += fmt::format(" {}[", c10::toString(static_cast<at::ScalarType>(f[kDtype] - 1)));
     for (std::int64_t d = 0; d < f[kDims] && d < kMaxDims; ++d) {
-      text += fmt::format("{}{}", d == 0 ? "" : ", ", f[kFirstDim + d]);
+      const std::int64_t size = f[kFirstDim + d];
+      text += (d == 0 ? "" : ", ") + (size < 0 ? std::string("*") : std::to_string(size));
     }
     if (f[kDims] > kMaxDims) text += fmt::format(", ... ({}-d, {} elements)", f[kDims], f[kNumel]);
     text += "]";
@@ -101,7 +117,7 @@ std::string Fingerprint::describe(bool with_sequence) const {
   return text;
 }
 
-std::string find_desync(const std::vector<Fingerprint>& by_rank) {
+std::string find_desync(const std::vector<Fingerprint>& by_rank, const GroupRanks& group) {
   // Groups of ranks with equal fingerprints, in order of their lowest rank.
   std::vector<Fingerprint> kinds;
   std::vector<std::vector<int>> ranks;
@@ -118,12 +134,12 @@ std::string find_desync(const std::vector<Fingerprint>& by_rank) {
   const bool same_sequence = std::all_of(kinds.begin(), kinds.end(), [&](const Fingerprint& k) {
     return k.sequence() == kinds[0].sequence();
   });
-  std::string text = same_sequence ? fmt::format("collective desync at #{}: ", kinds[0].sequence())
-                                   : std::string("collective desync: ");
+  std::string text = same_sequence ? fmt::format("collective desync at #{}{}: ",
+                                                  kinds[0].sequence(), group.suffix())
+                                   : fmt::format("collective desync{}: ", group.suffix());
   for (std::size_t i = 0; i < kinds.size(); ++i) {
     const char* joint = i == 0 ? "" : (i == 1 ? " but " : " and ");
-    text += fmt::format("{}{} {} called {}", joint, ranks[i].size() == 1 ? "rank" : "ranks",
-                        rank_list(ranks[i]),
+    text += fmt::format("{}{} called {}", joint, group.name(ranks[i]),
                         kinds[i].describe(!same_sequence));
   }
   text +=

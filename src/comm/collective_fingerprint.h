@@ -16,6 +16,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/group_ranks.h"
+
 namespace tandem::detail {
 
 enum class CollectiveOp : std::int64_t {
@@ -26,6 +28,12 @@ enum class CollectiveOp : std::int64_t {
   kReduceScatter,
   kBarrier,
   kAllGatherBytes,
+  kAllToAll,
+  kAllToAllUneven,  // dim 0 differs between ranks by design; it reads "*"
+  kGather,
+  kScatter,
+  kNewGroup,  // new_group and split_group
+  kLast = kNewGroup,
 };
 
 const char* to_string(CollectiveOp op);
@@ -39,6 +47,11 @@ struct Fingerprint {
   // -1 when the operation has none.
   static Fingerprint of(CollectiveOp op, std::uint64_t sequence, const at::Tensor* tensor,
                         std::int64_t reduce_op = -1, std::int64_t root = -1);
+  // From a tensor's description instead of the tensor; a size of -1 stands
+  // for a dimension that may differ between ranks (shown as "*").
+  static Fingerprint of(CollectiveOp op, std::uint64_t sequence, at::ScalarType dtype,
+                        c10::DeviceType device, at::IntArrayRef sizes, std::int64_t reduce_op = -1,
+                        std::int64_t root = -1);
 
   std::uint64_t sequence() const;
   // "all_reduce Float[10] (sum)"; with_sequence adds "#7" after the name.
@@ -50,6 +63,7 @@ struct Fingerprint {
 // message naming the ranks and what each group of them called, e.g.
 // "collective desync at #7: rank 0 called all_reduce Float[10] (sum) but
 // rank 1 called broadcast Float[12] (root 0)", followed by the likely cause.
-std::string find_desync(const std::vector<Fingerprint>& by_rank);
+// `group` names the ranks (group ranks index `by_rank`).
+std::string find_desync(const std::vector<Fingerprint>& by_rank, const GroupRanks& group = {});
 
 }  // namespace tandem::detail

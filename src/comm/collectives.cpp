@@ -22,12 +22,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-void check_tensor(const at::Tensor& tensor, const char* op, const char* name) {
-  TANDEM_CHECK_ARG(tensor.defined(), "{}: {} is an undefined tensor", op, name);
-  TANDEM_CHECK_ARG(tensor.is_contiguous() && !tensor.is_sparse(),
-                   "{}: {} must be a dense contiguous tensor; call .contiguous() first", op, name);
-}
-
 void check_avg(const at::Tensor& tensor, ReduceOp op, const char* name) {
   TANDEM_CHECK_ARG(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
                    "{}: ReduceOp::kAvg needs a floating-point tensor, got {}; use kSum and divide",
@@ -48,10 +42,17 @@ void check_whole(const at::Tensor& whole, const at::Tensor& part, int world, con
 
 }  // namespace
 
+void detail::check_dense(const at::Tensor& tensor, const char* op, const char* name) {
+  TANDEM_CHECK_ARG(tensor.defined(), "{}: {} is an undefined tensor", op, name);
+  TANDEM_CHECK_ARG(tensor.is_contiguous() && !tensor.is_sparse(),
+                   "{}: {} must be a dense contiguous tensor; call .contiguous() first", op, name);
+}
+
 // ---- collectives ------------------------------------------------------------
 
 Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
-  check_tensor(tensor, "all_reduce", "the tensor");
+  impl_->require_member("all_reduce");
+  detail::check_dense(tensor, "all_reduce", "the tensor");
   check_avg(tensor, op, "all_reduce");
   if (impl_->is_local()) return Work();
   const auto reduce = static_cast<std::int64_t>(op);
@@ -85,18 +86,9 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   all_reduce_async(tensor, op).wait();
 }
 
-namespace {
-
-// Gloo has no bfloat16 type. Broadcast and all-gather only move bytes, so a
-// bf16 tensor travels as fp16 with the same bits (same element size).
-at::Tensor as_gloo_bytes(const at::Tensor& tensor, bool nccl) {
-  return tensor.scalar_type() == at::kBFloat16 && !nccl ? tensor.view(at::kHalf) : tensor;
-}
-
-}  // namespace
-
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast", "the tensor");
+  impl_->require_member("broadcast");
+  detail::check_dense(tensor, "broadcast", "the tensor");
   TANDEM_CHECK_ARG(root >= 0 && root < impl_->world_size,
                    "broadcast: root {} is not a rank of this world of {}", root, impl_->world_size);
   if (impl_->is_local()) return;
@@ -107,17 +99,16 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   opts.rootRank = root;
   opts.timeout = impl_->backend_timeout(tensor);
   impl_->launch(call, [&] {
-          std::vector<at::Tensor> tensors{as_gloo_bytes(tensor, impl_->uses_nccl(tensor))};
+          std::vector<at::Tensor> tensors{detail::as_gloo_bytes(tensor, impl_->uses_nccl(tensor))};
           return backend.broadcast(tensors, opts);
         }).wait();
 }
 
-namespace {
-
 // The all-gather proper, for a collective already begun as `call` (also the
 // inner gathers of all_gather_bytes, which are numbered and checked once).
-std::vector<at::Tensor> gather_tensor(ProcessGroup::Impl& impl, const at::Tensor& tensor,
-                                      const ProcessGroup::Impl::Call& call) {
+std::vector<at::Tensor> ProcessGroup::Impl::gather_tensor(const at::Tensor& tensor,
+                                                          const Call& call) {
+  Impl& impl = *this;
   // Gloo divides by the element count: empty tensors must not reach it.
   if (tensor.numel() == 0) {
     return std::vector<at::Tensor>(static_cast<size_t>(impl.world_size), tensor.clone());
@@ -135,32 +126,32 @@ std::vector<at::Tensor> gather_tensor(ProcessGroup::Impl& impl, const at::Tensor
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < impl.world_size; ++r) {
     results.push_back(at::empty_like(tensor));
-    outputs[0].push_back(as_gloo_bytes(results.back(), nccl));
+    outputs[0].push_back(detail::as_gloo_bytes(results.back(), nccl));
   }
   c10d::AllgatherOptions opts;
   opts.timeout = impl.backend_timeout(tensor);
   impl.launch(call, [&] {
-        std::vector<at::Tensor> inputs{as_gloo_bytes(tensor.contiguous(), nccl)};
+        std::vector<at::Tensor> inputs{detail::as_gloo_bytes(tensor.contiguous(), nccl)};
         return backend.allgather(outputs, inputs, opts);
       }).wait();
   return results;
 }
 
-}  // namespace
-
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
-  check_tensor(tensor, "all_gather", "the input");
+  impl_->require_member("all_gather");
+  detail::check_dense(tensor, "all_gather", "the input");
   if (impl_->is_local()) {
     return std::vector<at::Tensor>(static_cast<size_t>(impl_->world_size), tensor.clone());
   }
   auto call = impl_->begin(detail::CollectiveOp::kAllGather, &tensor,
                            impl_->transport_name(tensor, /*reduces=*/false));
-  return gather_tensor(*impl_, tensor, call);
+  return impl_->gather_tensor(tensor, call);
 }
 
 void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
-  check_tensor(input, "all_gather_into", "the input");
-  check_tensor(output, "all_gather_into", "the output");
+  impl_->require_member("all_gather_into");
+  detail::check_dense(input, "all_gather_into", "the input");
+  detail::check_dense(output, "all_gather_into", "the output");
   const int64_t n = input.numel();
   check_whole(output, input, impl_->world_size, "all_gather_into", "output");
   auto flat_out = output.view({-1});
@@ -180,19 +171,20 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
   std::vector<std::vector<at::Tensor>> outputs(1);
   const bool nccl = impl_->uses_nccl(input);
   for (int r = 0; r < impl_->world_size; ++r) {
-    outputs[0].push_back(as_gloo_bytes(flat_out.narrow(0, r * n, n), nccl));
+    outputs[0].push_back(detail::as_gloo_bytes(flat_out.narrow(0, r * n, n), nccl));
   }
   c10d::AllgatherOptions opts;
   opts.timeout = impl_->backend_timeout(input);
   impl_->launch(call, [&] {
-          std::vector<at::Tensor> inputs{as_gloo_bytes(input.reshape({-1}), nccl)};
+          std::vector<at::Tensor> inputs{detail::as_gloo_bytes(input.reshape({-1}), nccl)};
           return backend.allgather(outputs, inputs, opts);
         }).wait();
 }
 
 void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  check_tensor(input, "reduce_scatter", "the input");
-  check_tensor(output, "reduce_scatter", "the output");
+  impl_->require_member("reduce_scatter");
+  detail::check_dense(input, "reduce_scatter", "the input");
+  detail::check_dense(output, "reduce_scatter", "the output");
   check_avg(input, op, "reduce_scatter");
   const int world = impl_->world_size;
   const int64_t n = output.numel();
@@ -232,8 +224,8 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
   opts.timeout = impl_->options.timeout;
   impl_->launch(call, [&] {
           std::vector<int64_t> even_split;
-          at::Tensor into = as_gloo_bytes(received, false);
-          at::Tensor from = as_gloo_bytes(flat_in, false);
+          at::Tensor into = detail::as_gloo_bytes(received, false);
+          at::Tensor from = detail::as_gloo_bytes(flat_in, false);
           return backend.alltoall_base(into, from, even_split, even_split, opts);
         }).wait();
   auto chunks = received.view({world, n});
@@ -246,6 +238,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
 }
 
 void ProcessGroup::barrier() {
+  impl_->require_member("barrier");
   if (impl_->is_local()) return;
   c10d::BarrierOptions opts;
   opts.timeout = impl_->options.timeout;
@@ -255,16 +248,23 @@ void ProcessGroup::barrier() {
 
 std::vector<std::vector<std::uint8_t>> ProcessGroup::all_gather_bytes(
     const std::vector<std::uint8_t>& bytes) {
+  impl_->require_member("all_gather_bytes");
   if (impl_->is_local()) return {bytes};
   // Sizes differ between ranks by design: the fingerprint holds no shape.
   auto call = impl_->begin(detail::CollectiveOp::kAllGatherBytes, nullptr, "gloo");
+  return impl_->gather_bytes(bytes, call);
+}
+
+std::vector<std::vector<std::uint8_t>> ProcessGroup::Impl::gather_bytes(
+    const std::vector<std::uint8_t>& bytes, const Call& call) {
+  if (is_local()) return {bytes};
   auto size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
-  auto sizes = gather_tensor(*impl_, size, call);
+  auto sizes = gather_tensor(size, call);
   int64_t longest = 1;
   for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
   auto padded = at::zeros({longest}, at::kByte);
   std::copy(bytes.begin(), bytes.end(), padded.data_ptr<std::uint8_t>());
-  auto gathered = gather_tensor(*impl_, padded, call);
+  auto gathered = gather_tensor(padded, call);
   std::vector<std::vector<std::uint8_t>> result;
   for (size_t r = 0; r < gathered.size(); ++r) {
     const auto* data = gathered[r].data_ptr<std::uint8_t>();
@@ -274,6 +274,7 @@ std::vector<std::vector<std::uint8_t>> ProcessGroup::all_gather_bytes(
 }
 
 std::vector<std::string> ProcessGroup::all_gather_strings(const std::string& text) {
+  impl_->require_member("all_gather_strings");
   auto gathered = all_gather_bytes(std::vector<std::uint8_t>(text.begin(), text.end()));
   std::vector<std::string> result;
   for (const auto& bytes : gathered) result.emplace_back(bytes.begin(), bytes.end());

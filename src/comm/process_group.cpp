@@ -97,25 +97,35 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(c10::intrusive_ptr<c10d::Stor
   impl->world_size = world_size;
   impl->options = options;
   impl->store = std::move(store);
+  impl->device = make_gloo_device(options);
+  return connect(std::move(impl));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) {
+  const int world_size = impl->world_size;
+  const auto& options = impl->options;
   // Before the rendezvous: every rank's progress key is fresh once all joined.
-  impl->monitor = std::make_shared<detail::ProgressMonitor>(impl->store, rank, world_size,
-                                                            options.progress_interval);
+  impl->monitor = std::make_shared<detail::ProgressMonitor>(
+      impl->store, impl->rank, world_size, options.progress_interval, impl->group);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  gloo_options->devices.push_back(make_gloo_device(options));
+  gloo_options->devices.push_back(impl->device);
   try {
-    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, rank, world_size,
+    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, impl->rank, world_size,
                                                              gloo_options);
   } catch (...) {
-    detail::rethrow_as_comm_error(
-        fmt::format("joining the Gloo group ({} ranks)", world_size), options.timeout);
+    const std::string which = impl->group.is_world() ? std::string("the Gloo group")
+                                                     : "the Gloo group of " + impl->group.label();
+    detail::rethrow_as_comm_error(fmt::format("joining {} ({} ranks)", which, world_size),
+                                  options.timeout);
   }
-  log_debug("joined a Gloo group of {} ranks", world_size);
+  log_debug("joined a Gloo group of {} ranks{}", world_size, impl->group.suffix());
   if (detail::flight_recorder_turned_off()) {
     log_debug("c10d's Flight Recorder is off: LibTorch before 2.13 can crash in it when two "
               "groups record at once (set TORCH_FR_BUFFER_SIZE to turn it on anyway)");
   }
+  const bool shared_memory = options.shared_memory && world_size > 1;
   auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
-  if (options.shared_memory && world_size > 1) pg->setup_shared_memory();
+  if (shared_memory) pg->setup_shared_memory();
   pg->impl_->sequence = 0;  // number, record and check only the caller's collectives
   pg->impl_->setting_up = false;
   return pg;
@@ -153,18 +163,27 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
 
 // ---- queries ----------------------------------------------------------------
 
-int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::rank() const { return impl_->outside.empty() ? impl_->rank : -1; }
 int ProcessGroup::world_size() const { return impl_->world_size; }
+bool ProcessGroup::is_member() const { return impl_->outside.empty(); }
+std::string ProcessGroup::host_id() const {
+  return impl_->options.host_id.empty() ? default_host_id() : impl_->options.host_id;
+}
+std::vector<int> ProcessGroup::global_ranks() const {
+  if (!impl_->group.is_world()) return impl_->group.members();
+  std::vector<int> ranks(static_cast<std::size_t>(impl_->world_size));
+  for (int r = 0; r < impl_->world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  return ranks;
+}
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
 std::string ProcessGroup::backend_name() const { return impl_->is_local() ? "local" : "gloo"; }
 bool ProcessGroup::uses_shared_memory() const { return impl_->shm != nullptr; }
 
 void ProcessGroup::setup_shared_memory() {
   // Collective: every rank takes the same branches, decided on gathered data.
-  const std::string host = impl_->options.host_id.empty() ? default_host_id() : impl_->options.host_id;
-  auto hosts = all_gather_strings(host);
+  auto hosts = all_gather_strings(host_id());
   if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; })) {
-    log_debug("ranks span several hosts: all-reduce uses Gloo");
+    log_debug("ranks span several hosts: collectives{} use Gloo", impl_->group.suffix());
     return;
   }
   const int world = impl_->world_size;

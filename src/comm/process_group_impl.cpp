@@ -21,6 +21,16 @@ void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
   }
 }
 
+std::string detail::tensor_text(const at::Tensor& tensor) {
+  std::ostringstream shape;
+  shape << tensor.sizes();
+  return c10::toString(tensor.scalar_type()) + shape.str();
+}
+
+void ProcessGroup::Impl::require_member(const char* op) const {
+  if (!outside.empty()) TANDEM_THROW(UsageError, "{}: {}", op, outside);
+}
+
 bool ProcessGroup::Impl::uses_nccl(const at::Tensor& tensor) const {
 #if defined(TANDEM_WITH_NCCL)
   return tensor.is_cuda() && options.cuda_backend != CudaBackend::kGloo;
@@ -60,21 +70,31 @@ compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
 ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
                                                    const at::Tensor* tensor,
                                                    const std::string& backend,
-                                                   std::int64_t reduce_op, std::int64_t root) {
+                                                   std::int64_t reduce_op, std::int64_t root,
+                                                   bool rows_vary) {
   Call call;
   call.sequence = sequence++;
   if (tensor != nullptr) {
     std::ostringstream shape;
     shape << tensor->sizes();
-    call.what = fmt::format("{} #{} {}{} on {}", detail::to_string(op), call.sequence,
-                            c10::toString(tensor->scalar_type()), shape.str(), backend);
+    call.what = fmt::format("{} #{} {}{} on {}{}", detail::to_string(op), call.sequence,
+                            c10::toString(tensor->scalar_type()), shape.str(), backend,
+                            group.suffix());
   } else {
-    call.what = fmt::format("{} #{}", detail::to_string(op), call.sequence);
+    call.what = fmt::format("{} #{}{}", detail::to_string(op), call.sequence, group.suffix());
   }
   if (setting_up) return call;
   monitor->entered(call.sequence, call.what);
   if (options.debug_detail || call.sequence < options.desync_check_collectives) {
-    check_desync(detail::Fingerprint::of(op, call.sequence, tensor, reduce_op, root), call);
+    if (rows_vary && tensor != nullptr && tensor->dim() > 0) {
+      std::vector<std::int64_t> sizes = tensor->sizes().vec();
+      sizes[0] = -1;
+      check_desync(detail::Fingerprint::of(op, call.sequence, tensor->scalar_type(),
+                                           tensor->device().type(), sizes, reduce_op, root),
+                   call);
+    } else {
+      check_desync(detail::Fingerprint::of(op, call.sequence, tensor, reduce_op, root), call);
+    }
   }
   return call;
 }
@@ -121,7 +141,7 @@ void ProcessGroup::Impl::check_desync(const detail::Fingerprint& mine, const Cal
     std::copy(row + static_cast<std::ptrdiff_t>(r) * kFields,
               row + static_cast<std::ptrdiff_t>(r + 1) * kFields, by_rank[r].fields.begin());
   }
-  std::string message = detail::find_desync(by_rank);
+  std::string message = detail::find_desync(by_rank, group);
   if (message.empty()) message = "collective desync at " + call.what + " (the ranks disagreed)";
   TANDEM_THROW(UsageError, "{}", message);
 }

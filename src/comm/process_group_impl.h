@@ -4,10 +4,16 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/collective_fingerprint.h"
+#include "comm/group_ranks.h"
 #include "comm/progress_monitor.h"
 #include "comm/shm_transport.h"
 #include "core/torch_compat.h"
@@ -19,7 +25,14 @@ struct ProcessGroup::Impl {
   int rank = 0;
   int world_size = 1;
   ProcessGroupOptions options;
+  // Global ranks of the members, and how messages name them.
+  detail::GroupRanks group;
+  // Non-empty on a handle held by a rank outside the group: the error every
+  // collective throws (what, which ranks are in the group, how to fix).
+  std::string outside;
   compat::StorePtr store;
+  // Gloo's network device, shared with the subgroups made from this group.
+  std::shared_ptr<::gloo::transport::Device> device;
   c10::intrusive_ptr<compat::BackendBase> gloo;
   c10::intrusive_ptr<compat::BackendBase> nccl;  // created on first CUDA collective
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
@@ -30,6 +43,14 @@ struct ProcessGroup::Impl {
   // While the group sets itself up, its collectives are neither recorded nor
   // checked; the caller's numbering starts after.
   bool setting_up = true;
+  // Subgroups made so far: the next one's store prefix. Every rank of this
+  // group counts them alike, since new_group is collective.
+  std::uint64_t subgroups_made = 0;
+  // Point to point: for each (source rank, tag), when the last recv issued
+  // has posted its data receive. Data receives of one (source, tag) are
+  // posted in the order the recvs were issued (point_to_point.cpp).
+  std::mutex recv_order_mutex;
+  std::map<std::pair<int, int>, std::shared_future<void>> recv_posted;
 
   // A collective being started: its number and its description.
   struct Call {
@@ -39,6 +60,10 @@ struct ProcessGroup::Impl {
 
   bool is_local() const { return !gloo; }
 
+  // Throws the UsageError of `outside` on a rank outside the group; `op`
+  // names the call.
+  void require_member(const char* op) const;
+
   // Backend for collectives on `tensor`'s device.
   compat::BackendBase& backend_for(const at::Tensor& tensor);
   bool uses_nccl(const at::Tensor& tensor) const;
@@ -47,9 +72,11 @@ struct ProcessGroup::Impl {
   // the progress monitor and, for the first options.desync_check_collectives
   // collectives or in debug mode, compares its fingerprint across ranks
   // (throws UsageError on a mismatch). Returns its description, used in
-  // every error message: "all_reduce #12 Float[4, 8] on gloo".
+  // every error message: "all_reduce #12 Float[4, 8] on gloo", with " in
+  // group [1, 3]" on a subgroup. With `rows_vary` (uneven all_to_all) the
+  // fingerprint leaves dim 0 out, since it differs between ranks by design.
   Call begin(detail::CollectiveOp op, const at::Tensor* tensor, const std::string& backend,
-             std::int64_t reduce_op = -1, std::int64_t root = -1);
+             std::int64_t reduce_op = -1, std::int64_t root = -1, bool rows_vary = false);
 
   // Name of the backend that carries collectives on `tensor` ("gloo",
   // "nccl"), without creating it.
@@ -81,6 +108,15 @@ struct ProcessGroup::Impl {
 
   [[noreturn]] static void rethrow_usage(const std::string& what);
 
+  // Every rank's bytes, indexed by rank: the inner gathers of a collective
+  // already begun as `call` (all_gather_bytes, new_group, the split sizes of
+  // an uneven all_to_all). Not counted or checked again. collectives.cpp.
+  std::vector<std::vector<std::uint8_t>> gather_bytes(const std::vector<std::uint8_t>& bytes,
+                                                      const Call& call);
+  // Every rank's `tensor` (same shape everywhere), indexed by rank, for a
+  // collective begun as `call`; not counted or checked again.
+  std::vector<at::Tensor> gather_tensor(const at::Tensor& tensor, const Call& call);
+
   // True when the shared-memory transport carries this collective on
   // `tensor` (see ShmTransport::supports); every rank decides alike, since
   // the desync check holds them to one device, dtype and shape.
@@ -108,6 +144,20 @@ struct ProcessGroup::Impl {
 };
 
 namespace detail {
+
+// Throws UsageError unless `tensor` is defined, dense and contiguous; `op`
+// and `name` say which call and which argument.
+void check_dense(const at::Tensor& tensor, const char* op, const char* name);
+
+// "Float[7, 3]": a tensor's dtype and shape, for messages.
+std::string tensor_text(const at::Tensor& tensor);
+
+// Gloo has no bfloat16 type. Collectives that only move bytes send a bf16
+// tensor as fp16 with the same bits (same element size).
+inline at::Tensor as_gloo_bytes(const at::Tensor& tensor, bool nccl) {
+  return tensor.scalar_type() == at::kBFloat16 && !nccl ? tensor.view(at::kHalf) : tensor;
+}
+
 // ProcessGroups of more than one rank alive in this process (their store,
 // Gloo and shared-memory threads run). spawn() refuses to fork while any is.
 std::atomic<int>& live_process_groups();

@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "core/text.h"
 #include "tandem/core/logging.h"
 
 namespace tandem::detail {
@@ -39,8 +38,12 @@ bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::stri
 std::string progress_key(int rank) { return "tandem/progress/" + std::to_string(rank); }
 
 ProgressMonitor::ProgressMonitor(compat::StorePtr store, int rank, int world_size,
-                                 std::chrono::milliseconds interval)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), interval_(interval) {
+                                 std::chrono::milliseconds interval, GroupRanks group)
+    : store_(std::move(store)),
+      rank_(rank),
+      world_size_(world_size),
+      interval_(interval),
+      group_(std::move(group)) {
   latest_ = kJoined;
   dirty_ = true;
   publish_latest();
@@ -60,6 +63,12 @@ void ProgressMonitor::entered(std::uint64_t sequence, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   latest_.assign(std::to_string(sequence)).append(" ").append(what);
   dirty_ = true;
+}
+
+void ProgressMonitor::entered_point_to_point(std::uint64_t next_sequence,
+                                             const std::string& what) {
+  if (next_sequence == 0) return;
+  entered(next_sequence - 1, what);
 }
 
 void ProgressMonitor::publish_loop() {
@@ -107,11 +116,33 @@ std::string ProgressMonitor::explain_timeout(std::uint64_t sequence) {
     reason.resize(std::min(reason.find('\n'), reason.size()));
     return fmt::format("the ranks' progress could not be read from the store ({})", reason);
   }
-  return explain_progress(sequence, rank_, values);
+  return explain_progress(sequence, rank_, values, group_);
+}
+
+std::string ProgressMonitor::explain_peer(int peer) {
+  publish_latest();
+  const int global = group_.global(peer);
+  try {
+    const std::string key = progress_key(peer);
+    if (!store_->check({key})) return fmt::format("rank {} never reported", global);
+    auto bytes = store_->get(key);
+    const std::string value(bytes.begin(), bytes.end());
+    std::uint64_t seq = 0;
+    std::string what;
+    if (!parse_sequence(value, seq, what)) {
+      return fmt::format("rank {} entered no collective yet", global);
+    }
+    return fmt::format("rank {} last entered {}", global, what);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason.resize(std::min(reason.find('\n'), reason.size()));
+    return fmt::format("rank {}'s progress could not be read from the store ({})", global, reason);
+  }
 }
 
 std::string explain_progress(std::uint64_t sequence, int self,
-                             const std::vector<std::optional<std::string>>& values) {
+                             const std::vector<std::optional<std::string>>& values,
+                             const GroupRanks& group) {
   std::vector<int> missing;
   std::vector<int> ahead;
   std::vector<std::string> missing_notes;
@@ -121,31 +152,30 @@ std::string explain_progress(std::uint64_t sequence, int self,
     const auto& value = values[static_cast<std::size_t>(r)];
     std::uint64_t seq = 0;
     std::string what;
+    const int global = group.global(r);  // notes name the rank its own log shows
     if (!value) {
       missing.push_back(r);
-      missing_notes.push_back(fmt::format("rank {} never reported", r));
+      missing_notes.push_back(fmt::format("rank {} never reported", global));
     } else if (!parse_sequence(*value, seq, what)) {
       missing.push_back(r);
-      missing_notes.push_back(fmt::format("rank {} entered no collective yet", r));
+      missing_notes.push_back(fmt::format("rank {} entered no collective yet", global));
     } else if (seq < sequence) {
       missing.push_back(r);
-      missing_notes.push_back(fmt::format("rank {} last entered {}", r, what));
+      missing_notes.push_back(fmt::format("rank {} last entered {}", global, what));
     } else if (seq > sequence) {
       ahead.push_back(r);
-      ahead_notes.push_back(fmt::format("rank {} last entered {}", r, what));
+      ahead_notes.push_back(fmt::format("rank {} last entered {}", global, what));
     }
   }
   std::string text;
   if (!missing.empty()) {
-    text = fmt::format("{} {} did not arrive ({})", missing.size() == 1 ? "rank" : "ranks",
-                       rank_list(missing), join(missing_notes, "; "));
+    text = fmt::format("{} did not arrive ({})", group.name(missing), join(missing_notes, "; "));
   }
   if (!ahead.empty()) {
     text += fmt::format(
-        "{}{} {} {} already past it ({}): the ranks issued different collectives; "
+        "{}{} {} already past it ({}): the ranks issued different collectives; "
         "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
-        text.empty() ? "" : "; ", ahead.size() == 1 ? "rank" : "ranks", rank_list(ahead),
-        ahead.size() == 1 ? "is" : "are",
+        text.empty() ? "" : "; ", group.name(ahead), ahead.size() == 1 ? "is" : "are",
         join(ahead_notes, "; "));
   }
   if (text.empty()) {

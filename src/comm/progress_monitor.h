@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/group_ranks.h"
 #include "core/torch_compat.h"
 
 namespace tandem::detail {
@@ -28,9 +29,10 @@ class ProgressMonitor {
  public:
   // Publishes "joined" for this rank at once, then starts the publisher.
   // Call before the group's rendezvous, so every key is fresh (a store kept
-  // across restarts may hold the previous run's keys).
+  // across restarts may hold the previous run's keys). `group` names the
+  // ranks in explanations.
   ProgressMonitor(compat::StorePtr store, int rank, int world_size,
-                  std::chrono::milliseconds interval);
+                  std::chrono::milliseconds interval, GroupRanks group = {});
   // Stops the publisher; returns within one store call.
   ~ProgressMonitor();
   ProgressMonitor(const ProgressMonitor&) = delete;
@@ -38,11 +40,20 @@ class ProgressMonitor {
 
   // This rank entered collective `sequence`, described by `what`.
   void entered(std::uint64_t sequence, const std::string& what);
+  // This rank started a send or recv (`what`) while `next_sequence`
+  // collectives had been issued. It is published as if it came right after
+  // the last collective, so a rank waiting at the next one names it as the
+  // place where this rank is. Before any collective it is not published.
+  void entered_point_to_point(std::uint64_t next_sequence, const std::string& what);
 
   // After collective `sequence` timed out on this rank: reads every rank's
   // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
   // last entered barrier #9; rank 3 never reported)". Never throws.
   std::string explain_timeout(std::uint64_t sequence);
+
+  // After a send or recv with `peer` timed out: where that rank last was,
+  // e.g. "rank 2 last entered barrier #9". Never throws.
+  std::string explain_peer(int peer);
 
  private:
   void publish_loop();
@@ -52,6 +63,7 @@ class ProgressMonitor {
   int rank_;
   int world_size_;
   std::chrono::milliseconds interval_;
+  GroupRanks group_;
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -67,7 +79,9 @@ std::string progress_key(int rank);
 
 // Pure part of explain_timeout: `values[r]` is rank r's published value
 // ("joined", or "<sequence> <description>"), nullopt when it has none.
+// `group` names the ranks (group ranks index `values`).
 std::string explain_progress(std::uint64_t sequence, int self,
-                             const std::vector<std::optional<std::string>>& values);
+                             const std::vector<std::optional<std::string>>& values,
+                             const GroupRanks& group = {});
 
 }  // namespace tandem::detail

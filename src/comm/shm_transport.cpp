@@ -37,7 +37,11 @@ std::size_t ShmTransport::segment_bytes(int world_size) {
 
 ShmTransport::ShmTransport(ShmSegment segment, int rank, int world_size,
                            std::chrono::milliseconds timeout)
-    : segment_(std::move(segment)), rank_(rank), world_size_(world_size), timeout_(timeout) {
+    : segment_(std::move(segment)),
+      rank_(rank),
+      world_size_(world_size),
+      timeout_(timeout),
+      label_(thread_rank_label()) {
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -56,7 +60,9 @@ bool ShmTransport::supports(const at::Tensor& tensor, bool reduces) {
 }
 
 void ShmTransport::worker_loop() {
-  set_thread_rank_label(rank_, world_size_);  // errors raised here name the rank
+  // Errors raised here name the rank as the caller's do (its global rank,
+  // also on a subgroup); a process without thread labels uses its own.
+  if (label_.first >= 0) set_thread_rank_label(label_.first, label_.second);
   for (;;) {
     std::function<void()> job;
     {
@@ -115,6 +121,13 @@ std::shared_future<void> ShmTransport::reduce_scatter(at::Tensor output, at::Ten
                                                       ReduceOp op, std::string what) {
   return submit(std::move(what), [this, output, input, op](const std::string& w) {
     run_reduce_scatter(output, input, op, w);
+  });
+}
+
+std::shared_future<void> ShmTransport::exchange(at::Tensor output, at::Tensor input,
+                                                ExchangePlan plan, std::string what) {
+  return submit(std::move(what), [this, output, input, plan = std::move(plan)](const std::string& w) {
+    run_exchange(output, input, plan, w);
   });
 }
 
@@ -194,6 +207,48 @@ void ShmTransport::run_reduce_scatter(const at::Tensor& output, const at::Tensor
     for (int k = 0; k < world_size_; ++k) pieces[k] = slot(set, k) + rank_ * piece * elem;
     reduce_buffers(out + offset * elem, pieces.data(), world_size_,
                    static_cast<std::int64_t>(piece), input.scalar_type(), op);
+  }
+}
+
+// Exchange: a slot is cut into world_size parts of `part` bytes, part d
+// carrying this round's piece for rank d. Every rank derives the number of
+// rounds from the same byte matrix, so all take the same barriers; a rank's
+// reads of round c happen between the barriers of rounds c and c + 1, as in
+// the other collectives.
+void ShmTransport::run_exchange(const at::Tensor& output, const at::Tensor& input,
+                                const ExchangePlan& plan, const std::string& what) {
+  const auto world = static_cast<std::size_t>(world_size_);
+  const auto me = static_cast<std::size_t>(rank_);
+  const std::size_t part = kChunkBytes / world;
+  auto bytes = [&](std::size_t src, std::size_t dst) {
+    return static_cast<std::size_t>(plan.bytes[src * world + dst]);
+  };
+  const auto* in = input.defined() ? static_cast<const std::uint8_t*>(input.data_ptr()) : nullptr;
+  auto* out = output.defined() ? static_cast<std::uint8_t*>(output.data_ptr()) : nullptr;
+  std::size_t rounds = 0;
+  for (std::size_t src = 0; src < world; ++src) {
+    for (std::size_t dst = 0; dst < world; ++dst) {
+      if (src != dst) rounds = std::max(rounds, (bytes(src, dst) + part - 1) / part);
+    }
+  }
+  if (bytes(me, me) > 0) {
+    std::memcpy(out + plan.recv_offsets[me], in + plan.send_offsets[me], bytes(me, me));
+  }
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const std::size_t lo = round * part;
+    std::uint8_t* set = next_set();
+    std::uint8_t* mine = slot(set, rank_);
+    for (std::size_t dst = 0; dst < world; ++dst) {
+      if (dst == me || bytes(me, dst) <= lo) continue;
+      std::memcpy(mine + dst * part, in + plan.send_offsets[dst] + lo,
+                  std::min(part, bytes(me, dst) - lo));
+    }
+    arrive_and_wait(what);
+    for (std::size_t src = 0; src < world; ++src) {
+      if (src == me || bytes(src, me) <= lo) continue;
+      std::memcpy(out + plan.recv_offsets[src] + lo,
+                  slot(set, static_cast<int>(src)) + me * part, std::min(part, bytes(src, me) - lo));
+    }
   }
 }
 

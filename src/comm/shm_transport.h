@@ -1,5 +1,6 @@
 #pragma once
-// Intra-node all-reduce, all-gather and reduce-scatter through shared memory.
+// Intra-node all-reduce, all-gather, reduce-scatter and exchanges (all-to-all,
+// gather, scatter) through shared memory.
 //
 // When every rank of a group runs on one host, copying tensors through a
 // shared segment beats Gloo's loopback TCP by a wide margin: no kernel copies,
@@ -12,8 +13,11 @@
 // out. All-gather: copy in; barrier; copy every slot out. Reduce-scatter:
 // each rank stages, for every destination rank, the next piece of that rank's
 // chunk; barrier; each rank reduces its own pieces across the slots straight
-// into its output. Two buffer sets alternate between rounds, so these barriers
-// are enough (see the .cpp for why).
+// into its output. Exchange: each rank stages, for every other rank, the next
+// piece of what it sends that rank in that rank's part of its slot; barrier;
+// each rank copies its part of every other slot out. Two buffer sets
+// alternate between rounds, so these barriers are enough (see the .cpp for
+// why).
 //
 // Collectives run on a dedicated thread in submission order, so async
 // all-reduces overlap the caller's compute. Thread-safe.
@@ -27,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -67,6 +72,22 @@ class ShmTransport {
   std::shared_future<void> reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op,
                                           std::string what);
 
+  // Who sends how many bytes to whom, and where they lie.
+  struct ExchangePlan {
+    // world_size x world_size, row = source: bytes[src * world + dst] bytes
+    // go from src to dst. Every rank passes the same matrix.
+    std::vector<std::int64_t> bytes;
+    // This rank's byte offset in `input` of what it sends each destination.
+    std::vector<std::int64_t> send_offsets;
+    // This rank's byte offset in `output` of what each source sends it.
+    std::vector<std::int64_t> recv_offsets;
+  };
+  // Moves bytes between every pair of ranks as `plan` says: all_to_all,
+  // gather and scatter. A rank that receives (sends) nothing may pass an
+  // undefined output (input). Input and output must not overlap.
+  std::shared_future<void> exchange(at::Tensor output, at::Tensor input, ExchangePlan plan,
+                                    std::string what);
+
  private:
   // Queues `body` on the worker; after a failure every later body is
   // refused, as the ranks' barrier counts no longer agree.
@@ -78,12 +99,16 @@ class ShmTransport {
   void run_all_gather(const at::Tensor& output, const at::Tensor& input, const std::string& what);
   void run_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
                           const std::string& what);
+  void run_exchange(const at::Tensor& output, const at::Tensor& input, const ExchangePlan& plan,
+                    const std::string& what);
   void worker_loop();
 
   ShmSegment segment_;
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  // The creating thread's rank label: the global rank also in a subgroup.
+  std::pair<int, int> label_;
   std::uint32_t generation_ = 0;
   std::uint64_t round_ = 0;  // rounds run so far, of every collective
   std::string failed_;  // first error; the transport is unusable after one

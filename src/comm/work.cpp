@@ -1,5 +1,6 @@
 #include "tandem/comm/work.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "comm/comm_error.h"
@@ -92,10 +93,19 @@ bool wait_for_nccl(c10d::Work& work, std::chrono::milliseconds timeout,
 Work::Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
            std::string description, std::function<void()> on_complete,
            std::function<std::string()> explain_timeout)
-    : work_(std::move(work)),
-      timeout_(timeout),
+    : timeout_(timeout),
       description_(std::move(description)),
       on_complete_(std::move(on_complete)),
+      explain_timeout_(std::move(explain_timeout)),
+      waited_(false) {
+  if (work) works_.push_back(std::move(work));
+}
+
+Work::Work(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::chrono::milliseconds timeout,
+           std::string description, std::function<std::string()> explain_timeout)
+    : works_(std::move(works)),
+      timeout_(timeout),
+      description_(std::move(description)),
       explain_timeout_(std::move(explain_timeout)),
       waited_(false) {}
 
@@ -113,7 +123,7 @@ Work::Work(Work&& other) noexcept { *this = std::move(other); }
 
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
-    work_ = std::move(other.work_);
+    works_ = std::move(other.works_);
     future_ = std::move(other.future_);
     timeout_ = other.timeout_;
     description_ = std::move(other.description_);
@@ -125,14 +135,25 @@ Work& Work::operator=(Work&& other) noexcept {
   return *this;
 }
 
+void Work::wait_backend() {
+  // One deadline for all of them: they finish together.
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (auto& work : works_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    left = std::max(left, std::chrono::milliseconds(1));
+    if (!detail::wait_for_nccl(*work, left, description_)) work->wait(left);
+  }
+}
+
 Work::~Work() {
-  if (waited_ || (!work_ && !future_.valid())) return;
+  if (waited_ || (works_.empty() && !future_.valid())) return;
   try {
     if (future_.valid()) {
       future_.get();
       return;
     }
-    if (!detail::wait_for_nccl(*work_, timeout_, description_)) work_->wait(timeout_);
+    wait_backend();
   } catch (const std::exception& e) {
     log_error("{} failed while its handle was dropped unwaited: {}", description_, e.what());
   }
@@ -141,7 +162,10 @@ Work::~Work() {
 bool Work::is_completed() const {
   if (waited_) return true;
   if (future_.valid()) return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  return !work_ || work_->isCompleted();
+  for (const auto& work : works_) {
+    if (!work->isCompleted()) return false;
+  }
+  return true;
 }
 
 void Work::wait() {
@@ -149,7 +173,7 @@ void Work::wait() {
   waited_ = true;
   try {
     if (future_.valid()) future_.get();  // the transport bounds its own waits
-    if (work_ && !detail::wait_for_nccl(*work_, timeout_, description_)) work_->wait(timeout_);
+    wait_backend();
   } catch (...) {
     detail::rethrow_as_comm_error(description_, timeout_, explain_timeout_);
   }

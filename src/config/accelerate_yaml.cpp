@@ -106,8 +106,7 @@ void merge_deepspeed_file(const Config& ds, Config& config) {
   config.zero.zero3_init = zero3_init;
   config.optimizer = ds.optimizer;
   config.scheduler = ds.scheduler;
-  config.steps_per_print = ds.steps_per_print;
-  config.wall_clock_breakdown = ds.wall_clock_breakdown;
+  config.activation_checkpointing = ds.activation_checkpointing;
   config.warnings.insert(config.warnings.end(), ds.warnings.begin(), ds.warnings.end());
   config.auto_keys.insert(ds.auto_keys.begin(), ds.auto_keys.end());
   config.key_locations.insert(ds.key_locations.begin(), ds.key_locations.end());
@@ -212,13 +211,6 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
           v.as_choice({"pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "slurm", "nossh"});
     } else if (key == "zero3_init_flag") {
       zero.zero3_init = v.as_bool();
-    } else if (key == "zero3_save_16bit_model") {
-      bool save = v.as_bool();
-      check_agrees(v, save ? "true" : "false", json,
-                   "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                   zero.stage3_gather_16bit_weights_on_model_save ? "true" : "false");
-      zero.stage3_gather_16bit_weights_on_model_save = save;
-      config.auto_keys.erase("zero_optimization.stage3_gather_16bit_weights_on_model_save");
     }
   }
   // Accelerate's DeepSpeed plugin starts from ZeRO stage 2 when nothing
@@ -231,16 +223,22 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
 }  // namespace
 
 const KeyTable& accelerate_deepspeed_section_keys() {
-  static const KeyTable table{{"zero_stage", "offload_optimizer_device", "offload_param_device",
-                               "gradient_accumulation_steps", "gradient_clipping",
-                               "zero3_init_flag", "zero3_save_16bit_model",
-                               "deepspeed_config_file", "deepspeed_hostfile",
-                               "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
-                               "deepspeed_multinode_launcher"},
-                              {"deepspeed_moe_layer_cls_names",
-                               "seq_parallel_communication_data_type"},
-                              {"offload_optimizer_nvme_path", "offload_param_nvme_path"},
-                              {}};
+  static const KeyTable table{
+      {"zero_stage", "offload_optimizer_device", "offload_param_device",
+       "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
+       "deepspeed_config_file", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+       "deepspeed_inclusion_filter", "deepspeed_multinode_launcher"},
+      {{"zero3_save_16bit_model", "is not implemented yet: save_model writes the gathered "
+                                  "weights in their training dtype; ignored", {"false"}, check_bool},
+       {"deepspeed_moe_layer_cls_names", "is not implemented: tandem has no mixture-of-experts "
+                                         "layers to mark; ignored", {"null", ""}},
+       {"seq_parallel_communication_data_type", "is not implemented: tandem has no sequence "
+                                                "parallelism; ignored", {"null"}},
+       {"offload_optimizer_nvme_path", "is not implemented: tandem offloads to CPU memory only; "
+                                       "ignored", {"null", "none"}},
+       {"offload_param_nvme_path", "is not implemented: tandem offloads to CPU memory only; "
+                                   "ignored", {"null", "none"}}},
+      {}};
   return table;
 }
 
@@ -248,19 +246,47 @@ const KeyTable& accelerate_top_level_keys() {
   static const KeyTable table{
       {"compute_environment", "distributed_type", "num_processes", "num_machines",
        "machine_rank", "main_process_ip", "main_process_port", "mixed_precision", "gpu_ids",
-       "use_cpu", "rdzv_backend", "same_network", "deepspeed_config", "fsdp_config", "fp16",
-       "tp_config", "parallelism_config"},
-      {},
-      {"debug", "downcast_bf16", "main_training_function", "enable_cpu_affinity",
-       "dynamo_config", "dynamo_backend", "megatron_lm_config", "ipex_config", "mpirun_config",
-       "commands", "command_file", "use_mps_device", "fp8_config"},
-      {"tpu_"}};
+       "use_cpu", "rdzv_backend", "deepspeed_config", "fp16", "tp_config",
+       "parallelism_config"},
+      {{"fsdp_config", "is ignored: its settings apply to distributed_type FSDP, which tandem "
+                       "does not run (ZeRO-3, distributed_type DEEPSPEED with zero_stage 3, "
+                       "shards the same way)",
+        {"{}", "null"}},
+       {"debug", "is not implemented yet: set TANDEM_DEBUG=DETAIL to check every collective's "
+                 "fingerprint; ignored", {"false"}, check_bool},
+       {"downcast_bf16", "is not implemented: tandem keeps what the program computes in its "
+                         "dtype; ignored", {"no", "false"}},
+       {"enable_cpu_affinity", "is not implemented yet: tandem leaves the workers' CPU affinity "
+                               "to the system; ignored", {"false"}, check_bool},
+       {"main_training_function", "does not apply to C++: tandem launch runs the program, which "
+                                  "starts at main(); ignored", {"main"}},
+       {"dynamo_backend", "asks for TorchDynamo, which LibTorch does not have; ignored",
+        {"no", "null"}},
+       {"dynamo_config", "asks for TorchDynamo, which LibTorch does not have; ignored",
+        {"{}", "null"}},
+       {"ipex_config", "asks for Intel's extension for PyTorch, which tandem does not use; "
+                       "ignored", {"{}", "null", "false"}},
+       {"mpirun_config", "is not used: tandem launch starts its own workers (under mpirun, start "
+                         "the program directly: tandem reads OMPI_*); ignored", {"{}", "null", "1", "false"}},
+       {"commands", "is not used: tandem launch runs the program on its command line; ignored",
+        {"null", "[]"}},
+       {"command_file", "is not used: tandem launch runs the program on its command line; "
+                        "ignored", {"null", ""}},
+       {"same_network", "changes nothing in tandem launch: every machine must reach "
+                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
+      {{"use_mps_device", "asks for Apple's MPS device, which tandem does not train on; "
+                          "remove it or set it to false", {"false", "null"}},
+       {"megatron_lm_config", "asks for Megatron-LM, which tandem does not run; remove the "
+                              "section", {"{}", "null"}},
+       {"fp8_config", "asks for FP8 training, which tandem does not do; remove the section and "
+                      "use mixed_precision bf16 or fp16", {"{}", "null"}},
+       {"tpu_*", "asks for TPUs, which tandem does not train on; remove the tpu_ keys",
+        {"false", "null", "[]", "{}", ""}}}};
   return table;
 }
 
 void read_accelerate_document(const Value& root, Config& config, const std::string& base_dir) {
   std::optional<Value> type_value, section, precision, legacy_fp16;
-  config.same_network = false;  // Accelerate's ClusterConfig default
   for_each_key(root, accelerate_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (key == "mixed_precision" && yaml11_boolean(v)) {
       // PyYAML hands `accelerate launch` a bool, and it fails on .lower().
@@ -284,8 +310,6 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
       config.distributed_type = read_accelerate_distributed_type(v);
     } else if (key == "deepspeed_config") {
       section = v;
-    } else if (key == "fsdp_config") {
-      // Accelerate writes it for every type; distributed_type FSDP is refused above.
     } else if (key == "fp16") {
       legacy_fp16 = v;  // Accelerate's old spelling of mixed_precision: fp16
     } else if (key == "tp_config" || key == "parallelism_config") {

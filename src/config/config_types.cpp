@@ -121,17 +121,10 @@ bool same(const LossScaleConfig& a, const LossScaleConfig& b) {
 bool same(const ZeroConfig& a, const ZeroConfig& b) {
   return a.stage == b.stage && a.offload_optimizer == b.offload_optimizer &&
          a.offload_param == b.offload_param && a.offload_pin_memory == b.offload_pin_memory &&
-         a.overlap_comm == b.overlap_comm && a.contiguous_gradients == b.contiguous_gradients &&
-         a.reduce_scatter == b.reduce_scatter && a.reduce_bucket_size == b.reduce_bucket_size &&
-         a.allgather_partitions == b.allgather_partitions &&
-         a.allgather_bucket_size == b.allgather_bucket_size &&
-         a.sub_group_size == b.sub_group_size &&
+         a.reduce_bucket_size == b.reduce_bucket_size &&
          a.stage3_prefetch_bucket_size == b.stage3_prefetch_bucket_size &&
          a.stage3_param_persistence_threshold == b.stage3_param_persistence_threshold &&
          a.stage3_max_live_parameters == b.stage3_max_live_parameters &&
-         a.stage3_max_reuse_distance == b.stage3_max_reuse_distance &&
-         a.stage3_gather_16bit_weights_on_model_save ==
-             b.stage3_gather_16bit_weights_on_model_save &&
          a.zero3_init == b.zero3_init;
 }
 
@@ -171,15 +164,14 @@ bool same_settings(const Config& a, const Config& b) {
          a.num_machines == b.num_machines && a.machine_rank == b.machine_rank &&
          a.main_process_ip == b.main_process_ip && a.main_process_port == b.main_process_port &&
          a.gpu_ids == b.gpu_ids && a.use_cpu == b.use_cpu && a.rdzv_backend == b.rdzv_backend &&
-         a.same_network == b.same_network && a.mixed_precision == b.mixed_precision &&
+         a.mixed_precision == b.mixed_precision &&
          a.train_batch_size == b.train_batch_size &&
          a.train_micro_batch_size_per_gpu == b.train_micro_batch_size_per_gpu &&
          a.gradient_accumulation_steps == b.gradient_accumulation_steps &&
          a.gradient_clipping == b.gradient_clipping && a.seed == b.seed && same(a.fp16, b.fp16) &&
          same(a.zero, b.zero) && same(a.optimizer, b.optimizer) &&
          same(a.scheduler, b.scheduler) && same(a.ddp, b.ddp) &&
-         a.activation_checkpointing.enabled == b.activation_checkpointing.enabled &&
-         a.steps_per_print == b.steps_per_print && a.wall_clock_breakdown == b.wall_clock_breakdown;
+         a.activation_checkpointing.enabled == b.activation_checkpointing.enabled;
 }
 
 }  // namespace tandem

@@ -9,17 +9,50 @@
 namespace tandem::config_detail {
 namespace {
 
-// Keys DeepSpeed reads that tandem does not act on (yet). Accepted with a
-// warning so that real configs load.
-const std::vector<std::string>& warned_top_level_keys() {
-  static const std::vector<std::string> keys = {
-      "aio", "autotuning", "checkpoint", "comet",
-      "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency",
-      "data_types", "dataloader_drop_last", "disable_allgather", "dump_state",
-      "flops_profiler", "gradient_predivide_factor", "hybrid_engine", "memory_breakdown",
-      "pipeline", "prescale_gradients", "seq_parallel_communication_data_type", "tensorboard",
-      "timers", "torch_autocast", "wandb", "weight_quantization",
-      "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
+// Keys DeepSpeed reads that tandem does not act on. Accepted with a
+// warning that says what tandem does instead, so that real configs load.
+std::vector<KeyNote> warned_top_level_keys() {
+  std::vector<KeyNote> keys = notes_for(
+      {"comet", "csv_monitor", "tensorboard", "wandb", "comms_logger", "flops_profiler",
+       "memory_breakdown", "timers", "dump_state"},
+      "is DeepSpeed's own logging or profiling: tandem logs through the Accelerator's trackers "
+      "and profiles with Accelerator::profile; ignored");
+  auto add = [&](std::vector<std::string> names, const std::string& note,
+                 std::vector<std::string> quiet = {},
+                 std::function<void(const Value&)> check = nullptr) {
+    for (auto& n : notes_for(names, note, quiet, check)) keys.push_back(std::move(n));
+  };
+  add({"aio"}, "configures DeepSpeed's NVMe offload I/O: tandem offloads to CPU memory only; "
+               "ignored");
+  add({"autotuning"}, "is DeepSpeed's autotuner, which tandem does not have: the file's "
+                      "settings are used as written; ignored");
+  add({"checkpoint"}, "configures DeepSpeed's checkpoint engine: tandem writes its own "
+                      "checkpoints (docs/checkpoints.md); ignored");
+  add({"communication_data_type", "seq_parallel_communication_data_type"},
+      "is not implemented: tandem reduces gradients in their own dtype, or as the DDP "
+      "comm_hook says; ignored");
+  add({"compile"}, "asks for torch.compile, which LibTorch does not have; ignored");
+  add({"data_efficiency", "data_types"},
+      "configures DeepSpeed's data pipeline: the program's own data loader decides; ignored");
+  add({"dataloader_drop_last"}, "is not implemented: tandem's prepared loader keeps its own "
+                                "drop_last setting; ignored", {"false"}, check_bool);
+  add({"disable_allgather"}, "is not implemented: tandem all-gathers ZeRO parameters as it "
+                             "needs them; ignored", {"false"});
+  add({"gradient_predivide_factor", "prescale_gradients"},
+      "is not implemented: tandem sums gradients, then divides by the world size once; "
+      "ignored", {"1", "1.0", "false"});
+  add({"hybrid_engine"}, "is DeepSpeed's RLHF engine, which tandem does not have; ignored");
+  add({"pipeline"}, "configures pipeline parallelism, which tandem does not do; ignored");
+  add({"torch_autocast"}, "is not implemented: tandem's mixed precision comes from the fp16 or "
+                          "bf16 block (or mixed_precision); ignored");
+  add({"weight_quantization"}, "is not implemented: tandem trains unquantized weights; ignored");
+  add({"zero_force_ds_cpu_optimizer"},
+      "is not implemented: with offload tandem always steps its own CPU Adam; ignored",
+      {"true"});
+  add({"steps_per_print"}, "is not implemented yet: tandem prints no periodic step report; "
+                           "ignored", {"10"}, check_whole(1));
+  add({"wall_clock_breakdown"}, "is not implemented yet: tandem logs no per-step time "
+                                "breakdown; ignored", {"false"}, check_bool);
   return keys;
 }
 
@@ -47,10 +80,13 @@ const std::map<std::string, std::string>& removed_top_level_keys() {
   return keys;
 }
 
-std::vector<std::string> removed_key_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : removed_top_level_keys()) names.push_back(entry.first);
-  return names;
+std::vector<KeyNote> removed_keys() {
+  std::vector<KeyNote> notes;
+  for (const auto& [name, fix] : removed_top_level_keys()) {
+    notes.push_back({name, "DeepSpeed has removed this feature, and current DeepSpeed refuses a "
+                           "config that still has the key (deepspeedai/DeepSpeed#8489); " + fix});
+  }
+  return notes;
 }
 
 std::optional<int64_t> read_batch_count(const Value& value) {
@@ -117,10 +153,6 @@ bool read_shared_training_key(const std::string& key, const Value& v, Config& co
       config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
                                              "set it to 0 (no clipping) or a positive max norm");
     }
-  } else if (key == "steps_per_print") {
-    config.steps_per_print = v.as_count();
-  } else if (key == "wall_clock_breakdown") {
-    config.wall_clock_breakdown = v.as_bool();
   } else {
     return false;
   }
@@ -148,35 +180,36 @@ bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig
 }
 
 const KeyTable& deepspeed_top_level_keys() {
-  static const KeyTable table = [] {
-    KeyTable keys{{"train_batch_size", "train_micro_batch_size_per_gpu",
-                   "gradient_accumulation_steps", "optimizer", "scheduler", "fp16", "bf16",
-                   "bfloat16", "zero_optimization", "gradient_clipping", "steps_per_print",
-                   "wall_clock_breakdown", "tensor_parallel", "sequence_parallel_size",
-                   "activation_checkpointing"},
-                  warned_top_level_keys(),
-                  {},
-                  {}};
-    // Read only to be refused, with DeepSpeed's replacement as the fix.
-    for (const auto& name : removed_key_names()) keys.read.push_back(name);
-    return keys;
-  }();
+  static const KeyTable table{{"train_batch_size", "train_micro_batch_size_per_gpu",
+                               "gradient_accumulation_steps", "optimizer", "scheduler", "fp16",
+                               "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
+                               "tensor_parallel", "sequence_parallel_size",
+                               "activation_checkpointing", "zero_allow_untested_optimizer"},
+                              warned_top_level_keys(), removed_keys()};
   return table;
 }
 
 const KeyTable& deepspeed_fp16_keys() {
-  static const KeyTable table{{"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                               "hysteresis", "consecutive_hysteresis", "min_loss_scale"},
-                              {"auto_cast", "fp16_master_weights_and_grads"},
-                              {},
-                              {}};
+  static const KeyTable table{
+      {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+       "consecutive_hysteresis", "min_loss_scale"},
+      {{"auto_cast", "is not implemented: tandem casts the forward pass to fp16 under "
+                     "autocast, whatever this says; ignored", {"false"}},
+       {"fp16_master_weights_and_grads", "is not implemented: tandem keeps fp32 master weights "
+                                         "and gradients; ignored", {"false"}}},
+      {}};
   return table;
 }
 
 const KeyTable& deepspeed_bf16_keys() {
   static const KeyTable table{
-      {"enabled"}, {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
-                    "bf16_optimizer_states"}, {}, {}};
+      {"enabled"},
+      notes_for({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                 "bf16_optimizer_states"},
+                "is not implemented: tandem keeps fp32 master weights, gradients and optimizer "
+                "state under bf16, and checks no bf16 overflow; ignored",
+                {"false"}),
+      {}};
   return table;
 }
 
@@ -203,13 +236,12 @@ void read_deepspeed_document(const Value& root, Config& config) {
       read_zero_optimization(v, config, Dialect::kDeepSpeed);
     } else if (key == "activation_checkpointing") {
       read_activation_checkpointing(v, config, Dialect::kDeepSpeed);
+    } else if (key == "zero_allow_untested_optimizer") {
+      // DeepSpeed's gate for optimizers it has not tested with ZeRO; tandem
+      // shards every optimizer it builds, so either value trains the same.
+      (void)v.as_bool();
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);
-    } else if (auto removed = removed_top_level_keys().find(key);
-               removed != removed_top_level_keys().end()) {
-      v.fail("DeepSpeed has removed this feature, and current DeepSpeed refuses a config that "
-             "still has the key (deepspeedai/DeepSpeed#8489)",
-             removed->second);
     }
   });
 }
@@ -223,6 +255,7 @@ Config parse_deepspeed_text(const std::string& text, const std::string& name) {
   Value root = Value::root(ctx, node);
   expect_map(root, "a DeepSpeed config is one JSON object: { \"train_batch_size\": ..., ... }");
   read_deepspeed_document(root, config);
+  check_keys_read(ctx);
   return config;
 }
 

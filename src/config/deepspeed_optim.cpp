@@ -61,7 +61,11 @@ void read_betas(const Value& v, OptimizerConfig& optimizer) {
 }  // namespace
 
 const KeyTable& optimizer_keys() {
-  static const KeyTable table{{"type", "params"}, {"legacy_fusion"}, {}, {}};
+  static const KeyTable table{
+      {"type", "params"},
+      {{"legacy_fusion", "is not implemented: tandem steps LibTorch's optimizers (fused "
+                         "multi-tensor kernels on CUDA); ignored", {"false"}}},
+      {}};
   return table;
 }
 
@@ -71,13 +75,22 @@ const std::vector<std::string>& optimizer_types() {
 }
 
 const KeyTable& optimizer_params_keys(const std::string& type) {
+  const std::string clip = "is not implemented: clip with gradient_clipping (the config's "
+                           "top level) instead; ignored";
   static const KeyTable adam_params{
       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
-      {"amsgrad", "bias_correction", "max_grad_norm"},
-      {},
+      {{"amsgrad", "is not implemented: tandem's Adam keeps no max of the second moments; "
+                   "ignored", {"false"}},
+       {"bias_correction", "is not implemented: tandem's Adam always corrects the moments' "
+                           "bias; ignored", {"true"}},
+       {"max_grad_norm", clip, {"0", "0.0", "null"}}},
       {}};
   static const KeyTable sgd_params{
-      {"lr", "momentum", "weight_decay"}, {"nesterov", "dampening", "max_grad_norm"}, {}, {}};
+      {"lr", "momentum", "weight_decay"},
+      {{"nesterov", "is not implemented: tandem's SGD uses plain momentum; ignored", {"false"}},
+       {"dampening", "is not implemented: tandem's SGD has no dampening; ignored", {"0", "0.0"}},
+       {"max_grad_norm", clip, {"0", "0.0", "null"}}},
+      {}};
   return type == "SGD" ? sgd_params : adam_params;
 }
 
@@ -110,8 +123,22 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
           v.fail("expected a number > 0, got 0", "set it to a small positive number like 1e-8");
         }
       }
-      if (name == "adam_w_mode") adam_w_mode = v.as_bool();
-      if (name == "torch_adam") (void)v.as_bool();  // an implementation choice; same math
+      if (name == "adam_w_mode") {
+        adam_w_mode = v.as_bool();
+        // In tandem YAML `type` alone says Adam or AdamW: a flag that says
+        // otherwise would be ignored, so it is refused.
+        if (dialect == Dialect::kTandem && adam_w_mode != (optimizer.type == "AdamW")) {
+          v.fail(std::string("adam_w_mode ") + (adam_w_mode ? "true" : "false") +
+                     " disagrees with type " + optimizer.type + ", which alone says Adam or "
+                     "AdamW in tandem YAML",
+                 "remove adam_w_mode, and write type: " +
+                     std::string(adam_w_mode ? "AdamW" : "Adam"));
+        }
+      }
+      // Torch's Adam or DeepSpeed's fused one: the same math. tandem steps
+      // LibTorch's (PyTorch's fused kernels on CUDA, its CPU Adam under
+      // offload) either way.
+      if (name == "torch_adam") (void)v.as_bool();
     }, [sgd](const std::string&) {
       return std::string(sgd ? " for SGD" : " for Adam/AdamW");
     });
@@ -124,7 +151,7 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
 }
 
 const KeyTable& scheduler_keys() {
-  static const KeyTable table{{"type", "params"}, {}, {}, {}};
+  static const KeyTable table{{"type", "params"}, {}, {}};
   return table;
 }
 
@@ -150,9 +177,13 @@ const KeyTable& scheduler_params_keys(const std::string& type) {
           "decay_mom_rate"}}};
     std::map<std::string, KeyTable> by_type;
     for (const auto& [name, params] : params_of) {
-      KeyTable table{params, {}, {}, {}};
       // DeepSpeed's resume position; tandem resumes from checkpoints instead.
-      table.read.push_back("last_batch_iteration");
+      KeyTable table{params,
+                     {{"last_batch_iteration",
+                       "is not implemented: tandem resumes the schedule from checkpoints; "
+                       "ignored",
+                       {"-1"}, check_whole(-1)}},
+                     {}};
       by_type.emplace(name, std::move(table));
     }
     return by_type;
@@ -182,10 +213,6 @@ void read_scheduler(const Value& block, Config& config) {
     if (key != "params") return;
     for_each_key(params, scheduler_params_keys(scheduler.type),
                  [&](const std::string& name, const Value& v) {
-      if (name == "last_batch_iteration") {
-        if (v.as_int(-1) != -1) v.warn_not_implemented();
-        return;
-      }
       if (name == "warmup_type") {
         scheduler.warmup_type = v.as_choice({"log", "linear"});
         return;

@@ -36,50 +36,89 @@ int64_t read_size(const Value& v, int64_t current, int64_t min, bool auto_allowe
   return v.as_int(min, std::numeric_limits<int64_t>::max(), fix);
 }
 
-// Keys DeepSpeed has removed (deepspeedai/DeepSpeed#8489) and refuses.
-bool is_removed_key(const std::string& key) {
-  return key == "mics_shard_size" || key == "mics_hierarchical_params_gather" ||
-         key == "zeropp_loco_param";
-}
-
 }  // namespace
 
 const KeyTable& offload_keys() {
-  static const KeyTable table{{"device", "pin_memory"},
-                              {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
-                               "pipeline_read", "pipeline_write", "fast_init", "ratio",
-                               "pipeline"},
-                              {},
-                              {}};
+  static const KeyTable table{
+      {"device", "pin_memory"},
+      notes_for({"nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                 "pipeline_write", "fast_init", "ratio", "pipeline"},
+                "tunes DeepSpeed's NVMe or partial offload: tandem offloads the whole state to "
+                "CPU memory; ignored",
+                {"null", "false"}),
+      {}};
   return table;
 }
+
+namespace {
+
+// DeepSpeed's spellings of one number ("5e8", 500000000), for quiet values.
+std::vector<std::string> spellings(const std::string& exponent_form, const std::string& digits) {
+  return {exponent_form, digits, exponent_form.substr(0, 1) + ".0" + exponent_form.substr(1),
+          "auto"};
+}
+
+std::vector<KeyNote> zero_warned_keys() {
+  std::vector<KeyNote> keys = notes_for(
+      {"round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint",
+       "ignore_unused_parameters", "legacy_stage1", "zero_hpz_partition_size",
+       "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+       "zero_quantized_gradients", "memory_efficient_linear",
+       "stage3_model_persistence_threshold", "model_persistence_threshold",
+       "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
+       "stage3_allgather_sequential", "use_multi_rank_bucket_allreduce", "override_module_apply",
+       "pipeline_loading_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",
+       "leaf_module", "zenflow"},
+      "is not implemented by tandem's ZeRO; ignored");
+  auto add = [&](const std::vector<std::string>& names, const std::string& note,
+                 const std::vector<std::string>& quiet,
+                 const std::function<void(const Value&)>& check) {
+    for (auto& n : notes_for(names, note, quiet, check)) keys.push_back(std::move(n));
+  };
+  add({"overlap_comm"}, "is not implemented: tandem always overlaps gradient reduction with the "
+                        "backward pass; ignored", {"true"}, check_bool);
+  add({"contiguous_gradients"}, "is not implemented: tandem always packs gradients into flat "
+                                "buckets; ignored", {"true"}, check_bool);
+  add({"reduce_scatter"}, "is not implemented: tandem always reduce-scatters gradients; "
+                          "ignored", {"true"}, check_bool);
+  add({"allgather_partitions"}, "is not implemented: tandem always all-gathers the updated "
+                                "partitions; ignored", {"true"}, check_bool);
+  add({"allgather_bucket_size"}, "is not implemented: tandem all-gathers each flat group in one "
+                                 "call; ignored", spellings("5e8", "500000000"), check_whole(1));
+  add({"sub_group_size"}, "is not implemented: tandem steps each rank's shard as one group; "
+                          "ignored", spellings("1e9", "1000000000"), check_whole(1));
+  add({"stage3_max_reuse_distance", "max_reuse_distance"},
+      "is not implemented: tandem releases a gathered parameter after its use (and keeps what "
+      "prefetching and stage3_max_live_parameters allow); ignored",
+      spellings("1e9", "1000000000"), check_whole(0));
+  add({"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+       "gather_16bit_weights_on_model_save"},
+      "is not implemented yet: save_model writes the gathered weights in their training "
+      "dtype; ignored", {"false", "auto"},
+      [](const Value& v) {
+        if (!v.is_auto()) check_bool(v);
+      });
+  return keys;
+}
+
+}  // namespace
 
 const KeyTable& zero_optimization_keys(Dialect dialect) {
   // DeepSpeed's pydantic model takes the stage3_* names and their short
   // field names alike.
   static const std::vector<std::string> read_keys = {
-      "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients",
-      "reduce_scatter", "reduce_bucket_size", "allgather_partitions", "allgather_bucket_size",
-      "sub_group_size", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+      "stage", "offload_optimizer", "offload_param", "reduce_bucket_size",
+      "stage3_prefetch_bucket_size", "prefetch_bucket_size",
       "stage3_param_persistence_threshold", "param_persistence_threshold",
-      "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance",
-      "max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-      "stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save",
-      "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
-      // Removed from DeepSpeed: read only to be refused.
-      "mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"};
-  static const std::vector<std::string> warned_keys = {
-      "round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint",
-      "ignore_unused_parameters", "legacy_stage1", "zero_hpz_partition_size",
-      "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-      "zero_quantized_gradients", "memory_efficient_linear", "stage3_model_persistence_threshold",
-      "model_persistence_threshold", "stage3_module_granularity_threshold",
-      "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
-      "use_multi_rank_bucket_allreduce", "override_module_apply", "pipeline_loading_checkpoint",
-      "log_trace_cache_warnings", "enable_sanity_checks", "leaf_module", "zenflow"};
-  static const KeyTable deepspeed_table{read_keys, warned_keys, {}, {}};
+      "stage3_max_live_parameters", "max_live_parameters", "cpu_offload", "cpu_offload_param",
+      "cpu_offload_use_pin_memory"};
+  static const std::vector<KeyNote> removed = notes_for(
+      {"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"},
+      "DeepSpeed has removed this feature, and current DeepSpeed refuses a config that still "
+      "has the key (deepspeedai/DeepSpeed#8489); remove the key");
+  static const KeyTable deepspeed_table{read_keys, zero_warned_keys(), removed};
   static const KeyTable tandem_table = [] {
-    KeyTable table{read_keys, warned_keys, {}, {}};
+    KeyTable table{read_keys, zero_warned_keys(), removed};
     table.read.push_back("zero3_init");
     return table;
   }();
@@ -98,12 +137,6 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       read_offload(v, zero.offload_optimizer, config);
     } else if (key == "offload_param") {
       read_offload(v, zero.offload_param, config);
-    } else if (key == "overlap_comm") {
-      zero.overlap_comm = v.as_bool();
-    } else if (key == "contiguous_gradients") {
-      zero.contiguous_gradients = v.as_bool();
-    } else if (key == "reduce_scatter") {
-      zero.reduce_scatter = v.as_bool();
     } else if (key == "reduce_bucket_size") {
       // In tandem YAML 0 means every gradient is reduced on its own (a
       // bucket is flushed once it would exceed the size). DeepSpeed's
@@ -114,12 +147,6 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
                           "DeepSpeed requires reduce_bucket_size > 0; 1 reduces each gradient "
                           "on its own")
               : read_size(v, zero.reduce_bucket_size, 0, true);
-    } else if (key == "allgather_partitions") {
-      zero.allgather_partitions = v.as_bool();
-    } else if (key == "allgather_bucket_size") {
-      zero.allgather_bucket_size = read_size(v, zero.allgather_bucket_size, 1, false);
-    } else if (key == "sub_group_size") {
-      zero.sub_group_size = read_size(v, zero.sub_group_size, 1, false);
     } else if (key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
       // 0 is meaningful: no prefetching.
       zero.stage3_prefetch_bucket_size = read_size(v, zero.stage3_prefetch_bucket_size, 0, true);
@@ -130,19 +157,6 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
           read_size(v, zero.stage3_param_persistence_threshold, 0, true);
     } else if (key == "stage3_max_live_parameters" || key == "max_live_parameters") {
       zero.stage3_max_live_parameters = read_size(v, zero.stage3_max_live_parameters, 1, false);
-    } else if (key == "stage3_max_reuse_distance" || key == "max_reuse_distance") {
-      // 0 is meaningful: release every parameter after use.
-      zero.stage3_max_reuse_distance = read_size(v, zero.stage3_max_reuse_distance, 0, false);
-    } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
-               key == "stage3_gather_fp16_weights_on_model_save" ||
-               key == "gather_16bit_weights_on_model_save") {
-      // "auto" (Accelerate's ZeRO-3 templates): Accelerate fills it from
-      // zero3_save_16bit_model; until something does, the default stays.
-      if (v.is_auto()) {
-        v.note_auto();
-      } else {
-        zero.stage3_gather_16bit_weights_on_model_save = v.as_bool();
-      }
     } else if (key == "cpu_offload") {  // DeepSpeed's deprecated spelling
       if (v.as_bool()) zero.offload_optimizer = OffloadDevice::kCpu;
     } else if (key == "cpu_offload_param") {
@@ -151,10 +165,6 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       zero.offload_pin_memory = v.as_bool();
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
-    } else if (is_removed_key(key)) {
-      v.fail("DeepSpeed has removed this feature, and current DeepSpeed refuses a config that "
-             "still has the key (deepspeedai/DeepSpeed#8489)",
-             "remove the key");
     }
   });
   // DeepSpeed's deprecated-field check: "Cannot provide deprecated parameter

@@ -6,8 +6,9 @@ namespace tandem::config_detail {
 
 std::vector<KeyLevel> key_levels() {
   std::vector<KeyLevel> levels;
-  auto add = [&](ConfigFormat format, const std::string& path, const KeyTable& keys) {
-    levels.push_back({format, path, &keys});
+  auto add = [&](ConfigFormat format, const std::string& path, const KeyTable& keys,
+                 const std::string& type = "") {
+    levels.push_back({format, path, &keys, type});
   };
   // The blocks tandem YAML takes from DeepSpeed, read in each one's dialect.
   auto add_shared_blocks = [&](ConfigFormat format, Dialect dialect) {
@@ -16,11 +17,11 @@ std::vector<KeyLevel> key_levels() {
     add(format, "zero_optimization.offload_param", offload_keys());
     add(format, "optimizer", optimizer_keys());
     for (const auto& type : optimizer_types()) {
-      add(format, "optimizer.params", optimizer_params_keys(type));
+      add(format, "optimizer.params", optimizer_params_keys(type), type);
     }
     add(format, "scheduler", scheduler_keys());
     for (const auto& type : scheduler_types()) {
-      add(format, "scheduler.params", scheduler_params_keys(type));
+      add(format, "scheduler.params", scheduler_params_keys(type), type);
     }
     add(format, "activation_checkpointing", activation_checkpointing_keys(dialect));
   };

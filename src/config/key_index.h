@@ -18,6 +18,7 @@ struct KeyLevel {
   ConfigFormat format;   // kTandemYaml, kAccelerateYaml or kDeepSpeedJson
   std::string path;      // dotted path of the level; "" for the top level
   const KeyTable* keys;  // one of readers.h's static tables
+  std::string type = "";  // optimizer/scheduler params: the type that picks the table
 };
 
 // Every level that has a key table, for the three formats. optimizer.params

@@ -42,8 +42,6 @@ bool read_launch_key(const std::string& key, const Value& v, Config& config) {
     config.use_cpu = v.as_bool();
   } else if (key == "rdzv_backend") {
     config.rdzv_backend = v.is_null() ? "static" : v.as_choice({"static", "c10d", "etcd", "etcd-v2"});
-  } else if (key == "same_network") {
-    config.same_network = v.as_bool();
   } else if (key == "mixed_precision") {
     config.mixed_precision = read_mixed_precision(v);
   } else {

@@ -38,6 +38,7 @@ Config parse_config_text(const std::string& text, const std::string& name,
     config.format = ConfigFormat::kTandemYaml;
     read_tandem_document(root, config);
   }
+  config_detail::check_keys_read(ctx);
   return config;
 }
 

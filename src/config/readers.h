@@ -58,14 +58,13 @@ struct DistributedTypeLookup {
 };
 DistributedTypeLookup lookup_distributed_type(const std::string& text);
 
-// The DeepSpeed training keys tandem YAML reads alike: gradient_clipping
-// ("auto" or a non-negative max norm), steps_per_print and
-// wall_clock_breakdown. Returns false for any other key.
+// The DeepSpeed training key tandem YAML reads alike: gradient_clipping
+// ("auto" or a non-negative max norm). Returns false for any other key.
 bool read_shared_training_key(const std::string& key, const Value& value, Config& config);
 
 // The launch keys Accelerate and tandem YAML share (num_processes,
 // num_machines, machine_rank, main_process_ip, main_process_port, gpu_ids,
-// use_cpu, rdzv_backend, same_network, mixed_precision). Returns false for
+// use_cpu, rdzv_backend, mixed_precision). Returns false for
 // any other key.
 bool read_launch_key(const std::string& key, const Value& value, Config& config);
 DistributedType read_distributed_type(const Value& value);

@@ -145,7 +145,9 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   }
   if (overrides.train_micro_batch_size_per_gpu) {
     config.train_micro_batch_size_per_gpu = overrides.train_micro_batch_size_per_gpu;
-    origin.micro = "code override";
+    origin.micro = overrides.train_micro_batch_size_source.empty()
+                       ? "code override"
+                       : overrides.train_micro_batch_size_source;
   }
   if (overrides.gradient_clipping) config.gradient_clipping = *overrides.gradient_clipping;
   if (overrides.zero_stage) config.zero.stage = *overrides.zero_stage;

@@ -23,18 +23,10 @@ Json zero_json(const ZeroConfig& z) {
                               {"pin_memory", z.offload_pin_memory}};
   out["offload_param"] = {{"device", to_string(z.offload_param)},
                           {"pin_memory", z.offload_pin_memory}};
-  out["overlap_comm"] = z.overlap_comm;
-  out["contiguous_gradients"] = z.contiguous_gradients;
-  out["reduce_scatter"] = z.reduce_scatter;
   out["reduce_bucket_size"] = z.reduce_bucket_size;
-  out["allgather_partitions"] = z.allgather_partitions;
-  out["allgather_bucket_size"] = z.allgather_bucket_size;
-  out["sub_group_size"] = z.sub_group_size;
   out["stage3_prefetch_bucket_size"] = z.stage3_prefetch_bucket_size;
   out["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
   out["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
-  out["stage3_max_reuse_distance"] = z.stage3_max_reuse_distance;
-  out["stage3_gather_16bit_weights_on_model_save"] = z.stage3_gather_16bit_weights_on_model_save;
   out["zero3_init"] = z.zero3_init;
   return out;
 }
@@ -107,16 +99,13 @@ std::string resolved_config_json(const Config& c, int world_size) {
                   {"orthogonalization_epsilon", c.ddp.powersgd.orthogonalization_epsilon},
                   {"random_seed", c.ddp.powersgd.random_seed}}}};
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
-  out["steps_per_print"] = c.steps_per_print;
-  out["wall_clock_breakdown"] = c.wall_clock_breakdown;
   out["launch"] = {{"num_processes", or_null(c.num_processes)},
                    {"main_process_ip", c.main_process_ip.empty() ? Json(nullptr)
                                                                  : Json(c.main_process_ip)},
                    {"main_process_port", or_null(c.main_process_port)},
                    {"gpu_ids", c.gpu_ids},
                    {"use_cpu", c.use_cpu},
-                   {"rdzv_backend", c.rdzv_backend},
-                   {"same_network", c.same_network}};
+                   {"rdzv_backend", c.rdzv_backend}};
   out["source"] = {{"path", c.source_path.empty() ? Json(nullptr) : Json(c.source_path)},
                    {"format", to_string(c.format)}};
   out["warnings"] = c.warnings;

@@ -65,8 +65,9 @@ void read_ddp(const Value& block, Config& config) {
     if (key == "static_graph") ddp.static_graph = v.as_bool();
     if (key == "powersgd") read_powersgd(v, ddp.powersgd);
   });
+  // A block that sets something, for a hook that is not PowerSGD.
   const Value powersgd = block.child("powersgd");
-  if (!powersgd.is_null() && ddp.comm_hook != "powersgd") {
+  if (powersgd.is_map() && powersgd.node().size() > 0 && ddp.comm_hook != "powersgd") {
     config.warnings.push_back(fmt::format(
         "{}: 'ddp.powersgd' has no effect: ddp.comm_hook is '{}'; set comm_hook: powersgd to "
         "compress with PowerSGD",
@@ -84,13 +85,16 @@ std::optional<int64_t> count_or_auto(const Value& v) {
 const KeyTable& tandem_top_level_keys() {
   static const KeyTable table{
       {"distributed", "num_processes", "num_machines", "machine_rank", "main_process_ip",
-       "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend", "same_network",
+       "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend",
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
-       "gradient_accumulation_steps", "gradient_clipping", "seed", "steps_per_print",
-       "wall_clock_breakdown", "fp16", "zero_optimization", "optimizer", "scheduler", "ddp",
-       "activation_checkpointing"},
-      {},
-      {},
+       "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
+       "optimizer", "scheduler", "ddp", "activation_checkpointing"},
+      {{"steps_per_print", "is not implemented yet: tandem prints no periodic step report; "
+                           "ignored", {"10"}, check_whole(1)},
+       {"wall_clock_breakdown", "is not implemented yet: tandem logs no per-step time "
+                                "breakdown; ignored", {"false"}, check_bool},
+       {"same_network", "changes nothing in tandem launch: every machine must reach "
+                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
   return table;
 }
@@ -99,7 +103,6 @@ const KeyTable& tandem_fp16_keys() {
   static const KeyTable table{{"loss_scale", "initial_scale_power", "loss_scale_window",
                                "hysteresis", "consecutive_hysteresis", "min_loss_scale",
                                "deepspeed_semantics"},
-                              {},
                               {},
                               {}};
   return table;
@@ -110,7 +113,6 @@ const KeyTable& ddp_keys() {
                                "broadcast_buffers", "comm_hook", "cache_cpu_allocations",
                                "static_graph", "powersgd"},
                               {},
-                              {},
                               {}};
   return table;
 }
@@ -119,7 +121,6 @@ const KeyTable& ddp_powersgd_keys() {
   static const KeyTable table{{"matrix_approximation_rank", "start_powerSGD_iter",
                                "min_compression_rate", "use_error_feedback", "warm_start",
                                "orthogonalization_epsilon", "random_seed"},
-                              {},
                               {},
                               {}};
   return table;

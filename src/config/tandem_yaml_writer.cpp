@@ -75,7 +75,6 @@ void write_launch(Writer& w, const Config& c) {
   w.line(0, "gpu_ids", quote(c.gpu_ids));
   w.line(0, "use_cpu", flag(c.use_cpu));
   w.line(0, "rdzv_backend", quote(c.rdzv_backend));
-  w.line(0, "same_network", flag(c.same_network));
 }
 
 void write_training(Writer& w, const Config& c) {
@@ -88,8 +87,6 @@ void write_training(Writer& w, const Config& c) {
                                      ? "auto"
                                      : fmt::format("{}", c.gradient_clipping));
   w.line(0, "seed", yaml_or_null(c.seed));
-  w.line(0, "steps_per_print", fmt::format("{}", c.steps_per_print));
-  w.line(0, "wall_clock_breakdown", flag(c.wall_clock_breakdown));
 
   w.line(0, "fp16", "");
   w.line(1, "loss_scale", fmt::format("{}", c.fp16.loss_scale));
@@ -116,22 +113,12 @@ void write_zero(Writer& w, const Config& c) {
   w.line(1, "offload_param", "");
   w.line(2, "device", to_string(z.offload_param));
   w.line(2, "pin_memory", flag(z.offload_pin_memory));
-  w.line(1, "overlap_comm", flag(z.overlap_comm));
-  w.line(1, "contiguous_gradients", flag(z.contiguous_gradients));
-  w.line(1, "reduce_scatter", flag(z.reduce_scatter));
   w.line(1, "reduce_bucket_size", w.size(p + "reduce_bucket_size", z.reduce_bucket_size));
-  w.line(1, "allgather_partitions", flag(z.allgather_partitions));
-  w.line(1, "allgather_bucket_size", fmt::format("{}", z.allgather_bucket_size));
-  w.line(1, "sub_group_size", fmt::format("{}", z.sub_group_size));
   w.line(1, "stage3_prefetch_bucket_size",
          w.size(p + "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size));
   w.line(1, "stage3_param_persistence_threshold",
          w.size(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold));
   w.line(1, "stage3_max_live_parameters", fmt::format("{}", z.stage3_max_live_parameters));
-  w.line(1, "stage3_max_reuse_distance", fmt::format("{}", z.stage3_max_reuse_distance));
-  w.line(1, "stage3_gather_16bit_weights_on_model_save",
-         w.auto_or(p + "stage3_gather_16bit_weights_on_model_save",
-                   flag(z.stage3_gather_16bit_weights_on_model_save)));
   w.line(1, "zero3_init", flag(z.zero3_init));
 }
 

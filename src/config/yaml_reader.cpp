@@ -166,13 +166,22 @@ Value Value::root(const ReadContext& ctx, YAML::Node node) {
 }
 
 std::string Value::where() const {
-  if (is_null() || node_.Mark().line < 0) return mark_text(ctx_->name, key_mark_);
+  // Not is_null(): saying where a value is does not read it.
+  if (!node_.IsDefined() || node_.IsNull() || node_.Mark().line < 0) {
+    return mark_text(ctx_->name, key_mark_);
+  }
   return mark_text(ctx_->name, node_.Mark());
 }
 
-bool Value::is_null() const { return !node_.IsDefined() || node_.IsNull(); }
+bool Value::is_null() const {
+  mark_read();
+  return !node_.IsDefined() || node_.IsNull();
+}
 
-bool Value::is_auto() const { return node_.IsScalar() && node_.Scalar() == "auto"; }
+bool Value::is_auto() const {
+  mark_read();
+  return node_.IsScalar() && node_.Scalar() == "auto";
+}
 
 bool Value::is_quoted() const { return quoted(node_); }
 
@@ -187,10 +196,12 @@ std::string Value::describe() const {
 }
 
 void Value::fail(const std::string& what, const std::string& fix) const {
+  mark_read();
   TANDEM_THROW(UsageError, "{}: {}: {}; {}", where(), path_, what, fix);
 }
 
 bool Value::as_bool() const {
+  mark_read();
   bool value = false;
   if (node_.IsScalar() && !quoted(node_) && YAML::convert<bool>::decode(node_, value)) return value;
   fail("expected true or false, got " + describe(),
@@ -198,6 +209,7 @@ bool Value::as_bool() const {
 }
 
 int64_t Value::as_int(int64_t min, int64_t max, const std::string& fix) const {
+  mark_read();
   std::optional<int64_t> value;
   if (node_.IsScalar() && !quoted(node_)) value = parse_integer_text(node_.Scalar());
   if (value && *value >= min && *value <= max) return *value;
@@ -216,6 +228,7 @@ int64_t Value::as_int(int64_t min, int64_t max, const std::string& fix) const {
 int64_t Value::as_count() const { return as_int(1); }
 
 uint64_t Value::as_unsigned() const {
+  mark_read();
   if (node_.IsScalar() && !quoted(node_)) {
     if (auto value = parse_unsigned_text(node_.Scalar())) return *value;
   }
@@ -224,6 +237,7 @@ uint64_t Value::as_unsigned() const {
 }
 
 double Value::as_number(double min, double max, const std::string& fix) const {
+  mark_read();
   std::optional<double> value;
   if (node_.IsScalar() && !quoted(node_)) value = parse_double_text(node_.Scalar());
   if (value && *value >= min && *value <= max) return *value;
@@ -242,11 +256,13 @@ double Value::as_positive_number() const {
 }
 
 std::string Value::as_string() const {
+  mark_read();
   if (node_.IsScalar()) return node_.Scalar();
   fail("expected a text value, got " + describe(), "write a single value after the key");
 }
 
 std::string Value::as_choice(const std::vector<std::string>& choices) const {
+  mark_read();
   if (node_.IsScalar()) {
     std::string text = node_.Scalar();
     std::string lowered = text;
@@ -266,6 +282,7 @@ std::string Value::as_choice(const std::vector<std::string>& choices) const {
 }
 
 Value Value::child(const std::string& key) const {
+  mark_read();
   if (node_.IsMap()) {
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       if (it->first.IsScalar() && it->first.Scalar() == key) {
@@ -278,6 +295,7 @@ Value Value::child(const std::string& key) const {
 }
 
 std::vector<Value> Value::elements() const {
+  mark_read();
   if (!node_.IsSequence()) {
     fail("expected a list, got " + describe(), "write the elements as [a, b]");
   }
@@ -289,13 +307,11 @@ std::vector<Value> Value::elements() const {
   return out;
 }
 
-void Value::warn_not_implemented() const {
-  ctx_->config->warnings.push_back(
-      fmt::format("{}: '{}' is accepted but not implemented yet; it has no effect",
-                  mark_text(ctx_->name, key_mark_), path_));
-}
 
-void Value::note_auto() const { ctx_->config->auto_keys.insert(path_); }
+void Value::note_auto() const {
+  mark_read();
+  ctx_->config->auto_keys.insert(path_);
+}
 
 // --- key tables -------------------------------------------------------------
 
@@ -304,15 +320,88 @@ void expect_map(const Value& value, const std::string& fix) {
   value.fail("expected a mapping of keys, got " + value.describe(), fix);
 }
 
+const char* to_string(KeyDisposition disposition) {
+  switch (disposition) {
+    case KeyDisposition::kImplemented: return "implemented";
+    case KeyDisposition::kWarn: return "warn";
+    case KeyDisposition::kRefuse: return "refuse";
+  }
+  return "?";
+}
+
+std::vector<KeyNote> notes_for(const std::vector<std::string>& keys, const std::string& note,
+                               const std::vector<std::string>& quiet,
+                               const std::function<void(const Value&)>& check) {
+  std::vector<KeyNote> out;
+  for (const auto& key : keys) out.push_back({key, note, quiet, check});
+  return out;
+}
+
+void check_bool(const Value& value) { (void)value.as_bool(); }
+
+std::function<void(const Value&)> check_whole(int64_t min, bool auto_allowed) {
+  return [min, auto_allowed](const Value& value) {
+    if (auto_allowed && value.is_auto()) return;
+    (void)value.as_int(min);
+  };
+}
+
+namespace {
+
+bool names_key(const std::string& pattern, const std::string& key) {
+  if (!pattern.empty() && pattern.back() == '*') {
+    return key.compare(0, pattern.size() - 1, pattern, 0, pattern.size() - 1) == 0;
+  }
+  return pattern == key;
+}
+
+const KeyNote* find_note(const std::vector<KeyNote>& notes, const std::string& key) {
+  for (const auto& note : notes) {
+    if (names_key(note.key, key)) return &note;
+  }
+  return nullptr;
+}
+
+std::string lower(std::string text) {
+  for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// Whether `node` is one of `quiet`'s values (KeyNote). A mapping whose
+// every value is quiet is quiet too, when "{}" is ({ipex: false}).
+bool is_quiet(const YAML::Node& node, const std::vector<std::string>& quiet) {
+  for (const auto& q : quiet) {
+    if (q == "null" && (!node.IsDefined() || node.IsNull())) return true;
+    if (q == "[]" && node.IsSequence() && node.size() == 0) return true;
+    if (node.IsScalar() && lower(node.Scalar()) == lower(q)) return true;
+    if (q == "{}" && node.IsMap()) {
+      bool all = true;
+      for (auto it = node.begin(); it != node.end() && all; ++it) all = is_quiet(it->second, quiet);
+      if (all) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void check_keys_read(const ReadContext& ctx) {
+  for (const auto& path : ctx.implemented_keys) {
+    if (ctx.read_paths.count(path)) continue;
+    ctx.config->warnings.push_back(fmt::format(
+        "{}: '{}' was accepted but no reader looked at its value, so it has no effect; this is "
+        "a tandem bug, please report it",
+        ctx.name, path));
+  }
+  ctx.implemented_keys.clear();
+}
+
 void for_each_key(const Value& map, const KeyTable& table,
                   const std::function<void(const std::string&, const Value&)>& visit,
                   const UnknownKeyHint& hint) {
   expect_map(map, "write its settings as `key: value` entries (a JSON object)");
   if (map.is_null()) return;
   const ReadContext& ctx = map.context();
-  auto contains = [](const std::vector<std::string>& keys, const std::string& key) {
-    return std::find(keys.begin(), keys.end(), key) != keys.end();
-  };
   std::map<std::string, YAML::Mark> seen;
   for (auto it = map.node().begin(); it != map.node().end(); ++it) {
     // A copy (a handle): `it->` yields a temporary pair, and a reference
@@ -334,24 +423,32 @@ void for_each_key(const Value& map, const KeyTable& table,
     seen.emplace(key, key_mark);
     Value value(ctx, it->second, key_mark, path);
 
-    if (contains(table.read, key)) {
-      if (!value.is_null() && !value.is_auto()) ctx.config->key_locations[path] = value.where();
+    if (std::find(table.read.begin(), table.read.end(), key) != table.read.end()) {
+      const YAML::Node& raw = it->second;
+      const bool auto_value = raw.IsScalar() && raw.Scalar() == "auto";
+      if (raw.IsDefined() && !raw.IsNull() && !auto_value) {
+        ctx.config->key_locations[path] = value.where();
+      }
+      ctx.implemented_keys.push_back(path);
       visit(key, value);
       continue;
     }
-    if (contains(table.warned, key)) {
-      value.warn_not_implemented();
+    if (const KeyNote* note = find_note(table.warned, key)) {
+      if (note->check && !it->second.IsNull()) note->check(value);
+      if (!is_quiet(it->second, note->quiet)) {
+        ctx.config->warnings.push_back(
+            fmt::format("{}: '{}' {}", mark_text(ctx.name, key_mark), path, note->note));
+      }
       continue;
     }
-    bool ignored = contains(table.ignored, key);
-    for (const auto& prefix : table.ignored_prefixes) {
-      ignored = ignored || key.compare(0, prefix.size(), prefix) == 0;
+    if (const KeyNote* note = find_note(table.refused, key)) {
+      if (is_quiet(it->second, note->quiet)) continue;
+      TANDEM_THROW(UsageError, "{}: {}: {}", value.where(), path, note->note);
     }
-    if (ignored) continue;
 
     std::vector<std::string> valid = table.read;
-    valid.insert(valid.end(), table.warned.begin(), table.warned.end());
-    valid.insert(valid.end(), table.ignored.begin(), table.ignored.end());
+    for (const auto& note : table.warned) valid.push_back(note.key);
+    for (const auto& note : table.refused) valid.push_back(note.key);
     std::string guess = closest_candidate(key, valid);
     std::string extra = hint ? hint(key) : "";
     std::string fix = guess.empty()

@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -35,7 +38,17 @@ YAML::Node parse_document(const std::string& text, const std::string& name, bool
 struct ReadContext {
   std::string name;
   Config* config = nullptr;
+  // Every implemented key for_each_key() handed to a reader, and every path
+  // whose value a reader looked at (through any Value of that path);
+  // check_keys_read() warns about the keys no reader looked at (a key
+  // accepted and then ignored is a reader bug).
+  mutable std::vector<std::string> implemented_keys;
+  mutable std::set<std::string> read_paths;
 };
+
+// Adds a warning for each key of ctx.read_keys whose value no reader looked
+// at. Call once the document is read.
+void check_keys_read(const ReadContext& ctx);
 
 // One node being read, with its key path ("zero_optimization.stage").
 class Value {
@@ -48,7 +61,11 @@ class Value {
   static Value root(const ReadContext& ctx, YAML::Node node);
 
   const std::string& path() const { return path_; }
-  const YAML::Node& node() const { return node_; }
+  // The node itself; counts as reading the value (check_keys_read()).
+  const YAML::Node& node() const {
+    mark_read();
+    return node_;
+  }
   const ReadContext& context() const { return *ctx_; }
   // "NAME:LINE:COL" (1-based).
   std::string where() const;
@@ -90,11 +107,12 @@ class Value {
   // The elements of a list; fails when this is not a list.
   std::vector<Value> elements() const;
 
-  // Adds "WHERE: 'PATH' is accepted but not implemented yet; it has no
-  // effect" to Config::warnings.
-  void warn_not_implemented() const;
   // Records path() in Config::auto_keys.
   void note_auto() const;
+
+  // Records that a reader looked at this value: every typed read, node(),
+  // child(), elements(), is_null() and is_auto() do.
+  void mark_read() const { ctx_->read_paths.insert(path_); }
 
  private:
   const ReadContext* ctx_;
@@ -103,13 +121,43 @@ class Value {
   std::string path_;
 };
 
-// The keys valid at one level of a mapping.
-struct KeyTable {
-  std::vector<std::string> read;     // handled by the visitor
-  std::vector<std::string> warned;   // recognised, not implemented: one warning each
-  std::vector<std::string> ignored;  // meaningless to tandem: accepted silently
-  std::vector<std::string> ignored_prefixes;  // e.g. Accelerate's "tpu_"
+// What tandem does with a key it recognises (docs/config.md's key index;
+// `tandem config keys --json`).
+enum class KeyDisposition { kImplemented, kWarn, kRefuse };
+const char* to_string(KeyDisposition disposition);  // "implemented", "warn", "refuse"
+
+// A recognised key tandem does not implement. `note` says what tandem does
+// instead (warned: "WHERE: 'PATH' NOTE", so the note starts with a verb) or
+// why not and the fix (refused: "WHERE: PATH: NOTE"). `quiet` lists values that need no word because they ask for
+// nothing tandem lacks: the other tool's default, which it writes into every
+// file (Accelerate's `debug: false`). Scalars compare in any case; "{}",
+// "[]" and "null" match an empty mapping, an empty list and no value. A key
+// ending in '*' is a prefix (Accelerate's "tpu_*").
+struct KeyNote {
+  std::string key;
+  std::string note;
+  std::vector<std::string> quiet = {};
+  // Checks a warned key's value as an implemented one would be (a bad value
+  // is still an error); none: any value.
+  std::function<void(const Value&)> check = nullptr;
 };
+
+// KeyNote checks: true/false; a whole number >= min (or "auto" where DeepSpeed
+// allows it).
+void check_bool(const Value& value);
+std::function<void(const Value&)> check_whole(int64_t min, bool auto_allowed = false);
+
+// The keys valid at one level of a mapping, each with its disposition.
+struct KeyTable {
+  std::vector<std::string> read;  // implemented: handed to the visitor, which must read them
+  std::vector<KeyNote> warned;    // one warning each, with the note
+  std::vector<KeyNote> refused;   // an error, with the note
+};
+
+// "{key}: {note}" lines for the same note on several keys.
+std::vector<KeyNote> notes_for(const std::vector<std::string>& keys, const std::string& note,
+                               const std::vector<std::string>& quiet = {},
+                               const std::function<void(const Value&)>& check = nullptr);
 
 // Hint added to the message for an unknown key, given the key; "" for none.
 using UnknownKeyHint = std::function<std::string(const std::string& key)>;
@@ -117,8 +165,9 @@ using UnknownKeyHint = std::function<std::string(const std::string& key)>;
 // Checks that `map` is a mapping (or null, which has no keys) and visits its
 // entries in file order: a `read` key goes to `visit` (after its location is
 // recorded when it has a value other than "auto"), a `warned` key adds a
-// warning, an `ignored` key nothing. Any other key, or a key given twice,
-// throws UsageError with a did-you-mean over the keys valid at that level.
+// warning and a `refused` key throws UsageError, each with its note, unless
+// its value is a quiet one. Any other key, or a key given twice, throws
+// UsageError with a did-you-mean over the keys valid at that level.
 void for_each_key(const Value& map, const KeyTable& table,
                   const std::function<void(const std::string& key, const Value& value)>& visit,
                   const UnknownKeyHint& hint = nullptr);

@@ -311,6 +311,40 @@ TEST(Accelerator, PerProcessBatchCompletesTheDeepSpeedBatchTriple) {
   });
 }
 
+// Issue 33's bug: a config's micro batch that disagrees with the program's
+// loader used to be overridden by the loader without a word.
+TEST(Accelerator, AConfigMicroBatchThatDisagreesWithTheLoaderIsAnErrorNamingBoth) {
+  const auto data = make_dataset(96);  // it seeds torch's generator: not in a rank thread
+  for (int world : {2, 3}) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      Config config = parse_config_text(
+          "{\"train_micro_batch_size_per_gpu\": 4, \"zero_optimization\": {\"stage\": 0}}",
+          "ds.json");
+      {
+        Accelerator accelerator(pg.shared_from_this(), config);
+        try {
+          accelerator.prepare_data_loader(std::vector<torch::Tensor>{data.x, data.y}, 8);
+          ADD_FAILURE() << "a loader batch of 8 against the file's 4 was accepted";
+        } catch (const UsageError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("train_micro_batch_size_per_gpu 4 (from ds.json:1:36) disagrees "
+                              "with the data loader's batch size 8"),
+                    std::string::npos)
+              << what;
+        }
+      }
+      // Agreeing, or given in one place only: that value is used.
+      Accelerator agreeing(pg.shared_from_this(), config);
+      agreeing.prepare_data_loader(std::vector<torch::Tensor>{data.x, data.y}, 4);
+      EXPECT_EQ(agreeing.config().train_micro_batch_size_per_gpu, 4);
+      Accelerator loader_only(pg.shared_from_this(), Config{});
+      loader_only.prepare_data_loader(std::vector<torch::Tensor>{data.x, data.y}, 8);
+      EXPECT_EQ(loader_only.config().train_micro_batch_size_per_gpu, 8);
+      EXPECT_EQ(loader_only.config().train_batch_size, 8 * world);
+    });
+  }
+}
+
 TEST(Accelerator, ZeroStageThreeWithoutShardedUnitsSaysHowToDeclareThem) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Config zero;

@@ -3,10 +3,12 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -47,6 +49,20 @@ inline std::string load_error(const std::string& file) {
 inline std::string parse_error(const std::string& text, const std::string& name,
                                const std::string& base_dir = ".") {
   return usage_error([&] { parse_config_text(text, name, base_dir); });
+}
+
+// The keys of `config`'s warnings that name a key ("FILE:L:C: 'PATH' ..."),
+// sorted: what a file asked for that tandem does not do.
+inline std::vector<std::string> warned_keys(const Config& config) {
+  std::vector<std::string> out;
+  for (const auto& warning : config.warnings) {
+    const auto open = warning.find(": '");
+    if (open == std::string::npos) continue;
+    const auto close = warning.find('\'', open + 3);
+    if (close != std::string::npos) out.push_back(warning.substr(open + 3, close - open - 3));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // A fresh folder under the test temp dir, removed afterwards.

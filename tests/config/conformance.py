@@ -393,7 +393,7 @@ def deepspeed_cases(tandem, files, scratch):
 
 ACCELERATE_FIELDS = ("distributed_type", "num_processes", "num_machines", "machine_rank",
                      "main_process_ip", "main_process_port", "gpu_ids", "use_cpu",
-                     "rdzv_backend", "same_network", "precision")
+                     "rdzv_backend", "precision")
 ACCELERATE_DS_FIELDS = ("zero_stage", "offload_optimizer", "offload_param",
                         "gradient_accumulation_steps", "gradient_clipping")
 
@@ -467,7 +467,6 @@ def accelerate_view(path):
             "gpu_ids": "all" if config.gpu_ids is None else str(config.gpu_ids),
             "use_cpu": bool(config.use_cpu),
             "rdzv_backend": config.rdzv_backend or "static",
-            "same_network": bool(config.same_network),
             "precision": precision,
         }
         if kind == "DEEPSPEED":
@@ -535,7 +534,6 @@ def tandem_accelerate_fields(resolved, deepspeed):
         "gpu_ids": launch["gpu_ids"],
         "use_cpu": launch["use_cpu"],
         "rdzv_backend": launch["rdzv_backend"],
-        "same_network": launch["same_network"],
         "precision": resolved["mixed_precision"],
     }
     if deepspeed:

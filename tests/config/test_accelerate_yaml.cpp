@@ -9,6 +9,7 @@ using testing::config_data;
 using testing::config_data_dir;
 using testing::contains;
 using testing::parse_error;
+using testing::warned_keys;
 
 TEST(AccelerateYaml, ReadsMultiCpuLaunchKeysAndIgnoresKeysMeaninglessHere) {
   Config c = load_config_file(config_data("accelerate_multi_cpu.yaml"));
@@ -22,12 +23,13 @@ TEST(AccelerateYaml, ReadsMultiCpuLaunchKeysAndIgnoresKeysMeaninglessHere) {
   EXPECT_EQ(c.main_process_port, 29511);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kBf16);
   EXPECT_TRUE(c.use_cpu);
-  EXPECT_FALSE(c.same_network);
   EXPECT_EQ(c.rdzv_backend, "static");
   EXPECT_EQ(c.gpu_ids, "all");
   EXPECT_EQ(c.zero.stage, 0);
-  // debug, downcast_bf16, tpu_*, ipex_config, mpirun_config, ... say nothing.
-  EXPECT_TRUE(c.warnings.empty());
+  // debug, downcast_bf16, tpu_*, ipex_config, mpirun_config, ... at the values
+  // Accelerate writes by default say nothing; same_network: false asks for
+  // something tandem launch does not do.
+  EXPECT_EQ(warned_keys(c), std::vector<std::string>{"same_network"});
 }
 
 TEST(AccelerateYaml, ReadsTheDeepSpeedSection) {
@@ -41,11 +43,12 @@ TEST(AccelerateYaml, ReadsTheDeepSpeedSection) {
   EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);
   EXPECT_EQ(c.zero.offload_param, OffloadDevice::kCpu);
   EXPECT_TRUE(c.zero.zero3_init);
-  EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
   EXPECT_EQ(c.gradient_accumulation_steps, 4);
   EXPECT_EQ(c.gradient_clipping, 1.0);
   EXPECT_FALSE(c.fp16.deepspeed_semantics);  // no DeepSpeed fp16 block was read
-  EXPECT_TRUE(c.warnings.empty());
+  // A 16-bit save and TorchDynamo are asked for; tandem does neither.
+  EXPECT_EQ(warned_keys(c), (std::vector<std::string>{"deepspeed_config.zero3_save_16bit_model",
+                                                      "dynamo_config"}));
 }
 
 TEST(AccelerateYaml, MergesTheDeepSpeedConfigFileFromTheYamlFolder) {
@@ -65,9 +68,38 @@ TEST(AccelerateYaml, MergesTheDeepSpeedConfigFileFromTheYamlFolder) {
   EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
   // Locations and warnings point into the JSON file.
   EXPECT_TRUE(contains(c.key_locations.at("train_batch_size"), "ds_zero2_offload.json:2:23"));
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_TRUE(contains(c.warnings[0], "ds_zero2_offload.json:46:5: "
+  ASSERT_EQ(c.warnings.size(), 5u);
+  EXPECT_TRUE(contains(c.warnings[3], "ds_zero2_offload.json:46:5: "
                                       "'zero_optimization.round_robin_gradients'"));
+}
+
+// Issue 33's bug: the activation_checkpointing block of a deepspeed_config_file
+// was dropped when an Accelerate YAML pointed to the file.
+TEST(AccelerateYaml, TheDeepSpeedFileKeepsEveryBlockItHad) {
+  testing::TempFolder dir;
+  const std::string json = dir.write("ds.json", R"({
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_clipping": 0.25,
+  "zero_optimization": {"stage": 2},
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}},
+  "fp16": {"enabled": true, "initial_scale_power": 8},
+  "activation_checkpointing": {}
+})");
+  const Config direct = load_config_file(json);
+  const std::string yaml = dir.write(
+      "a.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n");
+  const Config through = load_config_file(yaml);
+  EXPECT_TRUE(direct.activation_checkpointing.enabled);
+  EXPECT_TRUE(through.activation_checkpointing.enabled) << "dropped through the YAML";
+  EXPECT_EQ(through.train_micro_batch_size_per_gpu, direct.train_micro_batch_size_per_gpu);
+  EXPECT_EQ(through.gradient_clipping, direct.gradient_clipping);
+  EXPECT_EQ(through.zero.stage, direct.zero.stage);
+  EXPECT_EQ(through.optimizer.type, direct.optimizer.type);
+  EXPECT_EQ(through.optimizer.lr, direct.optimizer.lr);
+  EXPECT_EQ(through.scheduler.type, direct.scheduler.type);
+  EXPECT_EQ(through.fp16.initial_scale_power, direct.fp16.initial_scale_power);
+  EXPECT_EQ(through.mixed_precision, direct.mixed_precision);
 }
 
 TEST(AccelerateYaml, SectionKeysThatDisagreeWithTheDeepSpeedFileAreRefused) {

@@ -25,7 +25,7 @@ TEST(ActivationCheckpointingConfig, AbsentOrNullIsOffAndAnyBlockIsOn) {
   EXPECT_TRUE(c.warnings.empty());
   c = from_json(R"({"activation_checkpointing": {"partition_activations": false,
                    "cpu_checkpointing": false, "contiguous_memory_optimization": false,
-                   "number_checkpoints": 4, "synchronize_checkpoint_boundary": false,
+                   "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
                    "profile": false}})");
   EXPECT_TRUE(c.activation_checkpointing.enabled);
   EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();

@@ -59,7 +59,8 @@ TEST(PeerConformance, BlocksDeepSpeedHasRemovedAreRefusedNotWarned) {
   // Keys DeepSpeed still reads keep their one warning.
   Config c = parse_config_text(R"({"wandb": {"enabled": false}})", "ds.json");
   ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_TRUE(contains(c.warnings[0], "'wandb' is accepted but not implemented yet"));
+  EXPECT_TRUE(contains(c.warnings[0], "ds.json:1:2: 'wandb' is DeepSpeed's own logging or "
+                                      "profiling: tandem logs through the Accelerator's trackers"));
 }
 
 // DeepSpeed: DeepSpeedConfigModel refuses a deprecated field next to its replacement.
@@ -121,11 +122,18 @@ TEST(PeerConformance, AccelerateMixedPrecisionUnquotedNoIsRefused) {
             MixedPrecision::kNo);
 }
 
-// Accelerate: ClusterConfig.same_network defaults to False.
-TEST(PeerConformance, AccelerateSameNetworkDefaultsToFalse) {
-  EXPECT_FALSE(parse_config_text("distributed_type: MULTI_GPU\n", "a.yaml").same_network);
-  EXPECT_TRUE(load_config_file(config_data("accelerate_deepspeed.yaml")).same_network);
-  EXPECT_TRUE(parse_config_text("distributed: MULTI_GPU\n", "t.yaml").same_network);
+// Accelerate: ClusterConfig.same_network defaults to False, and `accelerate
+// config` writes true for machines on one network. tandem launch treats both
+// alike: true says nothing, false warns that it changes nothing.
+TEST(PeerConformance, AccelerateSameNetworkFalseWarnsThatItChangesNothing) {
+  EXPECT_TRUE(parse_config_text("distributed_type: MULTI_GPU\n", "a.yaml").warnings.empty());
+  EXPECT_TRUE(load_config_file(config_data("accelerate_deepspeed.yaml")).warnings.size() == 2u);
+  const Config c = parse_config_text("distributed_type: MULTI_GPU\nsame_network: false\n", "a.yaml");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_TRUE(contains(c.warnings[0], "a.yaml:2:1: 'same_network' changes nothing in tandem "
+                                      "launch"));
+  EXPECT_TRUE(contains(parse_error("distributed_type: MULTI_GPU\nsame_network: maybe\n", "a.yaml"),
+                       "same_network: expected true or false"));
 }
 
 // Accelerate: DeepSpeedPlugin refuses a file without zero_optimization, and

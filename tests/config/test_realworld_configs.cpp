@@ -19,30 +19,31 @@ using testing::config_data_dir;
 using testing::contains;
 using testing::load_error;
 using testing::parse_error;
+using testing::warned_keys;
 
 TEST(RealWorldConfigs, TrainerStyleZero3WithEveryValueAutoLoads) {
   Config c = load_config_file(config_data("ds_trainer_zero3_auto.json"));
   EXPECT_EQ(c.zero.stage, 3);
   EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);
   EXPECT_EQ(c.zero.offload_param, OffloadDevice::kCpu);
-  EXPECT_EQ(c.zero.sub_group_size, 500'000'000);
-  // "auto" keeps the default until Accelerate's zero3_save_16bit_model or
-  // the program decides, and says so.
-  EXPECT_FALSE(c.zero.stage3_gather_16bit_weights_on_model_save);
-  EXPECT_EQ(c.auto_keys.count("zero_optimization.stage3_gather_16bit_weights_on_model_save"), 1u);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kNo);  // fp16/bf16 "auto"
   EXPECT_EQ(c.fp16.initial_scale_power, 12);
   EXPECT_EQ(c.scheduler.auto_params.size(), 4u);
-  EXPECT_TRUE(c.warnings.empty());
+  // "auto" says nothing, even where tandem implements nothing
+  // (stage3_gather_16bit_weights_on_model_save); the sizes the Trainer's
+  // template sets for what tandem does not do warn.
+  EXPECT_EQ(warned_keys(c),
+            (std::vector<std::string>{"steps_per_print",
+                                      "zero_optimization.stage3_max_reuse_distance",
+                                      "zero_optimization.sub_group_size"}));
 
   Config r = resolve_config(c, {}, {}, 8);
   EXPECT_EQ(r.num_processes, 8);
   EXPECT_EQ(r.gradient_accumulation_steps, 1);
   EXPECT_FALSE(r.train_batch_size.has_value());
-  EXPECT_TRUE(contains(to_tandem_yaml(c), "stage3_gather_16bit_weights_on_model_save: auto\n"));
 }
 
-TEST(RealWorldConfigs, AccelerateZero3SaveFlagFillsTheJsonsAuto) {
+TEST(RealWorldConfigs, AccelerateSectionValuesFillTheJsonsAuto) {
   Config c = parse_config_text(R"(distributed_type: DEEPSPEED
 num_processes: 2
 deepspeed_config:
@@ -51,11 +52,13 @@ deepspeed_config:
   gradient_clipping: 0.5
 )",
                                "a.yaml", config_data_dir());
-  EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
   EXPECT_EQ(c.gradient_clipping, 0.5);
   // Filled, so no longer "auto".
-  EXPECT_EQ(c.auto_keys.count("zero_optimization.stage3_gather_16bit_weights_on_model_save"), 0u);
   EXPECT_EQ(c.auto_keys.count("gradient_clipping"), 0u);
+  // A 16-bit save is asked for, which tandem does not do yet.
+  const std::vector<std::string> warned = warned_keys(c);
+  EXPECT_EQ(std::count(warned.begin(), warned.end(), "deepspeed_config.zero3_save_16bit_model"),
+            1);
 }
 
 TEST(RealWorldConfigs, GradientClippingAutoInTheAccelerateSectionIsListedAsAuto) {
@@ -73,7 +76,6 @@ TEST(RealWorldConfigs, SmallestZeroBucketSizesDeepSpeedAcceptsAreAccepted) {
   EXPECT_EQ(c.zero.reduce_bucket_size, 1);           // a bucket per gradient
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 0);  // no prefetch
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 0);
-  EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
   Config r = resolve_config(c, {}, {}, 4);
   EXPECT_EQ(r.train_batch_size, 2 * 2 * 4);
 }
@@ -87,9 +89,8 @@ TEST(RealWorldConfigs, MultiNodeAccelerateConfigKeepsTheTotalProcessCount) {
   EXPECT_EQ(c.main_process_ip, "10.20.0.7");
   EXPECT_EQ(c.main_process_port, 29600);
   EXPECT_EQ(c.rdzv_backend, "c10d");
-  EXPECT_FALSE(c.same_network);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kFp16);
-  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(warned_keys(c), std::vector<std::string>{"same_network"});
 }
 
 TEST(RealWorldConfigs, DistributedNoRunsOneProcessWhateverNumProcessesSays) {

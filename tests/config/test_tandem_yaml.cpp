@@ -25,7 +25,6 @@ Config unusual_config() {
   c.gpu_ids = "1,3";
   c.use_cpu = true;
   c.rdzv_backend = "c10d";
-  c.same_network = false;
   c.mixed_precision = MixedPrecision::kFp16;
   c.train_batch_size = 96;
   c.gradient_accumulation_steps = 4;
@@ -36,18 +35,10 @@ Config unusual_config() {
   c.zero.offload_optimizer = OffloadDevice::kCpu;
   c.zero.offload_param = OffloadDevice::kCpu;
   c.zero.offload_pin_memory = false;
-  c.zero.overlap_comm = false;
-  c.zero.contiguous_gradients = false;
-  c.zero.reduce_scatter = false;
   c.zero.reduce_bucket_size = 123'456'789;
-  c.zero.allgather_partitions = false;
-  c.zero.allgather_bucket_size = 7;
-  c.zero.sub_group_size = 11;
   c.zero.stage3_prefetch_bucket_size = 13;
   c.zero.stage3_param_persistence_threshold = 0;
   c.zero.stage3_max_live_parameters = 17;
-  c.zero.stage3_max_reuse_distance = 0;
-  c.zero.stage3_gather_16bit_weights_on_model_save = true;
   c.zero.zero3_init = true;
   c.optimizer = {"Adam", 0.1 + 0.2, 1e-5, 1e-7, std::nullopt, 0.875, std::nullopt};
   c.scheduler.type = "OneCycle";
@@ -58,8 +49,6 @@ Config unusual_config() {
   c.ddp.static_graph = true;
   c.ddp.powersgd = {4, 7, 1.5, false, false, 1e-8, 42};
   c.activation_checkpointing.enabled = true;
-  c.steps_per_print = 3;
-  c.wall_clock_breakdown = true;
   return c;
 }
 
@@ -151,6 +140,9 @@ TEST(TandemYaml, PowerSGDBlockWithAnotherHookWarnsThatItHasNoEffect) {
   EXPECT_TRUE(contains(c.warnings[0], "t.yaml:4:5: 'ddp.powersgd' has no effect: ddp.comm_hook "
                                       "is 'bf16'; set comm_hook: powersgd"))
       << c.warnings[0];
+  // An empty block sets nothing, and says nothing.
+  EXPECT_TRUE(parse_config_text("ddp:\n  comm_hook: bf16\n  powersgd: {}\n", "t.yaml")
+                  .warnings.empty());
 }
 
 TEST(TandemYaml, SgdAndWarmupLrRoundTrip) {
@@ -165,7 +157,7 @@ TEST(TandemYaml, SgdAndWarmupLrRoundTrip) {
 TEST(TandemYaml, SameSettingsNoticesASingleChangedField) {
   Config a = unusual_config();
   Config b = a;
-  b.zero.stage3_max_reuse_distance = 1;
+  b.zero.stage3_max_live_parameters = 1;
   EXPECT_FALSE(same_settings(a, b));
   b = a;
   b.scheduler.auto_params.clear();

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # docs/config.md's key index ("## Key index") must name exactly the keys the
-# config readers accept, with the same disposition (read, warned, ignored).
+# config readers accept, with the same disposition (implemented, warn, refuse).
 #   check_config_keys.sh LISTER ROOT
 #   check_config_keys.sh --self-test LISTER ROOT SCRATCH   (the check can fail)
 # LISTER prints the readers' keys as FORMAT<TAB>KEY<TAB>DISPOSITION lines
 # (tests/docs/print_config_keys.cpp, from src/config/key_index.h); ROOT is the
 # source tree. The key index marks keys so: under a `###` heading that names
 # its formats in backticks (`deepspeed_json`, `tandem_yaml`,
-# `accelerate_yaml`), tables with the columns level | read | warned | ignored;
+# `accelerate_yaml`), tables with the columns level | implemented | warn | refuse;
 # the level cell's first backticked word is the level's dotted path (none:
 # the top level), and every backticked word in the other cells is a key at
 # that level. The check also fails when a reader in src/config passes
@@ -46,7 +46,7 @@ documented_keys() {
         ncols = NF - 1
         for (i = 3; i < NF; i++) {
           column[i] = trim($i)
-          if (column[i] !~ /^(read|warned|ignored)$/) fail("unknown column \"" column[i] "\"; the columns are level, read, warned and ignored")
+          if (column[i] !~ /^(implemented|warn|refuse)$/) fail("unknown column \"" column[i] "\"; the columns are level, implemented, warn and refuse")
         }
         next
       }
@@ -144,7 +144,7 @@ if [[ ${1:-} == --self-test ]]; then
   cp "$scratch/docs/config.md.orig" "$scratch/docs/config.md"
 
   # A key only the readers accept: the lister's output plus one line.
-  printf '#!/usr/bin/env bash\n"%s" && printf "deepspeed_json\\tzero_optimization.%s\\tread\\n"\n' \
+  printf '#!/usr/bin/env bash\n"%s" && printf "deepspeed_json\\tzero_optimization.%s\\timplemented\\n"\n' \
     "$lister" planted_parser_only_key >"$scratch/lister.sh"
   chmod +x "$scratch/lister.sh"
   expect_failure "a key planted in the readers only" planted_parser_only_key "$scratch/lister.sh" \

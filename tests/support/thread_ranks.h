@@ -16,11 +16,10 @@
 
 namespace tandem::testing {
 
-// Calls fn(pg) on `world_size` threads, each with its own ProcessGroup.
-// Rethrows the first exception raised on any rank after all threads finish.
-inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
-                      ProcessGroupOptions options = {}) {
-  if (options.timeout == std::chrono::minutes(10)) options.timeout = std::chrono::seconds(30);
+// As run_ranks below, with each rank's options from options_for(rank): e.g.
+// a host_id per rank, to play ranks on several hosts in one process.
+inline void run_ranks_with_options(int world_size, const std::function<void(ProcessGroup&)>& fn,
+                                   const std::function<ProcessGroupOptions(int)>& options_for) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mutex;
   std::exception_ptr first_error;
@@ -28,6 +27,8 @@ inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& 
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
+        auto options = options_for(rank);
+        if (options.timeout == std::chrono::minutes(10)) options.timeout = std::chrono::seconds(30);
         auto pg = ProcessGroup::create(store, rank, world_size, options);
         fn(*pg);
       } catch (...) {
@@ -38,6 +39,13 @@ inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& 
   }
   for (auto& t : threads) t.join();
   if (first_error) std::rethrow_exception(first_error);
+}
+
+// Calls fn(pg) on `world_size` threads, each with its own ProcessGroup.
+// Rethrows the first exception raised on any rank after all threads finish.
+inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
+                      ProcessGroupOptions options = {}) {
+  run_ranks_with_options(world_size, fn, [&](int) { return options; });
 }
 
 }  // namespace tandem::testing

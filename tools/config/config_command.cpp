@@ -18,6 +18,7 @@
 #include "config/config_wizard.h"
 #include "config/wizard_terminal.h"
 #include "tandem/config/config.h"
+#include "tandem/config/config_keys.h"
 #include "cli_parse.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
@@ -144,6 +145,37 @@ int run_default(int argc, char** argv) {
   return 0;
 }
 
+// `tandem config keys [--json]`: every key the readers accept and what
+// tandem does with it (tandem/config/config_keys.h).
+int run_keys(int argc, char** argv) {
+  CLI::App app{"List every config key tandem reads, per format, and what it does with each: "
+               "implemented, warn (accepted with a warning saying what tandem does instead) or "
+               "refuse (an error with the fix).",
+               "tandem config keys"};
+  bool json = false;
+  app.add_flag("--json", json, "one JSON array, an object per key and dialect");
+  if (auto code = parse_cli(app, argc, argv)) return *code;
+  const std::vector<ConfigKeyInfo> keys = config_keys();
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& k : keys) {
+      nlohmann::json entry = {{"dialect", k.dialect}, {"key", k.key},
+                              {"disposition", k.disposition}, {"note", k.note}};
+      if (!k.quiet.empty()) entry["quiet"] = k.quiet;
+      if (!k.type.empty()) entry["type"] = k.type;
+      out.push_back(std::move(entry));
+    }
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  for (const auto& k : keys) {
+    std::printf("%-16s %-62s %-11s %s\n", k.dialect.c_str(),
+                (k.key + (k.type.empty() ? "" : " (" + k.type + ")")).c_str(),
+                k.disposition.c_str(), k.note.c_str());
+  }
+  return 0;
+}
+
 int run_wizard_command(int argc, char** argv) {
   CLI::App app{"Answer a few questions to write the config `tandem launch` and the Accelerator "
                "read.",
@@ -156,6 +188,7 @@ int run_wizard_command(int argc, char** argv) {
       "\n"
       "Other forms:\n"
       "  tandem config check FILE... [--world-size N]  validate, print the resolved JSON\n"
+      "  tandem config keys [--json]                   every key tandem reads, and what it does\n"
       "  tandem config default [--config-file F] [--mixed-precision M] [--force]\n"
       "                                              write a basic config without questions");
   if (auto code = parse_cli(app, argc, argv)) return *code;
@@ -174,9 +207,10 @@ int run_config_command(int argc, char** argv) {
   const std::string sub = argc >= 2 ? argv[1] : "";
   if (sub == "check") return run_check(argc - 1, argv + 1);
   if (sub == "default") return run_default(argc - 1, argv + 1);
+  if (sub == "keys") return run_keys(argc - 1, argv + 1);
   TANDEM_CHECK_ARG(sub.empty() || sub[0] == '-',
                    "unknown subcommand '{}': use `tandem config` (questions), `tandem config "
-                   "check FILE` or `tandem config default`",
+                   "check FILE`, `tandem config default` or `tandem config keys`",
                    sub);
   return run_wizard_command(argc, argv);
 }

@@ -193,6 +193,11 @@ int run_launch_command(int argc, char** argv) {
     opts.base_accumulation = *config->gradient_accumulation_steps;
   }
   if (!opts.hostfile.empty()) return run_hostfile_launch(opts);  // the head: no worker here
+  if (const std::string& exe = opts.program[0];
+      !opts.no_python && exe.size() > 3 && exe.compare(exe.size() - 3, 3, ".py") == 0 &&
+      ::access(exe.c_str(), F_OK) == 0 && ::access(exe.c_str(), X_OK) != 0) {
+    opts.program.insert(opts.program.begin(), "python3");  // torchrun's `python -u SCRIPT`
+  }
   TANDEM_CHECK_ARG(is_executable(opts.program[0]),
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",

@@ -270,7 +270,8 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
   app.add_option("--rdzv-backend", opts.rdzv_backend,
                  "static (each node gives --node-rank) or c10d (without --node-rank the nodes "
-                 "agree on node ranks at the store)");
+                 "agree on node ranks at the store; the config's rdzv_backend when not given)")
+      ->each([&](const std::string&) { opts.rdzv_backend_given = true; });
   app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
                  "seconds a node waits for the others to arrive (c10d; default 600)");
@@ -292,9 +293,10 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--exclude", opts.exclude, "DeepSpeed filter: host:1");
   app.add_option("--grace-period", opts.grace_period_s, "seconds between SIGTERM and SIGKILL");
   bool no_prefix = false;
-  bool no_python = false;
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
-  app.add_flag("--no-python", no_python, "accepted for torchrun compatibility");
+  app.add_flag("--no-python", opts.no_python,
+               "run PROGRAM as given; without it a .py file that is not executable runs under "
+               "python3, as torchrun runs scripts under its Python");
   std::string mixed_precision;
   app.add_option("--config-file", opts.config_file,
                  "tandem/Accelerate YAML or DeepSpeed JSON config; flags win over it (default: "
@@ -383,6 +385,14 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     }
     if (!opts.master_port_given && config.main_process_port) {
       opts.master_port = *config.main_process_port;
+    }
+    if (!opts.rdzv_backend_given && opts.hostfile.empty()) {
+      TANDEM_CHECK_ARG(config.rdzv_backend == "static" || config.rdzv_backend == "c10d",
+                       "{}: rdzv_backend {} is not supported: the nodes meet at tandem's own "
+                       "store. Use c10d (the nodes agree on node ranks there) or static (each "
+                       "node gives its machine_rank)",
+                       config.source_path, config.rdzv_backend);
+      opts.rdzv_backend = config.rdzv_backend;
     }
   }
   const bool filtered = !opts.include.empty() || !opts.exclude.empty();

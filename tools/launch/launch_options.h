@@ -25,6 +25,9 @@ struct LaunchOptions {
   int tee = 0;        // 1 stdout, 2 stderr, 3 both: to files and console
   int redirects = 0;  // 1 stdout, 2 stderr, 3 both: to files only
   bool prefix_output = true;
+  // --no-python: run PROGRAM itself; without it a .py file without the
+  // execute bit runs as `python3 FILE` (torchrun runs it under its Python).
+  bool no_python = false;
   std::string include;  // DeepSpeed host filter, e.g. "host:0,1@host2:2"
   std::string exclude;
   double grace_period_s = 3.0;  // SIGTERM -> SIGKILL
@@ -66,6 +69,7 @@ struct LaunchOptions {
   bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
   bool master_port_given = false;
+  bool rdzv_backend_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
   std::optional<MixedPrecision> mixed_precision;  // --mixed-precision
   // The config's gpu_ids: CUDA_VISIBLE_DEVICES for every worker. Empty:

@@ -7,10 +7,19 @@
 // size 1 (no launcher) nothing is created and every collective is a no-op or
 // a local copy.
 //
+// Subgroups: new_group() and split_group() make groups of some of the ranks
+// (as torch.distributed.new_group), each with its own numbering, timeouts,
+// desync check and transport (shared memory when all its ranks share a host,
+// Gloo otherwise); ProcessMesh (mesh.h) builds the host x local-rank groups.
+// Ranks passed to and returned by a group's methods are that group's ranks;
+// errors name both, e.g. "rank 3 (rank 1 of group [1, 3])".
+//
 // Thread-safety: a ProcessGroup may be used from one thread at a time, and
 // every rank must issue the same collectives in the same order (as in c10d);
 // the desync check (ProcessGroupOptions) catches a rank that does not.
-// Different ProcessGroup objects are independent.
+// Different ProcessGroup objects are independent: a subgroup may be used from
+// another thread than its parent. send/recv are not collectives: only the
+// two ranks involved call them.
 
 #include <chrono>
 #include <cstdint>
@@ -67,9 +76,10 @@ struct ProcessGroupOptions {
   std::string gloo_host;
   // Network interface Gloo listens on (e.g. "eth0"); wins over gloo_host.
   std::string gloo_interface;
-  // When every rank is on one host, carry CPU all-reduces, all-gathers and
-  // reduce-scatters through shared memory instead of Gloo's loopback TCP
-  // (several times faster). false forces Gloo.
+  // When every rank of a group is on one host, carry its CPU all-reduces,
+  // all-gathers, reduce-scatters, all-to-alls, gathers and scatters through
+  // shared memory instead of Gloo's loopback TCP (several times faster).
+  // false forces Gloo. Subgroups decide for themselves.
   bool shared_memory = true;
   // Ranks with equal host ids share memory. Empty: hostname and boot id.
   std::string host_id;
@@ -98,14 +108,44 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  // This rank's rank in the group; -1 on a rank outside it (a handle that
+  // new_group returned to a non-member).
   int rank() const;
+  // Number of ranks in the group.
   int world_size() const;
   std::chrono::milliseconds timeout() const;
   // Name of the backend for CPU tensors: "gloo", or "local" at world 1.
   std::string backend_name() const;
-  // True when CPU all-reduces, all-gathers and reduce-scatters go through
-  // the shared-memory transport.
+  // True when CPU all-reduces, all-gathers, reduce-scatters, all-to-alls,
+  // gathers and scatters go through the shared-memory transport.
   bool uses_shared_memory() const;
+  // Id of this rank's host (ProcessGroupOptions::host_id, else hostname and
+  // boot id): ranks with equal ids share memory.
+  std::string host_id() const;
+
+  // ---- subgroups ----
+
+  // Makes a group of `ranks` (ranks of this group; any order, no repeats;
+  // group rank g is the g-th smallest, as in torch.distributed.new_group).
+  // Collective over this group: every rank calls it with the same list,
+  // also the ranks outside it, which get a handle whose every collective
+  // throws UsageError naming the members (check is_member()). Counts once in
+  // sequence_number(). The subgroup shares this group's options, store and
+  // Gloo device, and uses shared memory when all its ranks share a host. It
+  // may outlive this handle. Throws UsageError when the ranks disagree on the
+  // list or it is invalid, CommError/TimeoutError when its ranks cannot meet.
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
+  // Makes disjoint groups at once and returns the one this rank is in (a
+  // non-member handle when none holds it), as torch's split_group: one
+  // collective over this group however many groups are made. Same contract
+  // as new_group.
+  std::shared_ptr<ProcessGroup> split_group(std::vector<std::vector<int>> groups);
+  // False on a handle that new_group or split_group returned to a rank
+  // outside the group.
+  bool is_member() const;
+  // Global ranks (of the job's world group) of this group's members, by group
+  // rank. For the world group 0..world_size-1.
+  std::vector<int> global_ranks() const;
 
   // In-place reduction of `tensor` across ranks. kAvg needs a floating type.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
@@ -135,19 +175,76 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   void barrier();
 
+  // ---- exchanges ----
+
+  // Equal splits (torch's all_to_all_single without split sizes): input's
+  // dim 0 is cut into world_size equal blocks, block r going to rank r;
+  // output's block r comes from rank r. Both have the same shape, dtype and
+  // device, and dim 0 must divide by world_size. Input and output must not
+  // overlap. Shared memory on one host (CPU), else Gloo (NCCL for CUDA).
+  void all_to_all(at::Tensor& output, const at::Tensor& input);
+  // Uneven splits (all_to_all_single with split sizes): input_splits[r]
+  // rows (dim 0) of input, in order, go to rank r; output_splits[r] rows of
+  // output arrive from rank r. Zero is allowed. Splits sum to the tensors'
+  // dim 0, the other dims agree. Every rank's input_splits[r] must equal rank
+  // r's output_splits[this rank]: the ranks exchange their splits first (one
+  // small all-gather) and throw UsageError naming the pair that disagrees,
+  // instead of corrupting memory or hanging. Counted once.
+  void all_to_all(at::Tensor& output, const at::Tensor& input,
+                  const std::vector<std::int64_t>& output_splits,
+                  const std::vector<std::int64_t>& input_splits);
+
+  // Rank `root` gets every rank's `tensor` (same shape and dtype on every
+  // rank), indexed by rank; the other ranks get an empty vector.
+  std::vector<at::Tensor> gather(const at::Tensor& tensor, int root = 0);
+  // Rank r's `output` gets root's inputs[r]. On root, `inputs` holds
+  // world_size tensors of output's shape, dtype and device; on the other
+  // ranks it is ignored (pass {}).
+  void scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root = 0);
+
+  // ---- point to point ----
+  //
+  // Not collectives: only the sender and the receiver call them, so they
+  // neither count in sequence_number() nor take part in the desync check.
+  // Each send matches the recv from the same rank with the same tag, in
+  // order. A small header travels before the data, so a recv whose tensor
+  // disagrees with what was sent (dtype or element count; the shape may
+  // differ) throws UsageError naming both, instead of truncating or
+  // overrunning it. Carried by Gloo (NCCL for CUDA data), also within a host:
+  // there is no shared-memory mailbox yet. tag: 0 <= tag < 2^30. A timeout
+  // names the peer and where it last was.
+
+  // Returns once the receiver has taken `tensor`.
+  void send(const at::Tensor& tensor, int dst, int tag = 0);
+  // Fills `tensor` (contiguous, of the sent dtype and element count).
+  void recv(at::Tensor& tensor, int src, int tag = 0);
+  // Start the same; the tensor must stay alive and untouched until
+  // Work::wait() returns. Any number may be outstanding; a recv_async waits
+  // for its header on a helper thread of its own, so that independent
+  // messages never wait for each other.
+  Work send_async(at::Tensor tensor, int dst, int tag = 0);
+  Work recv_async(at::Tensor tensor, int src, int tag = 0);
+
   // Every rank's bytes / string, indexed by rank. Sizes may differ per rank.
   std::vector<std::vector<std::uint8_t>> all_gather_bytes(const std::vector<std::uint8_t>& bytes);
   std::vector<std::string> all_gather_strings(const std::string& text);
 
   // Number of collectives issued so far (the next one's sequence number).
-  // Each call above counts once, also when it moves no data (empty tensors)
-  // and the byte/string gathers, which run two inner gathers.
+  // Each collective above counts once, also when it moves no data (empty
+  // tensors) and the byte/string gathers, which run two inner gathers;
+  // send and recv do not count.
   std::uint64_t sequence_number() const;
 
   struct Impl;
 
  private:
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  // Connects the ranks of a prepared Impl (store, ranks, options): Gloo,
+  // progress, shared memory. Shared by create() and the subgroups.
+  static std::shared_ptr<ProcessGroup> connect(std::unique_ptr<Impl> impl);
+  // new_group (`op`) and split_group.
+  std::shared_ptr<ProcessGroup> make_subgroup(const char* op,
+                                              std::vector<std::vector<int>> groups);
   void setup_shared_memory();
   std::unique_ptr<Impl> impl_;
 };

@@ -5,6 +5,7 @@
 #include <functional>
 #include <future>
 #include <string>
+#include <vector>
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -26,6 +27,10 @@ class Work {
   Work(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout,
        std::string description, std::function<void()> on_complete,
        std::function<std::string()> explain_timeout = nullptr);
+  // Several c10d operations that finish together (a send's header and
+  // data), waited for in order within one timeout.
+  Work(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::chrono::milliseconds timeout,
+       std::string description, std::function<std::string()> explain_timeout = nullptr);
   // A collective run by tandem's own transport; the future carries its error
   // (the transport bounds its own waits by `timeout`).
   Work(std::shared_future<void> future, std::string description,
@@ -47,7 +52,9 @@ class Work {
   void wait();
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  void wait_backend();
+
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::shared_future<void> future_;
   std::chrono::milliseconds timeout_{0};
   std::string description_;

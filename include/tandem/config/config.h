@@ -62,24 +62,17 @@ struct LossScaleConfig {
   bool deepspeed_semantics = false;
 };
 
-// DeepSpeed's zero_optimization block (stages 1-3: tandem::ZeroOptimizer).
+// DeepSpeed's zero_optimization block (stages 1-3: tandem::ZeroOptimizer):
+// the keys tandem implements. The others warn (`tandem config keys`).
 struct ZeroConfig {
   int stage = 0;  // 0: plain data parallel (DDP)
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
   OffloadDevice offload_param = OffloadDevice::kNone;
   bool offload_pin_memory = true;
-  bool overlap_comm = true;
-  bool contiguous_gradients = true;
-  bool reduce_scatter = true;
   int64_t reduce_bucket_size = 500'000'000;  // elements, as DeepSpeed counts
-  bool allgather_partitions = true;
-  int64_t allgather_bucket_size = 500'000'000;
-  int64_t sub_group_size = 1'000'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
-  int64_t stage3_max_reuse_distance = 1'000'000'000;
-  bool stage3_gather_16bit_weights_on_model_save = false;
   bool zero3_init = false;  // Accelerate's zero3_init_flag
 };
 
@@ -156,7 +149,6 @@ struct Config {
   std::string gpu_ids = "all";
   bool use_cpu = false;
   std::string rdzv_backend = "static";
-  bool same_network = true;
   // Accelerate's multi-node DeepSpeed keys (deepspeed_config section): the
   // hostfile `tandem launch` fans out to, as with --hostfile, unless
   // deepspeed_multinode_launcher is `standard` (each machine runs its own
@@ -180,8 +172,6 @@ struct Config {
   SchedulerConfig scheduler;
   DdpConfig ddp;
   ActivationCheckpointingConfig activation_checkpointing;
-  int64_t steps_per_print = 10;
-  bool wall_clock_breakdown = false;
 
   // One line per recognised key that tandem does not implement yet, e.g.
   // "deepspeed.json: 'zero_optimization.round_robin_gradients' is accepted
@@ -245,6 +235,9 @@ struct ConfigOverrides {
   std::optional<MixedPrecision> mixed_precision;
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<int64_t> train_micro_batch_size_per_gpu;
+  // Where train_micro_batch_size_per_gpu came from, for messages ("the data
+  // loader's batch size"); empty: "code override".
+  std::string train_micro_batch_size_source;
   std::optional<double> gradient_clipping;
   std::optional<int> zero_stage;
   std::optional<uint64_t> seed;
