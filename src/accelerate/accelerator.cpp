@@ -104,9 +104,19 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
     ddp.find_unused_parameters = config_.ddp.find_unused_parameters;
     ddp.broadcast_buffers = config_.ddp.broadcast_buffers;
     ddp.cache_cpu_allocations = config_.ddp.cache_cpu_allocations;
-    ddp.comm_hook = config_.ddp.comm_hook == "bf16"   ? CommHook::kBf16Compress
-                    : config_.ddp.comm_hook == "fp16" ? CommHook::kFp16Compress
-                                                      : CommHook::kAverage;
+    ddp.static_graph = config_.ddp.static_graph;
+    ddp.comm_hook = config_.ddp.comm_hook == "bf16"       ? CommHook::kBf16Compress
+                    : config_.ddp.comm_hook == "fp16"     ? CommHook::kFp16Compress
+                    : config_.ddp.comm_hook == "powersgd" ? CommHook::kPowerSGD
+                                                          : CommHook::kAverage;
+    const PowerSGDConfig& p = config_.ddp.powersgd;
+    ddp.powersgd.matrix_approximation_rank = p.matrix_approximation_rank;
+    ddp.powersgd.start_powerSGD_iter = p.start_powerSGD_iter;
+    ddp.powersgd.min_compression_rate = p.min_compression_rate;
+    ddp.powersgd.use_error_feedback = p.use_error_feedback;
+    ddp.powersgd.warm_start = p.warm_start;
+    ddp.powersgd.orthogonalization_epsilon = p.orthogonalization_epsilon;
+    ddp.powersgd.random_seed = p.random_seed;
     ddp_options_ = ddp;
   }
   if (config_.seed) set_seed(*config_.seed);

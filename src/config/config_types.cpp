@@ -138,11 +138,23 @@ bool same(const SchedulerConfig& a, const SchedulerConfig& b) {
          a.warmup_type == b.warmup_type;
 }
 
+bool same(const PowerSGDConfig& a, const PowerSGDConfig& b) {
+  return a.matrix_approximation_rank == b.matrix_approximation_rank &&
+         a.start_powerSGD_iter == b.start_powerSGD_iter &&
+         a.min_compression_rate == b.min_compression_rate &&
+         a.use_error_feedback == b.use_error_feedback && a.warm_start == b.warm_start &&
+         a.orthogonalization_epsilon == b.orthogonalization_epsilon &&
+         a.random_seed == b.random_seed;
+}
+
 bool same(const DdpConfig& a, const DdpConfig& b) {
   return a.bucket_cap_mb == b.bucket_cap_mb && a.first_bucket_cap_mb == b.first_bucket_cap_mb &&
          a.find_unused_parameters == b.find_unused_parameters &&
          a.broadcast_buffers == b.broadcast_buffers && a.comm_hook == b.comm_hook &&
-         a.cache_cpu_allocations == b.cache_cpu_allocations;
+         a.cache_cpu_allocations == b.cache_cpu_allocations &&
+         a.static_graph == b.static_graph &&
+         // PowerSGD's settings matter (and are written) only when it is the hook.
+         (a.comm_hook != "powersgd" || same(a.powersgd, b.powersgd));
 }
 
 }  // namespace

@@ -101,5 +101,6 @@ const KeyTable& accelerate_deepspeed_section_keys();
 const KeyTable& tandem_top_level_keys();
 const KeyTable& tandem_fp16_keys();
 const KeyTable& ddp_keys();
+const KeyTable& ddp_powersgd_keys();  // ddp.powersgd
 
 }  // namespace tandem::config_detail

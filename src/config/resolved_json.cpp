@@ -88,7 +88,16 @@ std::string resolved_config_json(const Config& c, int world_size) {
                 {"find_unused_parameters", c.ddp.find_unused_parameters},
                 {"broadcast_buffers", c.ddp.broadcast_buffers},
                 {"comm_hook", c.ddp.comm_hook},
-                {"cache_cpu_allocations", c.ddp.cache_cpu_allocations}};
+                {"cache_cpu_allocations", c.ddp.cache_cpu_allocations},
+                {"static_graph", c.ddp.static_graph},
+                {"powersgd",
+                 {{"matrix_approximation_rank", c.ddp.powersgd.matrix_approximation_rank},
+                  {"start_powerSGD_iter", c.ddp.powersgd.start_powerSGD_iter},
+                  {"min_compression_rate", c.ddp.powersgd.min_compression_rate},
+                  {"use_error_feedback", c.ddp.powersgd.use_error_feedback},
+                  {"warm_start", c.ddp.powersgd.warm_start},
+                  {"orthogonalization_epsilon", c.ddp.powersgd.orthogonalization_epsilon},
+                  {"random_seed", c.ddp.powersgd.random_seed}}}};
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
   out["launch"] = {{"num_processes", or_null(c.num_processes)},
                    {"main_process_ip", c.main_process_ip.empty() ? Json(nullptr)

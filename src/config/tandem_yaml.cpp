@@ -2,6 +2,11 @@
 // blocks DeepSpeed also has (zero_optimization, optimizer, scheduler). See
 // docs/config.md for a sample; to_tandem_yaml() writes the same schema.
 
+#include <cstdint>
+#include <limits>
+
+#include <fmt/format.h>
+
 #include "config/readers.h"
 
 namespace tandem::config_detail {
@@ -25,15 +30,49 @@ void read_loss_scale(const Value& block, LossScaleConfig& scale) {
   }, precision_hint);
 }
 
-void read_ddp(const Value& block, DdpConfig& ddp) {
+void read_powersgd(const Value& block, PowerSGDConfig& p) {
+  for_each_key(block, ddp_powersgd_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "matrix_approximation_rank") p.matrix_approximation_rank = v.as_count();
+    if (key == "start_powerSGD_iter") p.start_powerSGD_iter = v.as_int(0);
+    if (key == "min_compression_rate") p.min_compression_rate = v.as_number(0);
+    if (key == "use_error_feedback") p.use_error_feedback = v.as_bool();
+    if (key == "warm_start") p.warm_start = v.as_bool();
+    if (key == "orthogonalization_epsilon") p.orthogonalization_epsilon = v.as_number(0);
+    if (key == "random_seed") {
+      p.random_seed = static_cast<uint32_t>(v.as_int(0, std::numeric_limits<uint32_t>::max()));
+    }
+  });
+  // PyTorch's rule (PowerSGDOptions::start_powerSGD_iter says why).
+  const Value start = block.child("start_powerSGD_iter");
+  if (!start.is_null() && p.start_powerSGD_iter < 2 && (p.use_error_feedback || p.warm_start)) {
+    start.fail(fmt::format("{} is below 2, the least PowerSGD allows with {}",
+                           p.start_powerSGD_iter,
+                           p.use_error_feedback ? "use_error_feedback" : "warm_start"),
+               "set it to 2 or more (DDP rebuilds its buckets after the first backward), or set "
+               "both use_error_feedback and warm_start to false");
+  }
+}
+
+void read_ddp(const Value& block, Config& config) {
+  DdpConfig& ddp = config.ddp;
   for_each_key(block, ddp_keys(), [&](const std::string& key, const Value& v) {
     if (key == "bucket_cap_mb") ddp.bucket_cap_mb = v.as_positive_number();
     if (key == "first_bucket_cap_mb") ddp.first_bucket_cap_mb = v.as_positive_number();
     if (key == "find_unused_parameters") ddp.find_unused_parameters = v.as_bool();
     if (key == "broadcast_buffers") ddp.broadcast_buffers = v.as_bool();
-    if (key == "comm_hook") ddp.comm_hook = v.as_choice({"none", "fp16", "bf16"});
+    if (key == "comm_hook") ddp.comm_hook = v.as_choice({"none", "fp16", "bf16", "powersgd"});
     if (key == "cache_cpu_allocations") ddp.cache_cpu_allocations = v.as_bool();
+    if (key == "static_graph") ddp.static_graph = v.as_bool();
+    if (key == "powersgd") read_powersgd(v, ddp.powersgd);
   });
+  // A block that sets something, for a hook that is not PowerSGD.
+  const Value powersgd = block.child("powersgd");
+  if (powersgd.is_map() && powersgd.node().size() > 0 && ddp.comm_hook != "powersgd") {
+    config.warnings.push_back(fmt::format(
+        "{}: 'ddp.powersgd' has no effect: ddp.comm_hook is '{}'; set comm_hook: powersgd to "
+        "compress with PowerSGD",
+        powersgd.where(), ddp.comm_hook));
+  }
 }
 
 std::optional<int64_t> count_or_auto(const Value& v) {
@@ -71,7 +110,17 @@ const KeyTable& tandem_fp16_keys() {
 
 const KeyTable& ddp_keys() {
   static const KeyTable table{{"bucket_cap_mb", "first_bucket_cap_mb", "find_unused_parameters",
-                               "broadcast_buffers", "comm_hook", "cache_cpu_allocations"},
+                               "broadcast_buffers", "comm_hook", "cache_cpu_allocations",
+                               "static_graph", "powersgd"},
+                              {},
+                              {}};
+  return table;
+}
+
+const KeyTable& ddp_powersgd_keys() {
+  static const KeyTable table{{"matrix_approximation_rank", "start_powerSGD_iter",
+                               "min_compression_rate", "use_error_feedback", "warm_start",
+                               "orthogonalization_epsilon", "random_seed"},
                               {},
                               {}};
   return table;
@@ -99,7 +148,7 @@ void read_tandem_document(const Value& root, Config& config) {
     } else if (key == "scheduler") {
       read_scheduler(v, config);
     } else if (key == "ddp") {
-      read_ddp(v, config.ddp);
+      read_ddp(v, config);
     } else if (key == "activation_checkpointing") {
       read_activation_checkpointing(v, config, Dialect::kTandem);
     }

@@ -161,6 +161,17 @@ void write_ddp(Writer& w, const DdpConfig& d) {
   w.line(1, "broadcast_buffers", flag(d.broadcast_buffers));
   w.line(1, "comm_hook", quote(d.comm_hook));
   w.line(1, "cache_cpu_allocations", flag(d.cache_cpu_allocations));
+  w.line(1, "static_graph", flag(d.static_graph));
+  if (d.comm_hook != "powersgd") return;
+  const PowerSGDConfig& p = d.powersgd;
+  w.line(1, "powersgd", "");
+  w.line(2, "matrix_approximation_rank", fmt::format("{}", p.matrix_approximation_rank));
+  w.line(2, "start_powerSGD_iter", fmt::format("{}", p.start_powerSGD_iter));
+  w.line(2, "min_compression_rate", fmt::format("{}", p.min_compression_rate));
+  w.line(2, "use_error_feedback", flag(p.use_error_feedback));
+  w.line(2, "warm_start", flag(p.warm_start));
+  w.line(2, "orthogonalization_epsilon", fmt::format("{}", p.orthogonalization_epsilon));
+  w.line(2, "random_seed", fmt::format("{}", p.random_seed));
 }
 
 }  // namespace

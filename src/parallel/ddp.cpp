@@ -106,6 +106,17 @@ void DistributedDataParallel::set_gradient_sync(bool enabled) {
 
 bool DistributedDataParallel::gradient_sync() const { return reducer_->sync_enabled(); }
 
+void DistributedDataParallel::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  reducer_->register_hook(std::move(hook));
+}
+
+void DistributedDataParallel::register_comm_hook(std::function<HookWork(GradBucket&)> hook,
+                                                 std::string name) {
+  register_comm_hook(std::make_shared<FunctionHook>(std::move(hook), std::move(name)));
+}
+
+CommHook& DistributedDataParallel::comm_hook() const { return reducer_->hook(); }
+
 void DistributedDataParallel::sync_buffers() {
   std::vector<at::Tensor> buffers;
   for (const auto& item : unique_named_buffers(*module_)) buffers.push_back(item.second);

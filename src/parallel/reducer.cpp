@@ -1,6 +1,7 @@
 #include "parallel/reducer.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -10,6 +11,7 @@
 #include "parallel/flat_grad.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
+#include "tandem/parallel/powersgd_hook.h"
 
 namespace tandem::detail {
 namespace {
@@ -22,6 +24,17 @@ std::vector<std::size_t> reverse_order(std::size_t n) {
   return order;
 }
 
+std::shared_ptr<CommHook> make_builtin_hook(const DDPOptions& options) {
+  switch (options.comm_hook) {
+    case CommHook::kAverage: return std::make_shared<AllReduceHook>();
+    case CommHook::kFp16Compress: return std::make_shared<CompressHook>(at::kHalf);
+    case CommHook::kBf16Compress: return std::make_shared<CompressHook>(at::kBFloat16);
+    case CommHook::kPowerSGD: return std::make_shared<PowerSGDHook>(options.powersgd);
+  }
+  TANDEM_THROW(UsageError, "DDPOptions::comm_hook has no built-in hook numbered {}",
+               static_cast<int>(options.comm_hook));
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroup& pg,
@@ -30,7 +43,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       names_(std::move(names)),
       pg_(pg),
       options_(options),
-      after_sync_(std::move(after_sync)) {
+      after_sync_(std::move(after_sync)),
+      hook_(make_builtin_hook(options)),
+      static_graph_(params_.size()) {
   TANDEM_CHECK_ARG(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
                    "DDP bucket caps must be positive, got bucket_cap_mb={} first_bucket_cap_mb={}",
                    options_.bucket_cap_mb, options_.first_bucket_cap_mb);
@@ -54,6 +69,28 @@ bool Reducer::sync_enabled() const {
   return sync_enabled_;
 }
 
+void Reducer::register_hook(std::shared_ptr<CommHook> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK_ARG(hook != nullptr,
+                   "DistributedDataParallel::register_comm_hook: the hook is null");
+  TANDEM_CHECK_ARG(!hook_registered_,
+                   "DistributedDataParallel::register_comm_hook: a hook ('{}') is registered "
+                   "already; register one hook per wrapper (as in PyTorch)",
+                   hook_->name());
+  TANDEM_CHECK_ARG(options_.comm_hook == CommHook::kAverage,
+                   "DistributedDataParallel::register_comm_hook: DDPOptions::comm_hook chose the "
+                   "built-in '{}' hook; leave it at kAverage (ddp.comm_hook: none) to register "
+                   "'{}'",
+                   hook_->name(), hook->name());
+  TANDEM_CHECK_ARG(sync_count_ == 0 && !readiness_.in_backward(),
+                   "DistributedDataParallel::register_comm_hook: called after {} synchronised "
+                   "backward pass(es); register the hook right after wrapping the model, before "
+                   "the first backward",
+                   sync_count_);
+  hook_ = std::move(hook);
+  hook_registered_ = true;
+}
+
 std::vector<std::vector<std::string>> Reducer::bucket_names() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::vector<std::string>> out;
@@ -72,13 +109,19 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignm
     Bucket bucket;
     bucket.members = members;
     std::int64_t total = 0;
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
     for (std::size_t i : members) {
       bucket_of_[i] = buckets.size();
       offset_of_[i] = total;
       total += params_[i].numel();
+      params.push_back(params_[i]);
+      names.push_back(names_[i]);
     }
     const at::Tensor& first = params_[members.front()];
     bucket.flat = at::zeros({total}, first.options().requires_grad(false));
+    bucket.view.emplace(buckets.size(), assignment.size(), bucket.flat, std::move(params),
+                        std::move(names), pg_);
     buckets.push_back(std::move(bucket));
   }
   // Gradients computed so far (after a rebuild: already reduced) move into
@@ -113,33 +156,89 @@ void Reducer::on_grad_ready(std::size_t index) {
     // backward that would finalize when the block's backward ends, not the
     // model's.
     queue_end_of_backward([this] { finalize_backward(); });
+    start_backward();
   }
-  if (!readiness_.mark_ready(index)) return;
+  if (options_.static_graph) {
+    on_static_graph_firing(index);
+    return;
+  }
+  if (!readiness_.mark_ready(index)) {
+    // A reentrant backward accumulated into a gradient whose bucket may be
+    // on the wire already.
+    fired_again_.push_back(index);
+    return;
+  }
   adopt_grad(index);
   if (!rebuilt_) ready_order_.push_back(index);
+  arrive(index);
+}
+
+void Reducer::start_backward() {
+  fired_again_.clear();
+  if (!options_.static_graph) return;
+  static_graph_.start_backward();
+  if (!static_graph_.recorded()) return;
+  // What this rank never uses is ready, as zeros, from the start.
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!static_graph_.unused_here(i)) continue;
+    grad_view(i).zero_();
+    readiness_.mark_ready(i);
+    arrive(i);
+  }
+}
+
+void Reducer::on_static_graph_firing(std::size_t index) {
+  switch (static_graph_.fire(index)) {
+    case StaticGraph::Firing::kFirst:
+      // The first backward reduces everything at its end, once it knows how
+      // many gradients each parameter gets.
+      adopt_grad(index);
+      if (!rebuilt_) ready_order_.push_back(index);
+      return;
+    case StaticGraph::Firing::kComplete:
+      readiness_.mark_ready(index);
+      adopt_grad(index);
+      arrive(index);
+      return;
+    case StaticGraph::Firing::kAgain:
+    case StaticGraph::Firing::kPending:
+    case StaticGraph::Firing::kUnexpected:  // reported at the end of backward
+      return;
+  }
+}
+
+void Reducer::arrive(std::size_t index) {
   if (readiness_.arrive(index)) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
-  readiness_.launch_ready([this](std::size_t b) { launch(buckets_[b]); });
+  readiness_.launch_ready([this](std::size_t b) {
+    Bucket& bucket = buckets_[b];
+    bucket.work = hook_->start(*bucket.view);
+  });
 }
 
-void Reducer::launch(Bucket& bucket) {
-  switch (options_.comm_hook) {
-    case CommHook::kAverage:
-      bucket.work = pg_.all_reduce_async(bucket.flat, ReduceOp::kAvg);
-      break;
-    case CommHook::kFp16Compress:
-    case CommHook::kBf16Compress:
-      bucket.wire = bucket.flat.to(options_.comm_hook == CommHook::kFp16Compress ? at::kHalf
-                                                                                  : at::kBFloat16);
-      bucket.work = pg_.all_reduce_async(bucket.wire, ReduceOp::kAvg);
-      break;
+void Reducer::finish_launched() {
+  // In rounds, each advancing every unfinished bucket one step in bucket
+  // order: hooks issue their later collectives in the same sequence on
+  // every rank, and one bucket's step overlaps the others' collectives.
+  for (bool pending = true; pending;) {
+    pending = false;
+    for (std::size_t b = 0; b < readiness_.launched(); ++b) {
+      HookWork& work = buckets_[b].work;
+      work.advance();
+      pending = pending || !work.done();
+    }
   }
 }
 
-void Reducer::wait_launched() {
-  for (std::size_t b = 0; b < readiness_.launched(); ++b) buckets_[b].work.wait();
+void Reducer::abandon_launched() {
+  // On the way to an error: let the collectives in flight finish (dropping
+  // a HookWork waits for its Work), without starting any more.
+  for (std::size_t b = 0; b < readiness_.launched(); ++b) {
+    HookWork dropped(std::move(buckets_[b].work));
+  }
 }
 
 void Reducer::throw_unused(const std::vector<std::size_t>& unused) {
@@ -153,47 +252,113 @@ void Reducer::throw_unused(const std::vector<std::size_t>& unused) {
                "Their gradients cannot be averaged, so ranks would diverge. Fix one of: "
                "(1) use these parameters in forward (or in the loss) on every step; "
                "(2) freeze them with requires_grad_(false) before wrapping; "
-               "(3) set DDPOptions::find_unused_parameters = true (costs a little per step)",
+               "(3) set DDPOptions::find_unused_parameters = true (costs a little per step); "
+               "(4) if the same parameters are unused in every step, set "
+               "DDPOptions::static_graph = true",
                unused.size(), list);
+}
+
+void Reducer::throw_fired_again() {
+  std::string list;
+  for (std::size_t k = 0; k < fired_again_.size() && k < 10; ++k) {
+    list += (k ? ", " : "") + names_[fired_again_[k]];
+  }
+  TANDEM_THROW(UsageError,
+               "DistributedDataParallel: parameter(s) {} received a gradient more than once in "
+               "one backward, after DDP had counted them ready; their bucket may have been "
+               "averaged without the later gradients. This happens with reentrant backward "
+               "passes, e.g. a block run through tandem::checkpoint twice in one forward. Fix "
+               "one of: (1) set DDPOptions::static_graph = true (ddp.static_graph in tandem "
+               "YAML) when every iteration uses the same parameters the same number of times: "
+               "DDP then waits for every gradient; (2) call the checkpointed block once per "
+               "forward",
+               list);
+}
+
+void Reducer::throw_graph_changed(const std::vector<std::string>& changes) {
+  std::string list;
+  for (std::size_t k = 0; k < changes.size() && k < 10; ++k) list += (k ? ", " : "") + changes[k];
+  if (changes.size() > 10) list += fmt::format(", ... ({} more)", changes.size() - 10);
+  TANDEM_THROW(UsageError,
+               "DistributedDataParallel: static_graph is set, but this backward (synchronised "
+               "backward #{}) differs from the first: {}. static_graph promises that every "
+               "iteration gives the same parameters the same number of gradients, and DDP relies "
+               "on it to know when a bucket is complete. Fix one of: (1) set "
+               "DDPOptions::static_graph = false, with find_unused_parameters = true if some "
+               "parameters are used only in some iterations; (2) make forward use the same "
+               "parameters in every iteration",
+               sync_count_ + 1, list);
 }
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   readiness_.finish();  // the next gradient starts the next backward
-  const std::vector<std::size_t> unused = readiness_.unready();
-  at::Tensor globally_used;
-  if (!unused.empty()) {
-    if (!options_.find_unused_parameters) {
-      wait_launched();
-      throw_unused(unused);
+  if (!fired_again_.empty()) {
+    abandon_launched();
+    throw_fired_again();
+  }
+  const bool first_static = options_.static_graph && !static_graph_.recorded();
+  if (options_.static_graph && static_graph_.recorded()) {
+    const std::vector<std::string> changes = static_graph_.changes(names_);
+    if (!changes.empty()) {
+      abandon_launched();
+      throw_graph_changed(changes);
     }
+  }
+  // This rank's parameters without a gradient: they contribute zeros.
+  std::vector<std::size_t> unused;
+  if (first_static) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (static_graph_.fired(i)) {
+        readiness_.mark_ready(i);
+        readiness_.arrive(i);
+      } else {
+        unused.push_back(i);
+      }
+    }
+  } else {
+    unused = readiness_.unready();
+  }
+  if (!unused.empty() && !options_.find_unused_parameters && !options_.static_graph) {
+    abandon_launched();
+    throw_unused(unused);
+  }
+  {
     torch::NoGradGuard no_grad;
     for (std::size_t i : unused) {
-      grad_view(i).zero_();  // this rank contributes nothing
+      grad_view(i).zero_();
       readiness_.arrive(i);
     }
   }
-  if (options_.find_unused_parameters) {
-    // Which parameters some rank used: only those get a (reduced) gradient.
-    globally_used = at::zeros({static_cast<std::int64_t>(params_.size())}, at::kInt);
-    auto* used = globally_used.data_ptr<int>();
+  // Which parameters some rank used: only those get a (reduced) gradient.
+  // With static_graph the first backward finds out for all that follow.
+  const bool search = first_static || (options_.find_unused_parameters && !options_.static_graph);
+  at::Tensor used_flags;
+  if (search) {
+    used_flags = at::zeros({static_cast<std::int64_t>(params_.size())}, at::kInt);
+    auto* used = used_flags.data_ptr<int>();
     for (std::size_t i = 0; i < params_.size(); ++i) used[i] = readiness_.ready(i) ? 1 : 0;
   }
   // Buckets first: some ranks launched them during backward already, and
   // every rank must issue its collectives in the same order.
   launch_ready_buckets();
   Work used_work;
-  if (globally_used.defined()) used_work = pg_.all_reduce_async(globally_used, ReduceOp::kMax);
-  wait_launched();
+  if (search) used_work = pg_.all_reduce_async(used_flags, ReduceOp::kMax);
+  finish_launched();
   used_work.wait();
-  if (options_.comm_hook != CommHook::kAverage) {
-    for (auto& bucket : buckets_) bucket.flat.copy_(bucket.wire);
-  }
-  if (globally_used.defined()) {
-    const auto* used = globally_used.data_ptr<int>();
-    for (std::size_t i : unused) {
-      if (used[i]) params_[i].mutable_grad() = grad_view(i);
+  std::vector<bool> used_somewhere(params_.size(), true);
+  if (search) {
+    const auto* used = used_flags.data_ptr<int>();
+    for (std::size_t i = 0; i < params_.size(); ++i) used_somewhere[i] = used[i] != 0;
+  } else if (options_.static_graph) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      used_somewhere[i] = !static_graph_.unused_everywhere(i);
+      if (static_graph_.unused_here(i)) unused.push_back(i);
     }
+  }
+  if (first_static) static_graph_.record(used_somewhere);
+  for (std::size_t i : unused) {
+    if (used_somewhere[i]) params_[i].mutable_grad() = grad_view(i);
   }
   ++sync_count_;
   if (!rebuilt_) rebuild_from_ready_order();

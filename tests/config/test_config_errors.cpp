@@ -47,8 +47,36 @@ TEST(ConfigErrors, UnknownKeyFarFromAnyNameListsTheValidOnes) {
   std::string message = parse_error("ddp:\n  xyzzy: 1\n", "t.yaml");
   EXPECT_TRUE(contains(message, "t.yaml:2:3: ddp.xyzzy: unknown key; remove it; keys tandem "
                                 "reads here: bucket_cap_mb, first_bucket_cap_mb, "
-                                "find_unused_parameters, broadcast_buffers, comm_hook and "
-                                "cache_cpu_allocations"));
+                                "find_unused_parameters, broadcast_buffers, comm_hook, "
+                                "cache_cpu_allocations, static_graph and powersgd"));
+}
+
+TEST(ConfigErrors, PowerSGDSettingsAreCheckedWhereTheyAre) {
+  std::string message =
+      parse_error("ddp:\n  comm_hook: powersgd\n  powersgd:\n    matrix_approximation_rank: 0\n",
+                  "t.yaml");
+  EXPECT_TRUE(contains(message, "t.yaml:4:32: ddp.powersgd.matrix_approximation_rank: "))
+      << message;
+  message = parse_error("ddp:\n  powersgd:\n    start_powerSGD_iter: 1\n", "t.yaml");
+  EXPECT_TRUE(contains(message, "t.yaml:3:26: ddp.powersgd.start_powerSGD_iter: 1 is below 2, the "
+                                "least PowerSGD allows with use_error_feedback; set it to 2 or "
+                                "more"))
+      << message;
+  // Without error feedback and warm start, PyTorch allows it too.
+  Config c = parse_config_text(
+      "ddp:\n  comm_hook: powersgd\n  powersgd:\n    start_powerSGD_iter: 0\n"
+      "    use_error_feedback: false\n    warm_start: false\n",
+      "t.yaml");
+  EXPECT_EQ(c.ddp.powersgd.start_powerSGD_iter, 0);
+  message = parse_error("ddp:\n  powersgd:\n    warmstart: true\n", "t.yaml");
+  EXPECT_TRUE(contains(message, "t.yaml:3:5: ddp.powersgd.warmstart: unknown key; did you mean "
+                                "'warm_start'?"))
+      << message;
+  message = parse_error("ddp:\n  comm_hook: powersdg\n", "t.yaml");
+  EXPECT_TRUE(contains(message, "ddp.comm_hook")) << message;
+  EXPECT_TRUE(contains(message, "powersgd")) << message;
+  message = parse_error("ddp:\n  static_graph: sometimes\n", "t.yaml");
+  EXPECT_TRUE(contains(message, "t.yaml:2:17: ddp.static_graph: ")) << message;
 }
 
 TEST(ConfigErrors, UnknownSchedulerParameterGetsDidYouMeanForItsType) {

@@ -45,7 +45,9 @@ Config unusual_config() {
   c.scheduler.params = {{"cycle_min_lr", 1e-6}, {"cycle_first_step_size", 77},
                         {"cycle_momentum", 0.0}};
   c.scheduler.auto_params = {"cycle_max_lr"};
-  c.ddp = {12.5, 0.5, true, false, "bf16", true};
+  c.ddp = {12.5, 0.5, true, false, "powersgd", true};
+  c.ddp.static_graph = true;
+  c.ddp.powersgd = {4, 7, 1.5, false, false, 1e-8, 42};
   c.activation_checkpointing.enabled = true;
   return c;
 }
@@ -95,6 +97,52 @@ TEST(TandemYaml, EveryFieldRoundTrips) {
   Config back = round_trip(original);
   EXPECT_TRUE(same_settings(back, original)) << to_tandem_yaml(original) << "\nread back as\n"
                                              << to_tandem_yaml(back);
+}
+
+TEST(TandemYaml, ReadsPowerSGDAndStaticGraph) {
+  Config c = parse_config_text(R"(ddp:
+  comm_hook: powersgd
+  static_graph: true
+  powersgd:
+    matrix_approximation_rank: 2
+    start_powerSGD_iter: 100
+    min_compression_rate: 1.5
+    use_error_feedback: false
+    warm_start: false
+    orthogonalization_epsilon: 1.0e-8
+    random_seed: 7
+)",
+                               "t.yaml");
+  EXPECT_EQ(c.ddp.comm_hook, "powersgd");
+  EXPECT_TRUE(c.ddp.static_graph);
+  EXPECT_EQ(c.ddp.powersgd.matrix_approximation_rank, 2);
+  EXPECT_EQ(c.ddp.powersgd.start_powerSGD_iter, 100);
+  EXPECT_EQ(c.ddp.powersgd.min_compression_rate, 1.5);
+  EXPECT_FALSE(c.ddp.powersgd.use_error_feedback);
+  EXPECT_FALSE(c.ddp.powersgd.warm_start);
+  EXPECT_EQ(c.ddp.powersgd.orthogonalization_epsilon, 1e-8);
+  EXPECT_EQ(c.ddp.powersgd.random_seed, 7u);
+  EXPECT_TRUE(c.warnings.empty());
+  // Defaults: PyTorch's PowerSGDState defaults, static_graph off.
+  Config defaults = parse_config_text("ddp:\n  comm_hook: powersgd\n", "t.yaml");
+  EXPECT_FALSE(defaults.ddp.static_graph);
+  EXPECT_EQ(defaults.ddp.powersgd.matrix_approximation_rank, 1);
+  EXPECT_EQ(defaults.ddp.powersgd.start_powerSGD_iter, 1000);
+  EXPECT_EQ(defaults.ddp.powersgd.min_compression_rate, 2.0);
+  EXPECT_TRUE(defaults.ddp.powersgd.use_error_feedback);
+  EXPECT_TRUE(defaults.ddp.powersgd.warm_start);
+}
+
+TEST(TandemYaml, PowerSGDBlockWithAnotherHookWarnsThatItHasNoEffect) {
+  Config c = parse_config_text("ddp:\n  comm_hook: bf16\n  powersgd:\n    warm_start: false\n",
+                               "t.yaml");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_TRUE(contains(c.warnings[0], "t.yaml:4:5: 'ddp.powersgd' has no effect: ddp.comm_hook "
+                                      "is 'bf16'; set comm_hook: powersgd"))
+      << c.warnings[0];
+  // An empty block sets nothing, and says nothing.
+  EXPECT_TRUE(parse_config_text("ddp:\n  comm_hook: bf16\n  powersgd: {}\n", "t.yaml")
+                  .warnings.empty());
 }
 
 TEST(TandemYaml, SgdAndWarmupLrRoundTrip) {

@@ -98,14 +98,29 @@ struct SchedulerConfig {
   std::string warmup_type;                // "log" or "linear"; empty: the default
 };
 
+// The PowerSGD hook's hyperparameters (tandem YAML `ddp.powersgd`; see
+// PowerSGDOptions in tandem/parallel/powersgd_hook.h, same names and
+// defaults), used when comm_hook is "powersgd".
+struct PowerSGDConfig {
+  int64_t matrix_approximation_rank = 1;
+  int64_t start_powerSGD_iter = 1000;
+  double min_compression_rate = 2.0;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  double orthogonalization_epsilon = 0.0;
+  uint32_t random_seed = 0;
+};
+
 // tandem's own DDP settings (tandem YAML only; see DDPOptions).
 struct DdpConfig {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
-  std::string comm_hook = "none";  // "none", "fp16", "bf16"
+  std::string comm_hook = "none";  // "none", "fp16", "bf16", "powersgd"
   bool cache_cpu_allocations = false;  // DDPOptions::cache_cpu_allocations
+  bool static_graph = false;           // DDPOptions::static_graph
+  PowerSGDConfig powersgd;
 };
 
 // DeepSpeed's activation_checkpointing block. The block being present turns

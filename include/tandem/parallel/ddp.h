@@ -12,8 +12,10 @@
 //
 // How: gradients live in flat per-bucket buffers and each parameter's .grad is
 // a view into its bucket (no copy). An autograd hook marks a parameter ready
-// when its gradient is accumulated; when a bucket is complete its all-reduce
-// starts at once, overlapping the rest of backward. Buckets start in reverse
+// when its gradient is accumulated; when a bucket is complete its
+// communication hook (tandem/parallel/comm_hook.h: by default one all-reduce
+// of the average) starts at once, overlapping the rest of backward. Buckets
+// start in reverse
 // parameter order (first one 1 MB, then 25 MB) and are rebuilt once, after
 // the first backward, in the order gradients actually arrived (rank 0's).
 // Buffers (e.g. BatchNorm running statistics) are copied from rank 0 at
@@ -26,6 +28,7 @@
 // alive for you).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,15 +37,10 @@
 #include <torch/nn/pimpl.h>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/parallel/comm_hook.h"
+#include "tandem/parallel/powersgd_hook.h"
 
 namespace tandem {
-
-// What is sent across ranks for each bucket.
-enum class CommHook {
-  kAverage,       // fp32 (the parameters' dtype) average
-  kFp16Compress,  // cast to fp16, average, cast back: half the bytes
-  kBf16Compress,  // cast to bf16, average, cast back: half the bytes, fp32 range
-};
 
 struct DDPOptions {
   double bucket_cap_mb = 25.0;
@@ -51,7 +49,23 @@ struct DDPOptions {
   // (the message names them). With this set they count as ready instead.
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
-  CommHook comm_hook = CommHook::kAverage;
+  // What is sent across ranks for each bucket: a built-in hook (see
+  // CommHook::Builtin), built for this wrapper alone. For a hook of your
+  // own, leave kAverage and call register_comm_hook().
+  CommHook::Builtin comm_hook = CommHook::kAverage;
+  // PowerSGD's hyperparameters, used when comm_hook is kPowerSGD.
+  PowerSGDOptions powersgd;
+  // PyTorch's static_graph: the promise that every iteration uses the same
+  // parameters, each the same number of times. The first synchronised
+  // backward then reduces all buckets at its end (no overlap, once) and
+  // records which parameters each rank uses and how often their gradient
+  // hooks fire; later backwards mark the unused ones ready at once (no
+  // error, and no per-step search even with find_unused_parameters) and
+  // count a parameter ready only after all its firings, which makes
+  // reentrant backward passes (a block checkpointed twice in one forward)
+  // correct. A backward that breaks the promise throws UsageError naming
+  // the parameters.
+  bool static_graph = false;
   // Opt-in: make tandem's caching CPU allocator LibTorch's CPU allocator for
   // the whole process, for good (tandem/core/cpu_allocator.h): large blocks
   // are reused instead of page-faulted back in every step. It caches up to a
@@ -105,6 +119,19 @@ class DistributedDataParallel {
   // not change during a backward.
   void set_gradient_sync(bool enabled);
   bool gradient_sync() const;
+
+  // Replaces the built-in average with `hook` for every later backward
+  // (PyTorch's register_comm_hook). Call once, after construction and
+  // before the first synchronised backward, with DDPOptions::comm_hook left
+  // at kAverage; otherwise throws UsageError. Every rank must register an
+  // equivalent hook. The wrapper shares ownership of the hook.
+  void register_comm_hook(std::shared_ptr<CommHook> hook);
+  // The same for a hook written as a function (wrapped in a FunctionHook).
+  void register_comm_hook(std::function<HookWork(GradBucket&)> hook,
+                          std::string name = "function");
+  // The hook in use (the built-in one until register_comm_hook()), e.g. to
+  // read a PowerSGDHook's statistics.
+  CommHook& comm_hook() const;
 
   // Copies rank 0's buffers to every rank (collective). Called for you at
   // construction and after each synchronised backward when broadcast_buffers.
