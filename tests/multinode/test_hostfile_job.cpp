@@ -184,7 +184,9 @@ void stop_the_head_and_expect_no_process_left(int sig, int port) {
   }
   head.send(sig);
   auto r = head.wait(30);
-  if (sig != SIGKILL) EXPECT_EQ(r.exit_code, 128 + sig) << r.out << r.err;
+  if (sig != SIGKILL) {
+    EXPECT_EQ(r.exit_code, 128 + sig) << r.out << r.err;
+  }
   // Each ssh ends with the head (killed with it, or stopped by it); each
   // host's launcher sees its stdin close and stops its workers (SIGTERM,
   // then SIGKILL after --grace-period 2).

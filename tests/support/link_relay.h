@@ -33,6 +33,29 @@ namespace tandem::testing {
 #define TANDEM_PEER_PYTHON ""
 #endif
 
+// Reads `fd` until what it read contains `marker` or `timeout` passes, then
+// closes it; what it read is in `log`. True when the marker came. For a
+// child's "I am ready" line (the link relay's, sshd's), without sleeping.
+inline bool read_until(int fd, const std::string& marker, std::chrono::milliseconds timeout,
+                       std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (log.find(marker) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd readable{fd, POLLIN, 0};
+    char buffer[512];
+    ssize_t got = 0;
+    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) != 1 ||
+        (got = ::read(fd, buffer, sizeof buffer)) <= 0) {
+      ::close(fd);
+      return false;
+    }
+    log.append(buffer, static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  return true;
+}
+
 class LinkRelay {
  public:
   // Shapes host `host`'s link in switch namespace `sw` with `spec` ("delay
@@ -110,24 +133,13 @@ class LinkRelay {
       return "cannot fork the link relay";
     }
     std::string log;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (log.find("ready\n") == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      pollfd readable{out[0], POLLIN, 0};
-      char buffer[512];
-      ssize_t got = 0;
-      if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) != 1 ||
-          (got = ::read(out[0], buffer, sizeof buffer)) <= 0) {
-        ::close(out[0]);
-        stop();
-        while (!log.empty() && log.back() == '\n') log.pop_back();
-        return "the link relay (" + script + ") did not start: " +
-               (log.empty() ? "it printed nothing in 10 s" : log);
-      }
-      log.append(buffer, static_cast<std::size_t>(got));
+    // The relay prints nothing after "ready".
+    if (!read_until(out[0], "ready\n", std::chrono::seconds(10), log)) {
+      stop();
+      while (!log.empty() && log.back() == '\n') log.pop_back();
+      return "the link relay (" + script + ") did not start: " +
+             (log.empty() ? "it printed nothing in 10 s" : log);
     }
-    ::close(out[0]);  // the relay prints nothing more
     return "";
   }
 

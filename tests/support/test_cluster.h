@@ -302,21 +302,10 @@ class TestCluster {
     }
     sshd_.emplace_back(host, pid);
     std::string log;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (log.find("Server listening on") == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      pollfd readable{out[0], POLLIN, 0};
-      char buffer[512];
-      ssize_t got = 0;
-      if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) != 1 ||
-          (got = ::read(out[0], buffer, sizeof buffer)) <= 0) {
-        ::close(out[0]);
-        return "sshd on host " + std::to_string(host) + " did not start listening: " + log;
-      }
-      log.append(buffer, static_cast<std::size_t>(got));
+    // sshd ignores SIGPIPE: its later log lines are dropped.
+    if (!read_until(out[0], "Server listening on", std::chrono::seconds(10), log)) {
+      return "sshd on host " + std::to_string(host) + " did not start listening: " + log;
     }
-    ::close(out[0]);  // sshd ignores SIGPIPE: its later log lines are dropped
     return "";
   }
 
