@@ -348,21 +348,21 @@ std::function<void(const Value&)> check_whole(int64_t min, bool auto_allowed) {
 
 namespace {
 
-bool names_key(const std::string& pattern, const std::string& key) {
+bool note_names_key(const std::string& pattern, const std::string& key) {
   if (!pattern.empty() && pattern.back() == '*') {
     return key.compare(0, pattern.size() - 1, pattern, 0, pattern.size() - 1) == 0;
   }
   return pattern == key;
 }
 
-const KeyNote* find_note(const std::vector<KeyNote>& notes, const std::string& key) {
+const KeyNote* find_key_note(const std::vector<KeyNote>& notes, const std::string& key) {
   for (const auto& note : notes) {
-    if (names_key(note.key, key)) return &note;
+    if (note_names_key(note.key, key)) return &note;
   }
   return nullptr;
 }
 
-std::string lower(std::string text) {
+std::string quiet_lowercase(std::string text) {
   for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return text;
 }
@@ -373,7 +373,7 @@ bool is_quiet(const YAML::Node& node, const std::vector<std::string>& quiet) {
   for (const auto& q : quiet) {
     if (q == "null" && (!node.IsDefined() || node.IsNull())) return true;
     if (q == "[]" && node.IsSequence() && node.size() == 0) return true;
-    if (node.IsScalar() && lower(node.Scalar()) == lower(q)) return true;
+    if (node.IsScalar() && quiet_lowercase(node.Scalar()) == quiet_lowercase(q)) return true;
     if (q == "{}" && node.IsMap()) {
       bool all = true;
       for (auto it = node.begin(); it != node.end() && all; ++it) all = is_quiet(it->second, quiet);
@@ -433,7 +433,7 @@ void for_each_key(const Value& map, const KeyTable& table,
       visit(key, value);
       continue;
     }
-    if (const KeyNote* note = find_note(table.warned, key)) {
+    if (const KeyNote* note = find_key_note(table.warned, key)) {
       if (note->check && !it->second.IsNull()) note->check(value);
       if (!is_quiet(it->second, note->quiet)) {
         ctx.config->warnings.push_back(
@@ -441,7 +441,7 @@ void for_each_key(const Value& map, const KeyTable& table,
       }
       continue;
     }
-    if (const KeyNote* note = find_note(table.refused, key)) {
+    if (const KeyNote* note = find_key_note(table.refused, key)) {
       if (is_quiet(it->second, note->quiet)) continue;
       TANDEM_THROW(UsageError, "{}: {}: {}", value.where(), path, note->note);
     }

@@ -19,10 +19,10 @@ std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text
 
 std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
-double seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
+double as_seconds(std::chrono::milliseconds duration) { return duration.count() / 1000.0; }
 
 // "node 2 (host h3, ranks 4-5)"
-std::string describe(const Round& round, const RoundMember& member) {
+std::string describe_member(const Round& round, const RoundMember& member) {
   int first = 0;
   for (const auto& m : round.members) {
     if (m.node_rank < member.node_rank) first += m.processes;
@@ -87,7 +87,7 @@ bool NodeRendezvous::join(Round& round) {
                          "rendezvous '{}': round {} did not close within {:g} s (--rdzv-timeout); "
                          "start `tandem launch` on every node with the same --rdzv-endpoint, "
                          "--rdzv-id and --nnodes, or raise --rdzv-timeout",
-                         settings_.run_id, r, seconds(settings_.join_timeout));
+                         settings_.run_id, r, as_seconds(settings_.join_timeout));
           }
           std::this_thread::sleep_for(settings_.poll);
         }
@@ -136,7 +136,7 @@ int NodeRendezvous::close_round(int r) {
     } else if (Clock::now() >= deadline) {
       const std::string why = fmt::format(
           "round {}: {} of the {} nodes --nnodes needs joined within {:g} s (--rdzv-timeout)", r,
-          members, settings_.min_nodes, seconds(settings_.join_timeout));
+          members, settings_.min_nodes, as_seconds(settings_.join_timeout));
       store_.set(key("failed"), bytes(why));
       TANDEM_THROW(TimeoutError,
                    "rendezvous '{}': {}; start `tandem launch` on every node with the same "
@@ -186,7 +186,7 @@ std::string NodeRendezvous::check(const Round& round) {
     if (!settings_.coordinator) return "";
     if (const std::string lost = lost_member(round); !lost.empty()) {
       const std::string why = fmt::format("lost {}: no heartbeat for {:g} s", lost,
-                                          seconds(settings_.keep_alive));
+                                          as_seconds(settings_.keep_alive));
       if (!move_on(r, why, /*counted=*/true, max_restarts_)) {
         return "the job stopped: " + text(store_.get(key("failed")));
       }
@@ -225,7 +225,7 @@ std::string NodeRendezvous::lost_member(const Round& round) {
       beats_seen_[i] = now;
     } else if (now - beats_seen_[i] > settings_.keep_alive &&
                !store_.check({round_key(r, fmt::format("finished{}", member.node_rank))})) {
-      return describe(round, member);
+      return describe_member(round, member);
     }
   }
   return "";
@@ -275,7 +275,7 @@ std::string NodeRendezvous::who_left(const Round& before, const Round& after) {
   for (const auto& member : before.members) {
     bool stayed = false;
     for (const auto& m : after.members) stayed = stayed || m.host == member.host;
-    if (!stayed) out += (out.empty() ? "" : ", ") + describe(before, member);
+    if (!stayed) out += (out.empty() ? "" : ", ") + describe_member(before, member);
   }
   return out;
 }
