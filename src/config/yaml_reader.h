@@ -33,6 +33,11 @@ bool looks_like_json(const std::string& text);
 // nothing but whitespace or comments.
 YAML::Node parse_document(const std::string& text, const std::string& name, bool json);
 
+// "NAME:LINE:COL" (1-based; NAME alone without a line), and a key's dotted
+// path under `parent` (the top level's children are bare names).
+std::string mark_text(const std::string& name, const YAML::Mark& mark);
+std::string join_path(const std::string& parent, const std::string& key);
+
 // Where reads go: the name used in messages and the Config that collects
 // warnings, auto keys and key locations.
 struct ReadContext {
