@@ -15,9 +15,9 @@
 namespace tandem::detail {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using FingerprintJson = nlohmann::ordered_json;
 
-void flatten(const Json& node, const std::string& prefix, FingerprintEntries& out) {
+void flatten(const FingerprintJson& node, const std::string& prefix, FingerprintEntries& out) {
   if (node.is_object() && !node.empty()) {
     for (const auto& [key, value] : node.items()) {
       flatten(value, prefix.empty() ? key : prefix + "." + key, out);
@@ -84,14 +84,14 @@ std::vector<uint8_t> hash_bytes(uint64_t hash) {
 
 std::string serialize(const FingerprintEntries& entries) {
   // JSON keeps keys and values with any character intact.
-  Json list = Json::array();
+  FingerprintJson list = FingerprintJson::array();
   for (const auto& [key, value] : entries) list.push_back({key, value});
   return list.dump();
 }
 
 FingerprintEntries deserialize(const std::string& text) {
   FingerprintEntries entries;
-  for (const auto& item : Json::parse(text)) {
+  for (const auto& item : FingerprintJson::parse(text)) {
     entries.emplace_back(item.at(0).get<std::string>(), item.at(1).get<std::string>());
   }
   return entries;
@@ -101,7 +101,7 @@ FingerprintEntries deserialize(const std::string& text) {
 
 FingerprintEntries config_fingerprint(const Config& config, int world_size) {
   FingerprintEntries all;
-  flatten(Json::parse(resolved_config_json(config, world_size)), "", all);
+  flatten(FingerprintJson::parse(resolved_config_json(config, world_size)), "", all);
   FingerprintEntries kept;
   for (auto& entry : all) {
     if (!per_rank_key(entry.first)) kept.push_back(std::move(entry));

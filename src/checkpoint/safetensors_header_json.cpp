@@ -11,7 +11,7 @@
 namespace tandem::detail {
 namespace {
 
-using Json = nlohmann::json;
+using HeaderJson = nlohmann::json;
 
 [[noreturn]] void reject(const std::string& message) { throw SafetensorsFormatError(message); }
 
@@ -32,7 +32,7 @@ std::string clean(const std::string& s, std::size_t limit = 200) {
 }
 
 // Every callback either accepts the event or throws; none returns false.
-class HeaderSax : public nlohmann::json_sax<Json> {
+class HeaderSax : public nlohmann::json_sax<HeaderJson> {
  public:
   RawHeader result;
 
@@ -207,7 +207,7 @@ class HeaderSax : public nlohmann::json_sax<Json> {
 };
 
 // A flat object of strings, duplicates rejected.
-class StringMapSax : public nlohmann::json_sax<Json> {
+class StringMapSax : public nlohmann::json_sax<HeaderJson> {
  public:
   explicit StringMapSax(const char* what) : what_(what) {}
   std::map<std::string, std::string> result;
@@ -256,7 +256,7 @@ class StringMapSax : public nlohmann::json_sax<Json> {
 
 RawHeader parse_header_json(std::string_view json) {
   HeaderSax sax;
-  Json::sax_parse(json.begin(), json.end(), &sax, Json::input_format_t::json, /*strict=*/true,
+  HeaderJson::sax_parse(json.begin(), json.end(), &sax, HeaderJson::input_format_t::json, /*strict=*/true,
                   /*ignore_comments=*/false);
   return std::move(sax.result);
 }
@@ -266,7 +266,7 @@ std::map<std::string, std::string> parse_string_map(std::string_view json, const
     reject(std::string(what) + " holds a NUL byte: the header is corrupt");
   }
   StringMapSax sax(what);
-  Json::sax_parse(json.begin(), json.end(), &sax, Json::input_format_t::json, /*strict=*/true,
+  HeaderJson::sax_parse(json.begin(), json.end(), &sax, HeaderJson::input_format_t::json, /*strict=*/true,
                   /*ignore_comments=*/false);
   return std::move(sax.result);
 }

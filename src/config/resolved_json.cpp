@@ -9,15 +9,15 @@
 namespace tandem {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using ResolvedJson = nlohmann::ordered_json;
 
 template <typename T>
-Json or_null(const std::optional<T>& value) {
-  return value ? Json(*value) : Json(nullptr);
+ResolvedJson or_null(const std::optional<T>& value) {
+  return value ? ResolvedJson(*value) : ResolvedJson(nullptr);
 }
 
-Json zero_json(const ZeroConfig& z) {
-  Json out;
+ResolvedJson zero_json(const ZeroConfig& z) {
+  ResolvedJson out;
   out["stage"] = z.stage;
   out["offload_optimizer"] = {{"device", to_string(z.offload_optimizer)},
                               {"pin_memory", z.offload_pin_memory}};
@@ -31,23 +31,23 @@ Json zero_json(const ZeroConfig& z) {
   return out;
 }
 
-Json optimizer_json(const OptimizerConfig& o) {
+ResolvedJson optimizer_json(const OptimizerConfig& o) {
   if (o.type.empty()) return nullptr;
-  Json params;
+  ResolvedJson params;
   params["lr"] = or_null(o.lr);
   if (o.type == "SGD") {
     params["momentum"] = or_null(o.momentum);
   } else {
-    params["betas"] = Json::array({or_null(o.beta1), or_null(o.beta2)});
+    params["betas"] = ResolvedJson::array({or_null(o.beta1), or_null(o.beta2)});
     params["eps"] = or_null(o.eps);
   }
   params["weight_decay"] = or_null(o.weight_decay);
   return {{"type", o.type}, {"params", params}};
 }
 
-Json scheduler_json(const SchedulerConfig& s) {
+ResolvedJson scheduler_json(const SchedulerConfig& s) {
   if (s.type.empty()) return nullptr;
-  Json params = Json::object();
+  ResolvedJson params = ResolvedJson::object();
   for (const auto& [name, value] : s.params) {
     if (name == "cycle_momentum") params[name] = value != 0.0;
     else params[name] = value;
@@ -60,7 +60,7 @@ Json scheduler_json(const SchedulerConfig& s) {
 }  // namespace
 
 std::string resolved_config_json(const Config& c, int world_size) {
-  Json out;
+  ResolvedJson out;
   out["world_size"] = world_size;
   out["num_machines"] = c.num_machines;
   out["machine_rank"] = c.machine_rank;
@@ -100,19 +100,19 @@ std::string resolved_config_json(const Config& c, int world_size) {
                   {"random_seed", c.ddp.powersgd.random_seed}}}};
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
   out["launch"] = {{"num_processes", or_null(c.num_processes)},
-                   {"main_process_ip", c.main_process_ip.empty() ? Json(nullptr)
-                                                                 : Json(c.main_process_ip)},
+                   {"main_process_ip", c.main_process_ip.empty() ? ResolvedJson(nullptr)
+                                                                 : ResolvedJson(c.main_process_ip)},
                    {"main_process_port", or_null(c.main_process_port)},
                    {"gpu_ids", c.gpu_ids},
                    {"use_cpu", c.use_cpu},
                    {"rdzv_backend", c.rdzv_backend}};
-  out["source"] = {{"path", c.source_path.empty() ? Json(nullptr) : Json(c.source_path)},
+  out["source"] = {{"path", c.source_path.empty() ? ResolvedJson(nullptr) : ResolvedJson(c.source_path)},
                    {"format", to_string(c.format)}};
   out["warnings"] = c.warnings;
   out["auto"] = c.auto_keys;
   // A YAML string may hold any bytes (gpu_ids: "\xe9"); print those as
   // U+FFFD rather than throw nlohmann's type_error.
-  return out.dump(2, ' ', false, Json::error_handler_t::replace);
+  return out.dump(2, ' ', false, ResolvedJson::error_handler_t::replace);
 }
 
 }  // namespace tandem
