@@ -162,13 +162,16 @@ TEST(ConfigKeys, EveryKeyOfEveryDialectIsReportedAsItsDispositionSays) {
       ASSERT_TRUE(json["valid"].get<bool>()) << shown(c.key) << ": " << json.dump();
       bool in_json = false;
       for (const auto& w : json["config"]["warnings"]) {
-        in_json = in_json || w.get<std::string>().find(c.file + ":") != std::string::npos &&
-                                 w.get<std::string>().find("'" + path + "'") != std::string::npos;
+        const std::string text = w.get<std::string>();
+        in_json = in_json || (text.find(c.file + ":") != std::string::npos &&
+                              text.find("'" + path + "'") != std::string::npos);
       }
       const bool on_stderr = r.err.find(c.file + ":") != std::string::npos &&
                              r.err.find("'" + path + "'") != std::string::npos;
       EXPECT_EQ(in_json, c.key.disposition == "warn") << shown(c.key) << " in the JSON";
-      if (c.key.disposition == "warn") EXPECT_TRUE(on_stderr) << shown(c.key) << " on stderr";
+      if (c.key.disposition == "warn") {
+        EXPECT_TRUE(on_stderr) << shown(c.key) << " on stderr";
+      }
     }
   };
   check(accepted, 0);

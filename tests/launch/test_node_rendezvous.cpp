@@ -41,14 +41,21 @@ RendezvousSettings node_settings(int min_nodes, int max_nodes, bool coordinator,
   return s;
 }
 
-// Waits until `key` exists (another thread's step). HashStore's wait() is
-// not woken by add(), so this looks at the key instead.
-void wait_key(c10d::Store& store, const std::string& key) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!store.check({key})) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no " << key;
-    std::this_thread::sleep_for(milliseconds(1));
+// HashStore whose add() also wakes wait(): c10d's HashStore notifies
+// waiters only on set(), so after each add this sets "<key>/added", which a
+// test blocks on to learn that another thread reached that step.
+class AddNotifyingStore : public c10d::HashStore {
+ public:
+  int64_t add(const std::string& key, int64_t value) override {
+    const int64_t total = c10d::HashStore::add(key, value);
+    c10d::HashStore::set(key + "/added", std::vector<uint8_t>{1});
+    return total;
   }
+};
+
+// Blocks until `key` exists (another thread's step), for at most 20 s.
+void wait_key(c10d::Store& store, const std::string& key) {
+  store.wait({key}, std::chrono::seconds(20));
 }
 
 TEST(NodeRendezvous, TheCoordinatorIsNodeZeroAndEveryNodeAgreesOnTheWorld) {
@@ -100,7 +107,7 @@ TEST(NodeRendezvous, ANodeTooManyForAFixedJobIsRefusedWithTheFix) {
 }
 
 TEST(NodeRendezvous, AnElasticRoundClosesAtMinAfterTheLastCallAndALateNodeJoinsTheNext) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto store = c10::make_intrusive<AddNotifyingStore>();
   NodeRendezvous coordinator(*store, node_settings(2, 3, true, "h0", 1));
   NodeRendezvous second(*store, node_settings(2, 3, false, "h1", 2));
   Round r0, r1;
@@ -115,7 +122,7 @@ TEST(NodeRendezvous, AnElasticRoundClosesAtMinAfterTheLastCallAndALateNodeJoinsT
   NodeRendezvous late(*store, node_settings(2, 3, false, "h2", 1));
   Round late_round;
   std::thread t3([&] { EXPECT_TRUE(late.join(late_round)); });
-  wait_key(*store, "tandem/rdzv/job/r0/waiting");
+  wait_key(*store, "tandem/rdzv/job/r0/waiting/added");
   const std::string why = coordinator.check(r0);
   EXPECT_NE(why.find("a node waits to join"), std::string::npos) << "[" << why << "]";
   EXPECT_NE(second.check(r1).find("moved to round 1"), std::string::npos);
