@@ -1,4 +1,6 @@
-// ProcessGroup::send and recv, over Gloo (NCCL for CUDA data).
+// ProcessGroup::send and recv: between ranks of one host through the
+// shared-memory mailbox (shm_mailbox.h), otherwise over Gloo (NCCL for CUDA
+// data), as below.
 //
 // Each message is two: a header (magic, dtype, element count) on Gloo tag
 // 2 * tag, then the data on tag 2 * tag + 1. The receiver posts the data
@@ -24,6 +26,7 @@
 #include <thread>
 
 #include "comm/comm_error.h"
+#include "comm/p2p_message.h"
 #include "comm/process_group_impl.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
@@ -31,17 +34,12 @@
 namespace tandem {
 namespace {
 
-constexpr std::int64_t kP2pMagic = 0x74616e64656d5032;  // "tandemP2"
 constexpr int kMaxP2pTag = 1 << 30;
 
-enum P2pField : int { kP2pMagicField = 0, kP2pDtype, kP2pNumel, kP2pFields };
-
 at::Tensor p2p_header(const at::Tensor& tensor) {
-  at::Tensor header = at::empty({kP2pFields}, at::kLong);
-  auto* h = header.data_ptr<std::int64_t>();
-  h[kP2pMagicField] = kP2pMagic;
-  h[kP2pDtype] = static_cast<std::int64_t>(tensor.scalar_type());
-  h[kP2pNumel] = tensor.numel();
+  at::Tensor header = at::empty({3}, at::kLong);
+  *reinterpret_cast<detail::P2pHeader*>(header.data_ptr<std::int64_t>()) =
+      detail::P2pHeader::of(tensor);
   return header;
 }
 
@@ -95,18 +93,13 @@ void finish_recv(PendingRecv& recv) {
     recv.posted->set_value();  // later recvs must not wait for this one
     throw;
   }
-  const auto* h = recv.header.data_ptr<std::int64_t>();
-  const auto dtype = static_cast<at::ScalarType>(h[kP2pDtype]);
-  const std::int64_t numel = h[kP2pNumel];
-  if (h[kP2pMagicField] != kP2pMagic) {
+  const auto h = *reinterpret_cast<const detail::P2pHeader*>(recv.header.data_ptr<std::int64_t>());
+  if (h.magic != detail::kP2pMagic) {
     recv.posted->set_value();
-    TANDEM_THROW(CommError,
-                 "{}: the message from {} is not a tandem send (a different tandem build, or a "
-                 "tag shared with another library)",
-                 recv.what, recv.peer);
+    detail::throw_foreign_p2p(recv.what, recv.peer);
   }
-  if (dtype == recv.tensor.scalar_type() && numel == recv.tensor.numel()) {
-    if (numel == 0) {
+  if (h.fits(recv.tensor)) {
+    if (h.numel == 0) {
       recv.posted->set_value();
       return;
     }
@@ -114,18 +107,13 @@ void finish_recv(PendingRecv& recv) {
     return;
   }
   // Drain the message, so that the next one on this tag is read in step.
-  if (numel > 0) {
-    at::Tensor scratch = at::empty({numel}, recv.tensor.options().dtype(dtype));
+  if (h.numel > 0) {
+    at::Tensor scratch = at::empty({h.numel}, recv.tensor.options().dtype(h.scalar_type()));
     wait_p2p(post_recv_data(recv, scratch), recv);
   } else {
     recv.posted->set_value();
   }
-  TANDEM_THROW(UsageError,
-               "{}: {} sent {} element(s) of {} but this rank receives {} element(s) of {}. A send "
-               "and its recv must agree on dtype and element count (the shape may differ); check "
-               "that both sides compute the size alike and use the same tag for the same message",
-               recv.what, recv.peer, numel, c10::toString(dtype), recv.tensor.numel(),
-               c10::toString(recv.tensor.scalar_type()));
+  detail::throw_p2p_mismatch(recv.what, recv.peer, h, recv.tensor);
 }
 
 // Checks a send's or recv's arguments; returns how messages describe it:
@@ -144,7 +132,19 @@ std::string describe_point_to_point(const ProcessGroup::Impl& impl, const at::Te
   TANDEM_CHECK_ARG(tag >= 0 && tag < kMaxP2pTag, "{}: tag {} is out of range [0, 2^30)", op, tag);
   return fmt::format("{} {} {}, tag {}, {} on {}", op, sending ? "to" : "from",
                      impl.group.name(peer), tag, detail::tensor_text(tensor),
-                     impl.backend_name_for(tensor));
+                     impl.p2p_on_shm(tensor, peer) ? "shm" : impl.backend_name_for(tensor));
+}
+
+// Between ranks of one host, CPU messages go through the shared-memory
+// mailbox; its lanes bound their own waits by the timeout.
+Work shm_point_to_point(ProcessGroup::Impl& impl, const at::Tensor& tensor, int peer, int tag,
+                        bool sending, const std::string& what) {
+  detail::ShmMailbox::Message message{
+      what, impl.group.name(peer),
+      [monitor = impl.monitor, peer] { return monitor->explain_peer(peer); }};
+  auto done = sending ? impl.mailbox->send(tensor, peer, tag, std::move(message))
+                      : impl.mailbox->recv(tensor, peer, tag, std::move(message));
+  return Work(std::move(done), what, impl.options.timeout);
 }
 
 }  // namespace
@@ -152,6 +152,7 @@ std::string describe_point_to_point(const ProcessGroup::Impl& impl, const at::Te
 Work ProcessGroup::send_async(at::Tensor tensor, int dst, int tag) {
   const std::string what = describe_point_to_point(*impl_, tensor, dst, tag, "send");
   impl_->monitor->entered_point_to_point(impl_->sequence, what);
+  if (impl_->p2p_on_shm(tensor, dst)) return shm_point_to_point(*impl_, tensor, dst, tag, true, what);
   std::vector<compat::WorkPtr> works;
   try {
     std::vector<at::Tensor> header{p2p_header(tensor)};
@@ -184,7 +185,7 @@ std::shared_ptr<PendingRecv> start_recv(ProcessGroup::Impl& impl, const at::Tens
   recv->nccl = impl.uses_nccl(tensor);
   recv->data_backend = c10::intrusive_ptr<compat::BackendBase>::reclaim_copy(&impl.backend_for(tensor));
   recv->tensor = tensor;
-  recv->header = at::empty({kP2pFields}, at::kLong);
+  recv->header = at::empty({3}, at::kLong);
   recv->src = src;
   recv->tag = tag;
   recv->peer = impl.group.name(src);
@@ -207,11 +208,22 @@ std::shared_ptr<PendingRecv> start_recv(ProcessGroup::Impl& impl, const at::Tens
 }  // namespace
 
 void ProcessGroup::recv(at::Tensor& tensor, int src, int tag) {
+  if (impl_->mailbox) {
+    recv_async(tensor, src, tag).wait();
+    return;
+  }
   auto pending = start_recv(*impl_, tensor, src, tag);
   finish_recv(*pending);
 }
 
 Work ProcessGroup::recv_async(at::Tensor tensor, int src, int tag) {
+  if (impl_->mailbox) {
+    const std::string what = describe_point_to_point(*impl_, tensor, src, tag, "recv");
+    if (impl_->p2p_on_shm(tensor, src)) {
+      impl_->monitor->entered_point_to_point(impl_->sequence, what);
+      return shm_point_to_point(*impl_, tensor, src, tag, false, what);
+    }
+  }
   auto pending = start_recv(*impl_, tensor, src, tag);
   auto done = std::make_shared<std::promise<void>>();
   std::shared_future<void> future = done->get_future().share();
@@ -229,3 +241,24 @@ Work ProcessGroup::recv_async(at::Tensor tensor, int src, int tag) {
 }
 
 }  // namespace tandem
+
+namespace tandem::detail {
+
+void throw_foreign_p2p(const std::string& what, const std::string& peer) {
+  TANDEM_THROW(CommError,
+               "{}: the message from {} is not a tandem send (a different tandem build, or a "
+               "tag shared with another library)",
+               what, peer);
+}
+
+void throw_p2p_mismatch(const std::string& what, const std::string& peer, const P2pHeader& header,
+                        const at::Tensor& tensor) {
+  TANDEM_THROW(UsageError,
+               "{}: {} sent {} element(s) of {} but this rank receives {} element(s) of {}. A send "
+               "and its recv must agree on dtype and element count (the shape may differ); check "
+               "that both sides compute the size alike and use the same tag for the same message",
+               what, peer, header.numel, c10::toString(header.scalar_type()), tensor.numel(),
+               c10::toString(tensor.scalar_type()));
+}
+
+}  // namespace tandem::detail

@@ -182,6 +182,11 @@ bool ProcessGroup::uses_shared_memory() const { return impl_->shm != nullptr; }
 void ProcessGroup::setup_shared_memory() {
   // Collective: every rank takes the same branches, decided on gathered data.
   auto hosts = all_gather_strings(host_id());
+  impl_->host_of_rank = hosts;
+  if (std::count(hosts.begin(), hosts.end(), hosts[impl_->rank]) > 1) {
+    impl_->mailbox = std::make_unique<detail::ShmMailbox>(impl_->store, impl_->rank,
+                                                          impl_->options.timeout);
+  }
   if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; })) {
     log_debug("ranks span several hosts: collectives{} use Gloo", impl_->group.suffix());
     return;

@@ -15,6 +15,7 @@
 #include "comm/collective_fingerprint.h"
 #include "comm/group_ranks.h"
 #include "comm/progress_monitor.h"
+#include "comm/shm_mailbox.h"
 #include "comm/shm_transport.h"
 #include "core/torch_compat.h"
 #include "tandem/comm/process_group.h"
@@ -36,6 +37,11 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<compat::BackendBase> gloo;
   c10::intrusive_ptr<compat::BackendBase> nccl;  // created on first CUDA collective
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
+  // Host id of each rank, by group rank (empty when shared memory is off).
+  std::vector<std::string> host_of_rank;
+  // send/recv between ranks of one host; null when no other rank shares
+  // this rank's host or shared memory is off.
+  std::unique_ptr<detail::ShmMailbox> mailbox;
   // Destroyed first (declared last): its thread writes to `store`.
   // Shared with Work handles, which ask it to explain a timeout.
   std::shared_ptr<detail::ProgressMonitor> monitor;
@@ -122,6 +128,14 @@ struct ProcessGroup::Impl {
   // the desync check holds them to one device, dtype and shape.
   bool on_shm(const at::Tensor& tensor, bool reduces) const {
     return shm && detail::ShmTransport::supports(tensor, reduces);
+  }
+
+  // True when send/recv between this rank and `peer` on `tensor` go
+  // through the shared-memory mailbox.
+  bool p2p_on_shm(const at::Tensor& tensor, int peer) const {
+    return mailbox && tensor.device().is_cpu() &&
+           host_of_rank[static_cast<std::size_t>(peer)] ==
+               host_of_rank[static_cast<std::size_t>(rank)];
   }
 
   // "shm" when on_shm(), else backend_name_for(tensor): the transport named

@@ -27,21 +27,6 @@ std::atomic<std::uint32_t>* word(void* base, std::size_t index) {
   return reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uint8_t*>(base) + index * kLine);
 }
 
-void futex_wake_all(std::atomic<std::uint32_t>* w) {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t expected, std::chrono::nanoseconds max) {
-  timespec ts{static_cast<time_t>(max.count() / 1000000000), static_cast<long>(max.count() % 1000000000)};
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 std::string fresh_name() {
   std::random_device rd;
   return "/tandem-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
@@ -57,6 +42,15 @@ void* map_fd(int fd, std::size_t total, const std::string& name) {
 }
 
 }  // namespace
+
+void futex_wake_all(std::atomic<std::uint32_t>* w) {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void futex_wait(std::atomic<std::uint32_t>* w, std::uint32_t expected, std::chrono::nanoseconds max) {
+  timespec ts{static_cast<time_t>(max.count() / 1000000000), static_cast<long>(max.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(w), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
 
 ShmSegment::ShmSegment(std::string name, void* base, std::size_t total, int rank, int world_size)
     : name_(std::move(name)),

@@ -5,12 +5,27 @@
 // Layout: [control: wake word + one arrival counter per rank][data bytes].
 // Not thread-safe: one thread per rank drives barrier().
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace tandem::detail {
+
+// Futex on a 32-bit word that several processes map: futex_wait sleeps while
+// *word == expected, for at most `max` (spurious wake-ups happen: recheck);
+// futex_wake_all wakes every sleeper.
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
+                std::chrono::nanoseconds max);
+void futex_wake_all(std::atomic<std::uint32_t>* word);
+
+// Spin-loop hint.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 class ShmSegment {
  public:

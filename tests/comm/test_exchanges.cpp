@@ -73,7 +73,9 @@ TEST_P(Exchanges, AllToAllWithEqualSplitsMatchesTheReference) {
         group.all_to_all(output, input);
         ASSERT_TRUE(at::equal(output, at::cat(expected)))
             << "rows " << rows << " width " << width << " " << c10::toString(dtype);
-        if (world > 1) ASSERT_EQ(group.sequence_number(), before + 1);
+        if (world > 1) {
+          ASSERT_EQ(group.sequence_number(), before + 1);
+        }
       }
     }
   });
@@ -105,7 +107,9 @@ TEST_P(Exchanges, AllToAllWithUnevenSplitsIncludingEmptyOnesMatchesTheReference)
         group.all_to_all(output, input, output_splits, input_splits);
         ASSERT_TRUE(at::equal(output, want))
             << "extra " << extra << " width " << width << " " << c10::toString(dtype);
-        if (world > 1) ASSERT_EQ(group.sequence_number(), before + 1);
+        if (world > 1) {
+          ASSERT_EQ(group.sequence_number(), before + 1);
+        }
       }
     }
   });

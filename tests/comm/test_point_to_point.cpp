@@ -1,13 +1,16 @@
 // send/recv and their async forms at worlds 1-5, on the world group and on a
 // subgroup, against the tensor the sender sent; ordering of messages on one
-// tag and across tags; mismatched sizes; and a timeout that names the peer.
+// tag and across tags; mismatched sizes; a timeout that names the peer; on
+// both transports (shared memory within a host, Gloo).
 // A rank that must "hang" waits on a future the test releases; no sleeps.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <future>
 
 #include <ATen/ATen.h>
-
-#include <future>
 
 #include "support/group_cases.h"
 #include "support/thread_ranks.h"
@@ -25,8 +28,9 @@ at::Tensor p2p_message(int src, int tag, int64_t n, at::ScalarType dtype = at::k
   return at::arange(n, at::kLong).mul(3).add(100 * src + 10 * tag).remainder(251).to(dtype);
 }
 
-// (world, shared memory, subgroup). Point to point uses Gloo either way; the
-// shared-memory groups check that it coexists with the shm collectives.
+// (world, shared memory, subgroup). With shared memory on, point to point
+// goes through the shared-memory mailbox (all ranks share a host here);
+// with it off, through Gloo.
 class PointToPoint : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {
  protected:
   void run(const std::function<void(ProcessGroup&)>& fn) {
@@ -137,10 +141,13 @@ INSTANTIATE_TEST_SUITE_P(WorldsTransportsGroups, PointToPoint,
                                                            std::get<2>(info.param));
                          });
 
-TEST(PointToPointTimeout, ARecvNamesThePeerAndWhereItLastWas) {
+class PointToPointTimeout : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PointToPointTimeout, ARecvNamesThePeerAndWhereItLastWas) {
   ProcessGroupOptions options;
   options.timeout = std::chrono::milliseconds(1500);
   options.progress_interval = std::chrono::milliseconds(100);
+  options.shared_memory = GetParam();
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::string message;
@@ -162,10 +169,42 @@ TEST(PointToPointTimeout, ARecvNamesThePeerAndWhereItLastWas) {
         release.set_value();
       },
       options);
-  EXPECT_NE(message.find("recv from rank 1, tag 5, Float[4] on gloo timed out after 1500 ms: "
-                         "rank 1 last entered barrier #0"),
+  const std::string transport = GetParam() ? "shm" : "gloo";
+  EXPECT_NE(message.find("recv from rank 1, tag 5, Float[4] on " + transport +
+                         " timed out after 1500 ms: rank 1 last entered barrier #0"),
             std::string::npos)
       << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PointToPointTimeout, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "shm" : "gloo"; });
+
+// Within a host, messages go through shared memory; the channels' segments
+// are unlinked once both ends have mapped them, so none is left behind.
+TEST(PointToPointShm, MessagesLargerThanTheRingArriveAndNoSegmentIsLeftInDevShm) {
+  const std::string mine = "tandem-" + std::to_string(::getpid()) + "-";
+  auto leftover = [&] {
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      count += entry.path().filename().string().rfind(mine, 0) == 0 ? 1 : 0;
+    }
+    return count;
+  };
+  run_ranks(3, [](ProcessGroup& pg) {
+    // 3 MiB of floats: more than one ring's worth, on two tags at once.
+    const int64_t n = (3 << 20) / 4 + 5;
+    const int next = (pg.rank() + 1) % 3;
+    const int prev = (pg.rank() + 2) % 3;
+    std::vector<Work> sends;
+    for (int tag : {0, 9}) sends.push_back(pg.send_async(p2p_message(pg.rank(), tag, n), next, tag));
+    for (int tag : {9, 0}) {
+      auto got = at::empty({n});
+      pg.recv(got, prev, tag);
+      ASSERT_TRUE(at::equal(got, p2p_message(prev, tag, n))) << "tag " << tag;
+    }
+    for (auto& w : sends) w.wait();
+  });
+  EXPECT_EQ(leftover(), 0);
 }
 
 }  // namespace

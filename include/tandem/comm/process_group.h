@@ -210,18 +210,22 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // order. A small header travels before the data, so a recv whose tensor
   // disagrees with what was sent (dtype or element count; the shape may
   // differ) throws UsageError naming both, instead of truncating or
-  // overrunning it. Carried by Gloo (NCCL for CUDA data), also within a host:
-  // there is no shared-memory mailbox yet. tag: 0 <= tag < 2^30. A timeout
-  // names the peer and where it last was.
+  // overrunning it. Between two ranks of one host, CPU tensors go through a
+  // shared-memory channel per (sender, receiver, tag), unless
+  // ProcessGroupOptions::shared_memory is off; otherwise Gloo (NCCL for CUDA
+  // data). tag: 0 <= tag < 2^30. A timeout names the peer and where it last
+  // was.
 
-  // Returns once the receiver has taken `tensor`.
+  // Returns once `tensor` may be reused: the receiver has taken it (Gloo),
+  // or every byte is in the shared-memory channel.
   void send(const at::Tensor& tensor, int dst, int tag = 0);
   // Fills `tensor` (contiguous, of the sent dtype and element count).
   void recv(at::Tensor& tensor, int src, int tag = 0);
   // Start the same; the tensor must stay alive and untouched until
   // Work::wait() returns. Any number may be outstanding; a recv_async waits
-  // for its header on a helper thread of its own, so that independent
-  // messages never wait for each other.
+  // for its header on a helper thread of its own (on shared memory, each
+  // (peer, tag, direction) has its own thread), so that independent messages
+  // never wait for each other.
   Work send_async(at::Tensor tensor, int dst, int tag = 0);
   Work recv_async(at::Tensor tensor, int src, int tag = 0);
 
