@@ -34,7 +34,7 @@ namespace {
 constexpr double kBytesPerMb = 1024.0 * 1024.0;
 
 struct Options {
-  std::string op = "all_reduce";  // or all_gather, reduce_scatter, all_to_all
+  std::string op = "all_reduce";  // or all_gather, reduce_scatter, all_to_all, send_recv
   bool shared_memory = true;
   std::vector<double> sizes_mb = {1, 4, 16, 64, 256};
   int iters = 20;
@@ -56,7 +56,7 @@ class Collective {
     numel -= numel % world_;
     whole_ = at::ones({numel}, at::kFloat);
     part_ = at::ones({numel / world_}, at::kFloat);
-    if (op_ == "all_to_all") received_ = at::ones({numel}, at::kFloat);
+    if (op_ == "all_to_all" || op_ == "send_recv") received_ = at::ones({numel}, at::kFloat);
   }
 
   void run() {
@@ -66,6 +66,15 @@ class Collective {
       pg_.all_gather_into(whole_, part_);
     } else if (op_ == "all_to_all") {
       pg_.all_to_all(received_, whole_);
+    } else if (op_ == "send_recv") {
+      // A ring: every rank sends its buffer to the next and receives the
+      // previous one's, both in flight at once.
+      const int next = (pg_.rank() + 1) % world_;
+      const int prev = (pg_.rank() + world_ - 1) % world_;
+      tandem::Work receiving = pg_.recv_async(received_, prev);
+      tandem::Work sending = pg_.send_async(whole_, next);
+      sending.wait();
+      receiving.wait();
     } else {
       pg_.reduce_scatter(part_, whole_, tandem::ReduceOp::kSum);
     }
@@ -75,14 +84,16 @@ class Collective {
   // zeros, which stay finite however many times they are summed.
   void check_then_zero() {
     part_.fill_(static_cast<float>(pg_.rank() + 1));
-    if (op_ == "all_to_all") whole_.fill_(static_cast<float>(pg_.rank() + 1));
+    const bool exchanges = op_ == "all_to_all" || op_ == "send_recv";
+    if (exchanges) whole_.fill_(static_cast<float>(pg_.rank() + 1));
     run();
-    const at::Tensor& out =
-        op_ == "reduce_scatter" ? part_ : (op_ == "all_to_all" ? received_ : whole_);
-    // A sum of world ones, or rank 0's part (first in the gathered or
-    // exchanged buffer).
-    const float want =
-        op_ == "all_gather" || op_ == "all_to_all" ? 1.0f : static_cast<float>(world_);
+    const at::Tensor& out = op_ == "reduce_scatter" ? part_ : (exchanges ? received_ : whole_);
+    // A sum of world ones, rank 0's part (first in the gathered or exchanged
+    // buffer), or the previous rank's buffer.
+    const float want = op_ == "send_recv"
+                           ? static_cast<float>((pg_.rank() + world_ - 1) % world_ + 1)
+                           : (op_ == "all_gather" || op_ == "all_to_all" ? 1.0f
+                                                                         : static_cast<float>(world_));
     TANDEM_CHECK(out.numel() == 0 || out[0].item<float>() == want,
                  "bench_allreduce: {} returned {}, expected {}", op_, out[0].item<float>(), want);
     whole_.zero_();
@@ -127,7 +138,11 @@ void run(const Options& options) {
   auto pg = tandem::ProcessGroup::init(tandem::RankEnv::from_environment(), pg_options);
   const int world = pg->world_size();
   const double ring_factor = world > 1 ? (world - 1.0) / world : 0.0;
-  const double bus_factor = options.op == "all_reduce" ? 2.0 * ring_factor : ring_factor;
+  // Bus bandwidth as nccl-tests define it; a ring of sends moves each
+  // rank's whole buffer once (factor 1).
+  const double bus_factor = options.op == "all_reduce"
+                                ? 2.0 * ring_factor
+                                : (options.op == "send_recv" ? (world > 1 ? 1.0 : 0.0) : ring_factor);
 
   nlohmann::json results = nlohmann::json::array();
   for (double mb : options.sizes_mb) {
@@ -161,7 +176,7 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"tandem collective bandwidth benchmark (one rank)"};
   app.add_option("--op", options.op, "collective to time")
-      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}));
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}));
   app.add_flag("!--no-shm", options.shared_memory,
                "use Gloo even when every rank is on one host");
   app.add_option("--sizes-mb", options.sizes_mb, "message sizes in MiB, comma separated")

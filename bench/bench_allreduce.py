@@ -28,7 +28,8 @@ class Collective:
         self.op, self.world = op, world
         self.whole = torch.ones(numel, dtype=torch.float32)
         self.part = torch.ones(numel // world, dtype=torch.float32)
-        self.received = torch.ones(numel, dtype=torch.float32) if op == "all_to_all" else None
+        exchanges = op in ("all_to_all", "send_recv")
+        self.received = torch.ones(numel, dtype=torch.float32) if exchanges else None
 
     def run(self):
         if self.op == "all_reduce":
@@ -37,6 +38,13 @@ class Collective:
             dist.all_gather_into_tensor(self.whole, self.part)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.received, self.whole)
+        elif self.op == "send_recv":
+            # A ring: send to the next rank, receive the previous one's.
+            rank = dist.get_rank()
+            receiving = dist.irecv(self.received, (rank + self.world - 1) % self.world)
+            sending = dist.isend(self.whole, (rank + 1) % self.world)
+            sending.wait()
+            receiving.wait()
         else:
             dist.reduce_scatter_tensor(self.part, self.whole)
 
@@ -44,13 +52,16 @@ class Collective:
         """One checked call, so a broken collective cannot post a fast time;
         then zeros, which stay finite however many times they are summed."""
         self.part.fill_(dist.get_rank() + 1)
-        if self.op == "all_to_all":
+        if self.op in ("all_to_all", "send_recv"):
             self.whole.fill_(dist.get_rank() + 1)
         self.run()
-        out = {"reduce_scatter": self.part, "all_to_all": self.received}.get(self.op, self.whole)
-        # A sum of world ones, or rank 0's part (first in the gathered or
-        # exchanged buffer).
+        out = {"reduce_scatter": self.part, "all_to_all": self.received,
+               "send_recv": self.received}.get(self.op, self.whole)
+        # A sum of world ones, rank 0's part (first in the gathered or
+        # exchanged buffer), or the previous rank's buffer.
         want = 1.0 if self.op in ("all_gather", "all_to_all") else float(self.world)
+        if self.op == "send_recv":
+            want = float((dist.get_rank() + self.world - 1) % self.world + 1)
         if out.numel() and out[0].item() != want:
             raise RuntimeError(f"{self.op} returned {out[0].item()}, expected {want}")
         self.whole.zero_()
@@ -81,7 +92,8 @@ def time_collective(collective, iters, warmup):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", default="all_reduce",
-                        choices=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+                        choices=["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                 "send_recv"])
     parser.add_argument("--sizes-mb", default="1,4,16,64,256",
                         help="message sizes in MiB, comma separated")
     parser.add_argument("--iters", type=int, default=20)
@@ -95,6 +107,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     ring_factor = (world - 1) / world if world > 1 else 0.0
     bus_factor = 2.0 * ring_factor if args.op == "all_reduce" else ring_factor
+    if args.op == "send_recv":
+        bus_factor = 1.0 if world > 1 else 0.0  # each rank's buffer moves once
 
     results = []
     for mb in sizes:

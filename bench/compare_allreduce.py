@@ -1,8 +1,10 @@
 """Collective bandwidth, tandem against torch.distributed (Gloo, CPU), in one run.
 
 --op all_reduce (default), all_gather (torch: all_gather_into_tensor),
-reduce_scatter (torch: reduce_scatter_tensor) or all_to_all (torch:
-all_to_all_single, equal splits); float32, sum. tandem uses
+reduce_scatter (torch: reduce_scatter_tensor), all_to_all (torch:
+all_to_all_single, equal splits) or send_recv (a ring: each rank sends its
+buffer to the next and receives the previous one's; torch: isend/irecv);
+float32, sum. tandem uses
 shared memory between ranks of one host; --tandem-gloo adds tandem forced
 onto Gloo (`--no-shm`) as a third side. Alternates the sides for --reps
 repetitions (who goes first rotates too) and reports, per size, the median
@@ -60,7 +62,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
     parser.add_argument("--op", default="all_reduce",
-                        choices=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+                        choices=["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                 "send_recv"])
     parser.add_argument("--tandem-gloo", action="store_true",
                         help="also run tandem with --no-shm (Gloo only)")
     parser.add_argument("--sizes-mb", default="1,4,16,64,256")

@@ -25,7 +25,11 @@ enum Line : int { kWritten = 0, kRead = 1, kDataSeq = 2, kSpaceSeq = 3, kAttache
 
 // Spins this many times before sleeping: long enough to catch a peer that is
 // copying on another core, short enough not to matter when it is not.
-int spin_limit() { return std::thread::hardware_concurrency() > 1 ? 4000 : 0; }
+// (hardware_concurrency() reads /sys: asked once.)
+int spin_limit() {
+  static const int limit = std::thread::hardware_concurrency() > 1 ? 4000 : 0;
+  return limit;
+}
 
 }  // namespace shm_ring
 
