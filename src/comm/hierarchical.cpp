@@ -143,10 +143,6 @@ std::shared_future<void> Hierarchy::all_gather(at::Tensor output, at::Tensor inp
 void Hierarchy::local_broadcast(at::Tensor& tensor) {
   const auto local = static_cast<int>(layout_.mine().size());
   if (local == 1) return;
-  if (local_shm_ == nullptr) {
-    local_->broadcast(tensor, 0);
-    return;
-  }
   const auto bytes = static_cast<std::int64_t>(tensor.numel() * tensor.element_size());
   ShmTransport::ExchangePlan plan;
   plan.bytes.assign(static_cast<std::size_t>(local * local), 0);
@@ -167,14 +163,6 @@ void Hierarchy::local_scatter(at::Tensor& part, const at::Tensor& whole) {
   const std::int64_t n = part.numel();
   if (layout_.local_rank == 0) part.copy_(whole.narrow(0, mine[0] * n, n));
   if (local == 1) return;
-  if (local_shm_ == nullptr) {
-    std::vector<at::Tensor> inputs;
-    if (layout_.local_rank == 0) {
-      for (int r : mine) inputs.push_back(whole.narrow(0, r * n, n));
-    }
-    local_->scatter(part, inputs, 0);
-    return;
-  }
   const auto bytes = static_cast<std::int64_t>(n * part.element_size());
   ShmTransport::ExchangePlan plan;
   plan.bytes.assign(static_cast<std::size_t>(local * local), 0);
@@ -209,8 +197,7 @@ void Hierarchy::run_all_reduce(at::Tensor& tensor, ReduceOp op) {
     at::Tensor mine = padded.narrow(0, layout_.local_rank * shard, shard);
     local_->reduce_scatter(mine, padded, inner);  // may alias its own chunk
     across_->all_reduce(mine, inner);
-    // Shared memory lets the input alias its place in the output; Gloo gets a copy.
-    local_->all_gather_into(padded, local_shm_ != nullptr ? mine : mine.clone());
+    local_->all_gather_into(padded, mine);  // shared memory: may alias its place
     if (!padded.is_same(flat)) flat.copy_(padded.narrow(0, 0, n));
   } else {
     local_->all_reduce(flat, inner);

@@ -45,6 +45,18 @@ void ProcessGroup::setup_hierarchy(const std::vector<std::string>& hosts) {
   std::vector<std::vector<int>> across;
   for (std::size_t j = 0; j < largest; ++j) across.push_back(layout.counterparts(j));
   auto cross = make_subgroup("split_group", std::move(across), &inner);
+  // The steps inside a host need its shared memory: when a host could not
+  // map it (setup_shared_memory logged why), every rank stays flat.
+  const bool shm_ok = layout.mine().size() == 1 || local->uses_shared_memory();
+  auto ok = all_gather_strings(shm_ok ? "1" : "0");
+  if (std::find(ok.begin(), ok.end(), "0") != ok.end()) {
+    if (impl_->rank == 0) {
+      log_warn("hierarchical collectives{} are off: a host's ranks could not share memory; "
+               "all-reduces across hosts use one flat Gloo group",
+               impl_->group.suffix());
+    }
+    return;
+  }
   log_debug("hierarchical collectives{} ({} form): {} hosts, this host's ranks {}",
             impl_->group.suffix(),
             form == detail::HierarchicalForm::kSplit ? "split" : "leader", layout.hosts.size(),

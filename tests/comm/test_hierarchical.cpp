@@ -107,6 +107,7 @@ TEST_P(HierarchicalLayouts, ThePathFollowsTheLayoutAndEveryCollectiveMatchesTheC
       [&](ProcessGroup& pg) {
         const int r = pg.rank();
         ASSERT_EQ(pg.uses_hierarchical(), expect_hierarchical(layout));
+        EXPECT_EQ(pg.sequence_number(), 0u);  // the inner groups were not numbered
         if (pg.uses_hierarchical()) {
           EXPECT_EQ(pg.hierarchical_form(), equal_hosts(layout) ? "split" : "leader");
         }
