@@ -100,7 +100,8 @@ struct ProcessGroupOptions {
   // When every rank of a group is on one host, carry its CPU all-reduces,
   // all-gathers, reduce-scatters, all-to-alls, gathers and scatters through
   // shared memory instead of Gloo's loopback TCP (several times faster).
-  // false forces Gloo. Subgroups decide for themselves.
+  // false forces Gloo (and the flat path across hosts). Subgroups decide for
+  // themselves.
   bool shared_memory = true;
   // Ranks with equal host ids share memory. Empty: hostname and boot id.
   std::string host_id;
