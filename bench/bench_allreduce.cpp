@@ -1,6 +1,9 @@
 // Bandwidth of tandem's CPU collectives: all-reduce, all-gather,
 // reduce-scatter and all-to-all (shared memory on one host, or Gloo with
-// --no-shm).
+// --no-shm). Across hosts, --hierarchical off|auto|leader|split picks the
+// flat Gloo path or a hierarchical form (docs/comm.md), so that one job can
+// time both by running this twice; the JSON line says which path ran
+// ("path": "shm", "flat", "split" or "leader").
 //
 // A rank program: start it with `tandem launch` (or any launcher that sets
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT). bench_allreduce.py is its peer and
@@ -36,6 +39,7 @@ constexpr double kBytesPerMb = 1024.0 * 1024.0;
 struct Options {
   std::string op = "all_reduce";  // or all_gather, reduce_scatter, all_to_all, send_recv
   bool shared_memory = true;
+  std::string hierarchical = "auto";  // or off, leader, split
   std::vector<double> sizes_mb = {1, 4, 16, 64, 256};
   int iters = 20;
   int warmup = 5;
@@ -135,6 +139,7 @@ void run(const Options& options) {
   at::set_num_threads(1);
   tandem::ProcessGroupOptions pg_options;
   pg_options.shared_memory = options.shared_memory;
+  pg_options.hierarchical = tandem::parse_hierarchical(options.hierarchical);
   auto pg = tandem::ProcessGroup::init(tandem::RankEnv::from_environment(), pg_options);
   const int world = pg->world_size();
   const double ring_factor = world > 1 ? (world - 1.0) / world : 0.0;
@@ -164,6 +169,10 @@ void run(const Options& options) {
     nlohmann::json line = {{"impl", "tandem"},
                            {"op", options.op},
                            {"transport", pg->uses_shared_memory() ? "shm" : pg->backend_name()},
+                           {"path", pg->uses_shared_memory()  ? "shm"
+                                    : pg->uses_hierarchical() ? pg->hierarchical_form()
+                                                              : "flat"},
+                           {"hierarchical", options.hierarchical},
                            {"world", world},
                            {"results", results}};
     std::cout << line.dump() << std::endl;
@@ -179,6 +188,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}));
   app.add_flag("!--no-shm", options.shared_memory,
                "use Gloo even when every rank is on one host");
+  app.add_option("--hierarchical", options.hierarchical,
+                 "across hosts: off (one flat Gloo group), auto, leader or split")
+      ->check(CLI::IsMember({"auto", "off", "leader", "split"}));
   app.add_option("--sizes-mb", options.sizes_mb, "message sizes in MiB, comma separated")
       ->delimiter(',');
   app.add_option("--iters", options.iters, "timed iterations per size")

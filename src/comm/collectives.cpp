@@ -1,6 +1,7 @@
 // ProcessGroup's collectives: each numbered, checked against the other
 // ranks' (desync), bounded by the timeout, and carried by shared memory
-// (ranks on one host), NCCL (CUDA tensors) or Gloo.
+// (ranks on one host), the hierarchical path (ranks on several hosts, some
+// host holding several), NCCL (CUDA tensors) or Gloo.
 
 #include "tandem/comm/process_group.h"
 
@@ -59,6 +60,11 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   if (impl_->on_shm(tensor, /*reduces=*/true)) {
     auto call = impl_->begin(detail::CollectiveOp::kAllReduce, &tensor, "shm", reduce);
     return impl_->shm_work(impl_->shm->all_reduce(tensor, op, call.what), call);
+  }
+  if (impl_->on_hier(tensor, /*reduces=*/true)) {
+    auto call = impl_->begin(detail::CollectiveOp::kAllReduce, &tensor, "shm+gloo", reduce);
+    if (tensor.numel() == 0) return Work();
+    return impl_->shm_work(impl_->hier->all_reduce(tensor, op), call);
   }
   auto call = impl_->begin(detail::CollectiveOp::kAllReduce, &tensor,
                            impl_->backend_name_for(tensor), reduce);
@@ -120,6 +126,13 @@ std::vector<at::Tensor> ProcessGroup::Impl::gather_tensor(const at::Tensor& tens
     impl.shm_work(impl.shm->all_gather(all, tensor, call.what), call).wait();
     return all.unbind(0);
   }
+  if (impl.on_hier(tensor, /*reduces=*/false)) {
+    std::vector<int64_t> shape{impl.world_size};
+    shape.insert(shape.end(), tensor.sizes().begin(), tensor.sizes().end());
+    at::Tensor all = at::empty(shape, tensor.options());
+    impl.shm_work(impl.hier->all_gather(all, tensor), call).wait();
+    return all.unbind(0);
+  }
   auto& backend = impl.backend_for(tensor);
   const bool nccl = impl.uses_nccl(tensor);
   std::vector<at::Tensor> results;
@@ -144,7 +157,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
     return std::vector<at::Tensor>(static_cast<size_t>(impl_->world_size), tensor.clone());
   }
   auto call = impl_->begin(detail::CollectiveOp::kAllGather, &tensor,
-                           impl_->transport_name(tensor, /*reduces=*/false));
+                           impl_->transport_name(tensor, /*reduces=*/false, /*hierarchical=*/true));
   return impl_->gather_tensor(tensor, call);
 }
 
@@ -160,10 +173,14 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
     return;
   }
   auto call = impl_->begin(detail::CollectiveOp::kAllGatherInto, &input,
-                           impl_->transport_name(input, /*reduces=*/false));
+                           impl_->transport_name(input, /*reduces=*/false, /*hierarchical=*/true));
   if (n == 0) return;
   if (impl_->on_shm(input, /*reduces=*/false)) {
     impl_->shm_work(impl_->shm->all_gather(flat_out, input, call.what), call).wait();
+    return;
+  }
+  if (impl_->on_hier(input, /*reduces=*/false)) {
+    impl_->shm_work(impl_->hier->all_gather(flat_out, input), call).wait();
     return;
   }
   // Gloo or NCCL: ranks on several hosts, or CUDA tensors.
@@ -195,11 +212,15 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
     return;
   }
   auto call = impl_->begin(detail::CollectiveOp::kReduceScatter, &input,
-                           impl_->transport_name(input, /*reduces=*/true),
+                           impl_->transport_name(input, /*reduces=*/true, /*hierarchical=*/true),
                            static_cast<std::int64_t>(op));
   if (n == 0) return;
   if (impl_->on_shm(input, /*reduces=*/true)) {
     impl_->shm_work(impl_->shm->reduce_scatter(flat_out, input, op, call.what), call).wait();
+    return;
+  }
+  if (impl_->on_hier(input, /*reduces=*/true)) {
+    impl_->shm_work(impl_->hier->reduce_scatter(flat_out, input, op), call).wait();
     return;
   }
   auto& backend = impl_->backend_for(input);

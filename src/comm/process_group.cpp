@@ -34,6 +34,24 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const ProcessGroupOp
   }
 }
 
+// Throws UsageError naming the ranks when they connect with different
+// transport settings (`settings[r]` is rank r's): they would take different
+// branches while connecting and hang.
+void check_same_settings(const std::vector<std::string>& settings,
+                         const detail::GroupRanks& group) {
+  std::vector<int> odd;
+  for (int r = 0; r < static_cast<int>(settings.size()); ++r) {
+    if (settings[static_cast<std::size_t>(r)] != settings[0]) odd.push_back(r);
+  }
+  if (odd.empty()) return;
+  TANDEM_THROW(UsageError,
+               "the ranks{} connect with different transport settings: {} has '{}' but {} "
+               "'{}'. Set ProcessGroupOptions::shared_memory and ::hierarchical (or TANDEM_SHM "
+               "and TANDEM_HIERARCHICAL) alike on every rank",
+               group.suffix(), group.name(0), settings[0], group.name(odd),
+               settings[static_cast<std::size_t>(odd[0])]);
+}
+
 std::string default_host_id() {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
@@ -62,6 +80,29 @@ CudaBackend parse_cuda_backend(const std::string& text) {
   if (t == "nccl") return CudaBackend::kNccl;
   if (t == "gloo") return CudaBackend::kGloo;
   TANDEM_THROW(UsageError, "unknown backend '{}': use auto, nccl or gloo", text);
+}
+
+Hierarchical parse_hierarchical(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "auto" || t == "1" || t.empty()) return Hierarchical::kAuto;
+  if (t == "off" || t == "0") return Hierarchical::kOff;
+  if (t == "leader") return Hierarchical::kLeader;
+  if (t == "split") return Hierarchical::kSplit;
+  TANDEM_THROW(UsageError,
+               "unknown hierarchical mode '{}' (TANDEM_HIERARCHICAL): use auto, off, leader or "
+               "split",
+               text);
+}
+
+const char* to_string(Hierarchical mode) {
+  switch (mode) {
+    case Hierarchical::kAuto: return "auto";
+    case Hierarchical::kOff: return "off";
+    case Hierarchical::kLeader: return "leader";
+    case Hierarchical::kSplit: return "split";
+  }
+  return "?";
 }
 
 // ---- construction -----------------------------------------------------------
@@ -123,9 +164,25 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
     log_debug("c10d's Flight Recorder is off: LibTorch before 2.13 can crash in it when two "
               "groups record at once (set TORCH_FR_BUFFER_SIZE to turn it on anyway)");
   }
-  const bool shared_memory = options.shared_memory && world_size > 1;
   auto pg = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
-  if (shared_memory) pg->setup_shared_memory();
+  if (world_size > 1) {
+    // Every rank's transport settings and host, so that all take the same
+    // branches below (decided on gathered data) or all refuse.
+    const auto& opts = pg->impl_->options;
+    auto mine = fmt::format("shared_memory={} hierarchical={}", opts.shared_memory ? "on" : "off",
+                            to_string(opts.hierarchical));
+    auto gathered = pg->all_gather_strings(mine + "\n" + pg->host_id());
+    std::vector<std::string> settings;
+    std::vector<std::string> hosts;
+    for (const auto& g : gathered) {
+      const auto cut = g.find('\n');
+      settings.push_back(g.substr(0, cut));
+      hosts.push_back(g.substr(cut + 1));
+    }
+    check_same_settings(settings, pg->impl_->group);
+    if (opts.shared_memory) pg->setup_shared_memory(hosts);
+    if (opts.shared_memory && opts.hierarchical != Hierarchical::kOff) pg->setup_hierarchy(hosts);
+  }
   pg->impl_->sequence = 0;  // number, record and check only the caller's collectives
   pg->impl_->setting_up = false;
   return pg;
@@ -156,6 +213,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
     resolved.host_id = default_host_id() + "/node" + std::to_string(env.node_rank);
   }
   resolved.shared_memory = resolved.shared_memory && env.shared_memory;
+  if (!env.hierarchical.empty()) resolved.hierarchical = parse_hierarchical(env.hierarchical);
   if (!env.cuda_backend.empty()) resolved.cuda_backend = parse_cuda_backend(env.cuda_backend);
   auto store = detail::connect_store(env, resolved.timeout);
   return create(std::move(store), env.rank, env.world_size, resolved);
@@ -178,17 +236,22 @@ std::vector<int> ProcessGroup::global_ranks() const {
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->options.timeout; }
 std::string ProcessGroup::backend_name() const { return impl_->is_local() ? "local" : "gloo"; }
 bool ProcessGroup::uses_shared_memory() const { return impl_->shm != nullptr; }
+bool ProcessGroup::uses_hierarchical() const { return impl_->hier != nullptr; }
+std::string ProcessGroup::hierarchical_form() const {
+  if (!impl_->hier) return "";
+  return impl_->hier->form() == detail::HierarchicalForm::kSplit ? "split" : "leader";
+}
 
-void ProcessGroup::setup_shared_memory() {
+void ProcessGroup::setup_shared_memory(const std::vector<std::string>& hosts) {
   // Collective: every rank takes the same branches, decided on gathered data.
-  auto hosts = all_gather_strings(host_id());
   impl_->host_of_rank = hosts;
   if (std::count(hosts.begin(), hosts.end(), hosts[impl_->rank]) > 1) {
     impl_->mailbox = std::make_unique<detail::ShmMailbox>(impl_->store, impl_->rank,
                                                           impl_->options.timeout);
   }
   if (std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h != hosts[0]; })) {
-    log_debug("ranks span several hosts: collectives{} use Gloo", impl_->group.suffix());
+    log_debug("ranks span several hosts: collectives{} use Gloo or the hierarchical path",
+              impl_->group.suffix());
     return;
   }
   const int world = impl_->world_size;

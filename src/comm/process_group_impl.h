@@ -14,6 +14,7 @@
 
 #include "comm/collective_fingerprint.h"
 #include "comm/group_ranks.h"
+#include "comm/hierarchical.h"
 #include "comm/progress_monitor.h"
 #include "comm/shm_mailbox.h"
 #include "comm/shm_transport.h"
@@ -42,6 +43,9 @@ struct ProcessGroup::Impl {
   // send/recv between ranks of one host; null when no other rank shares
   // this rank's host or shared memory is off.
   std::unique_ptr<detail::ShmMailbox> mailbox;
+  // Ranks on several hosts, some host holding more than one: the inner
+  // groups and worker of the hierarchical collectives (hierarchical.h).
+  std::unique_ptr<detail::Hierarchy> hier;
   // Destroyed first (declared last): its thread writes to `store`.
   // Shared with Work handles, which ask it to explain a timeout.
   std::shared_ptr<detail::ProgressMonitor> monitor;
@@ -138,10 +142,20 @@ struct ProcessGroup::Impl {
                host_of_rank[static_cast<std::size_t>(rank)];
   }
 
-  // "shm" when on_shm(), else backend_name_for(tensor): the transport named
-  // in the collective's description.
-  std::string transport_name(const at::Tensor& tensor, bool reduces) const {
-    return on_shm(tensor, reduces) ? "shm" : backend_name_for(tensor);
+  // True when the hierarchical path carries this all-reduce, reduce-scatter
+  // or all-gather on `tensor`; every rank decides alike, as for on_shm().
+  bool on_hier(const at::Tensor& tensor, bool reduces) const {
+    return hier && detail::ShmTransport::supports(tensor, reduces);
+  }
+
+  // "shm" when on_shm(), "shm+gloo" when on_hier(`hierarchical`), else
+  // backend_name_for(tensor): the transport named in the collective's
+  // description.
+  std::string transport_name(const at::Tensor& tensor, bool reduces,
+                             bool hierarchical = false) const {
+    if (on_shm(tensor, reduces)) return "shm";
+    if (hierarchical && on_hier(tensor, reduces)) return "shm+gloo";
+    return backend_name_for(tensor);
   }
 
   // The Work of a collective queued on the shared-memory transport: its

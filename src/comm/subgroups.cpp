@@ -88,7 +88,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split_group(std::vector<std::vector<
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::make_subgroup(const char* op,
-                                                          std::vector<std::vector<int>> groups) {
+                                                          std::vector<std::vector<int>> groups,
+                                                          const ProcessGroupOptions* child_options) {
   impl_->require_member(op);
   for (auto& group : groups) std::sort(group.begin(), group.end());
   const std::string mine = describe_subgroups(groups);
@@ -107,7 +108,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::make_subgroup(const char* op,
   const std::uint64_t id = impl_->subgroups_made++;
 
   auto child = std::make_unique<Impl>();
-  child->options = impl_->options;
+  child->options = child_options != nullptr ? *child_options : impl_->options;
   const int self = impl_->group.global(impl_->rank);
   std::size_t index = groups.size();
   for (std::size_t g = 0; g < groups.size(); ++g) {

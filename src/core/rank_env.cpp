@@ -107,6 +107,7 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
                                 parse_int(vars, "TORCHELASTIC_RESTART_COUNT", 0, 0), 0);
   env.socket_ifname = get(vars, "TANDEM_SOCKET_IFNAME", get(vars, "GLOO_SOCKET_IFNAME", ""));
   env.shared_memory = parse_int(vars, "TANDEM_SHM", 1, 0) != 0;
+  env.hierarchical = get(vars, "TANDEM_HIERARCHICAL", "");
   env.cuda_backend = get(vars, "TANDEM_CUDA_BACKEND", "");
   env.timeout_s = parse_int(vars, "TANDEM_TIMEOUT_S", 0, 1);
   env.debug_detail = read_debug_detail(vars);

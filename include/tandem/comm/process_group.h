@@ -7,10 +7,17 @@
 // size 1 (no launcher) nothing is created and every collective is a no-op or
 // a local copy.
 //
+// CPU collectives: shared memory when every rank of the group is on one
+// host; when the ranks span hosts and some host holds several of them,
+// all-reduce, reduce-scatter and all-gather are hierarchical (shared memory
+// inside each host, Gloo between hosts; ProcessGroupOptions::hierarchical);
+// everything else goes over one flat Gloo group of all the ranks.
+//
 // Subgroups: new_group() and split_group() make groups of some of the ranks
 // (as torch.distributed.new_group), each with its own numbering, timeouts,
 // desync check and transport (shared memory when all its ranks share a host,
-// Gloo otherwise); ProcessMesh (mesh.h) builds the host x local-rank groups.
+// hierarchical or Gloo otherwise); ProcessMesh (mesh.h) builds the host x
+// local-rank groups.
 // Ranks passed to and returned by a group's methods are that group's ranks;
 // errors name both, e.g. "rank 3 (rank 1 of group [1, 3])".
 //
@@ -50,6 +57,20 @@ enum class CudaBackend { kAuto, kNccl, kGloo };
 // Parses "auto", "nccl" or "gloo"; throws UsageError otherwise.
 CudaBackend parse_cuda_backend(const std::string& text);
 
+// Whether CPU all-reduces, reduce-scatters and all-gathers of a group whose
+// ranks span hosts go hierarchically (docs/comm.md, Hierarchical
+// collectives). kAuto: when the group spans hosts and a host holds more than
+// one of its ranks, the split form when every host holds as many ranks,
+// else the leader form. kOff: one flat Gloo group. kLeader / kSplit force a
+// form where hierarchical applies (benchmarks); kSplit with hosts holding
+// different numbers of ranks is a UsageError when the group connects.
+enum class Hierarchical { kAuto, kOff, kLeader, kSplit };
+
+// Parses "auto", "off", "leader" or "split" (also "1" = auto, "0" = off);
+// throws UsageError otherwise.
+Hierarchical parse_hierarchical(const std::string& text);
+const char* to_string(Hierarchical mode);
+
 struct ProcessGroupOptions {
   CudaBackend cuda_backend = CudaBackend::kAuto;
   // Limit for every collective and for the rendezvous (init() takes
@@ -79,10 +100,16 @@ struct ProcessGroupOptions {
   // When every rank of a group is on one host, carry its CPU all-reduces,
   // all-gathers, reduce-scatters, all-to-alls, gathers and scatters through
   // shared memory instead of Gloo's loopback TCP (several times faster).
-  // false forces Gloo. Subgroups decide for themselves.
+  // false forces Gloo (and the flat path across hosts). Subgroups decide for
+  // themselves.
   bool shared_memory = true;
   // Ranks with equal host ids share memory. Empty: hostname and boot id.
   std::string host_id;
+  // Hierarchical collectives across hosts (init() takes TANDEM_HIERARCHICAL
+  // over it). Needs shared_memory. Every rank of a group must agree on it
+  // and on shared_memory: the group refuses to connect otherwise, naming the
+  // ranks. Subgroups inherit it and decide for themselves.
+  Hierarchical hierarchical = Hierarchical::kAuto;
 };
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
@@ -122,6 +149,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Id of this rank's host (ProcessGroupOptions::host_id, else hostname and
   // boot id): ranks with equal ids share memory.
   std::string host_id() const;
+  // True when CPU all-reduces, reduce-scatters and all-gathers (of dtypes the
+  // shared-memory kernels reduce; all-gathers of any dtype) take the
+  // hierarchical path: the ranks span hosts, a host holds more than one of
+  // them, and ProcessGroupOptions::hierarchical is not kOff. Fixed when the
+  // group connects; every rank of the group answers alike.
+  bool uses_hierarchical() const;
+  // "split", "leader", or "" when uses_hierarchical() is false.
+  std::string hierarchical_form() const;
 
   // ---- subgroups ----
 
@@ -167,9 +202,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   // Reduces `input` (world_size * output.numel() elements) across ranks and
   // leaves this rank's chunk r in `output`, reduced as all_reduce reduces.
-  // On one host CPU tensors go through shared memory. Gloo has no
-  // reduce-scatter in c10d; across hosts tandem uses an all-to-all plus a
-  // local reduction, which moves the same bytes as a ring reduce-scatter.
+  // On one host CPU tensors go through shared memory; across hosts
+  // hierarchically (uses_hierarchical()), else over Gloo, which has no
+  // reduce-scatter in c10d: tandem uses an all-to-all plus a local
+  // reduction, which moves the same bytes as a ring reduce-scatter.
   void reduce_scatter(at::Tensor& output, const at::Tensor& input,
                       ReduceOp op = ReduceOp::kSum);
 
@@ -247,9 +283,14 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // progress, shared memory. Shared by create() and the subgroups.
   static std::shared_ptr<ProcessGroup> connect(std::unique_ptr<Impl> impl);
   // new_group (`op`) and split_group.
+  // `child_options`, when given, replaces this group's options in the
+  // subgroup (the hierarchical path's inner groups check no fingerprints).
   std::shared_ptr<ProcessGroup> make_subgroup(const char* op,
-                                              std::vector<std::vector<int>> groups);
-  void setup_shared_memory();
+                                              std::vector<std::vector<int>> groups,
+                                              const ProcessGroupOptions* child_options = nullptr);
+  // Collective steps of connect(), on every rank's host id.
+  void setup_shared_memory(const std::vector<std::string>& hosts);
+  void setup_hierarchy(const std::vector<std::string>& hosts);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -35,6 +35,9 @@ struct RankEnv {
   std::string socket_ifname;
   // TANDEM_SHM=0 turns the intra-node shared-memory transport off.
   bool shared_memory = true;
+  // TANDEM_HIERARCHICAL=auto|off|leader|split: hierarchical CPU collectives
+  // across hosts ("" = ProcessGroupOptions::hierarchical, auto by default).
+  std::string hierarchical;
   // TANDEM_CUDA_BACKEND=auto|nccl|gloo: backend for CUDA tensors ("" = auto).
   std::string cuda_backend;
   // TANDEM_TIMEOUT_S: limit in seconds for every collective and the
