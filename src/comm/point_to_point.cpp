@@ -23,6 +23,8 @@
 #include <future>
 #include <thread>
 
+#include <ATen/record_function.h>
+
 #include "comm/comm_error.h"
 #include "comm/process_group_impl.h"
 #include "tandem/core/error.h"
@@ -168,6 +170,7 @@ Work ProcessGroup::send_async(at::Tensor tensor, int dst, int tag) {
 }
 
 void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  RECORD_USER_SCOPE("tandem::send");
   send_async(tensor, dst, tag).wait();
 }
 
@@ -207,6 +210,7 @@ std::shared_ptr<PendingRecv> start_recv(ProcessGroup::Impl& impl, const at::Tens
 }  // namespace
 
 void ProcessGroup::recv(at::Tensor& tensor, int src, int tag) {
+  RECORD_USER_SCOPE("tandem::recv");
   auto pending = start_recv(*impl_, tensor, src, tag);
   finish_recv(*pending);
 }
