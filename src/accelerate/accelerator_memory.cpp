@@ -37,12 +37,12 @@ void Accelerator::free_memory() {
   compat::empty_cuda_cache();
 }
 
-namespace {
+namespace accelerator_memory_detail {
 
 // What one attempt did on this rank, as the agreement sends it.
 constexpr const char* kOutOfMemory = "oom";
 
-}  // namespace
+}  // namespace accelerator_memory_detail
 
 int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t)>& fn,
                                                 int64_t starting_batch_size) {
@@ -66,9 +66,9 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
     try {
       fn(batch_size);
     } catch (const c10::OutOfMemoryError&) {
-      outcome = kOutOfMemory;
+      outcome = accelerator_memory_detail::kOutOfMemory;
     } catch (const std::bad_alloc&) {
-      outcome = kOutOfMemory;
+      outcome = accelerator_memory_detail::kOutOfMemory;
     } catch (const std::exception& e) {
       outcome = std::string("error: ") + e.what();
       error = std::current_exception();
@@ -82,7 +82,7 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
     std::vector<int> out_of_memory;
     for (int r = 0; r < world; ++r) {
       const std::string& o = outcomes[static_cast<std::size_t>(r)];
-      if (o == kOutOfMemory) {
+      if (o == accelerator_memory_detail::kOutOfMemory) {
         out_of_memory.push_back(r);
       } else if (!o.empty()) {
         if (error) std::rethrow_exception(error);

@@ -16,7 +16,7 @@
 #include "tandem/core/error.h"
 
 namespace tandem {
-namespace {
+namespace state_hooks_test {
 
 using testing::copy_state;
 using testing::kHidden;
@@ -152,5 +152,5 @@ TEST_P(StateHooks, PreHooksRunFirstWithTheModelsAndDirectoryUntilRemoved) {
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, StateHooks, ::testing::Values(2, 3));
 
-}  // namespace
+}  // namespace state_hooks_test
 }  // namespace tandem

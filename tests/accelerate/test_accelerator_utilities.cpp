@@ -17,7 +17,7 @@
 #include "tandem/core/error.h"
 
 namespace tandem {
-namespace {
+namespace accelerator_utilities_test {
 
 using testing::copy_state;
 using testing::kHidden;
@@ -161,5 +161,5 @@ TEST_P(Worlds, BatchSizeSearchRethrowsOtherErrorsAndStopsAtZero) {
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, Worlds, ::testing::Values(2, 3));
 
-}  // namespace
+}  // namespace accelerator_utilities_test
 }  // namespace tandem

@@ -13,7 +13,7 @@
 #include "tandem/core/error.h"
 
 namespace tandem {
-namespace {
+namespace local_sgd_test {
 
 using testing::copy_state;
 using testing::Dataset;
@@ -28,7 +28,7 @@ using testing::run_ranks;
 constexpr int64_t kBatch = 3;
 constexpr double kLr = 0.05;
 
-at::Tensor flat_params(torch::nn::Module& model) {
+at::Tensor flat_params(const torch::nn::Module& model) {
   std::vector<at::Tensor> parts;
   for (const auto& p : model.parameters()) parts.push_back(p.detach().reshape({-1}).clone());
   return torch::cat(parts);
@@ -119,7 +119,7 @@ TEST_P(LocalSGDParity, KLocalStepsThenTheMeanEqualTheClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalSGDParity, ::testing::Values(2, 3));
 
-TEST(LocalSGD, RefusesZeroAndBadSteps) {
+TEST(LocalSGDErrors, RefusesZeroAndBadSteps) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Config config;
     config.zero.stage = 1;
@@ -138,5 +138,5 @@ TEST(LocalSGD, RefusesZeroAndBadSteps) {
   });
 }
 
-}  // namespace
+}  // namespace local_sgd_test
 }  // namespace tandem

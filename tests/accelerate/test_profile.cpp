@@ -18,7 +18,7 @@
 #include "tandem/core/error.h"
 
 namespace tandem {
-namespace {
+namespace profile_test {
 
 using testing::kHidden;
 using testing::kIn;
@@ -93,12 +93,12 @@ TEST_P(Profile, WritesOneChromeTracePerRankWithTandemAnnotations) {
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, Profile, ::testing::Values(2, 3));
 
-TEST(Profile, RefusesAnEmptyOutputDirectory) {
+TEST(ProfileErrors, RefusesAnEmptyOutputDirectory) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     EXPECT_THROW((void)accelerator.profile(ProfileOptions{}), UsageError);
   });
 }
 
-}  // namespace
+}  // namespace profile_test
 }  // namespace tandem
