@@ -93,7 +93,7 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
       }
     }
     if (out_of_memory.empty()) return batch_size;
-    if (is_main_process()) {
+    if (is_main_process() && batch_size > 1) {
       log_warn("find_executable_batch_size: batch size {} ran out of memory on rank(s) {}; "
                "retrying with {}",
                batch_size, fmt::join(out_of_memory, ", "), batch_size / 2);

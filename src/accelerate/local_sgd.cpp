@@ -24,21 +24,27 @@ void Accelerator::average_parameters(std::size_t index) {
   torch::NoGradGuard no_grad;
   // fp32 masters stand in for their bf16/fp16 parameters: average them, and
   // the model takes their rounded values afterwards.
+  // Replicated optimizers are not bound to a model (they may span several):
+  // take the masters of whichever optimizer holds this model's parameters.
+  const std::vector<at::Tensor> params = unique_parameters(*model.module);
+  std::unordered_set<const void*> own;
+  for (const auto& p : params) own.insert(p.unsafeGetTensorImpl());
   std::vector<std::pair<at::Tensor, at::Tensor>> mastered;  // (model param, master)
   std::unordered_set<const void*> has_master;
-  for (std::size_t o : model.optimizers) {
-    const MasterWeights* masters = optimizers_.at(o)->core_->master_weights();
+  for (const auto& optimizer : optimizers_) {
+    const MasterWeights* masters = optimizer->core_->master_weights();
     if (masters == nullptr) continue;
     for (std::size_t i = 0; i < masters->model_params().size(); ++i) {
       const at::Tensor& p = masters->model_params()[i];
       const at::Tensor& m = masters->master_params()[i];
+      if (own.count(p.unsafeGetTensorImpl()) == 0) continue;
       if (p.unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) continue;
       mastered.emplace_back(p, m);
       has_master.insert(p.unsafeGetTensorImpl());
     }
   }
   std::vector<at::Tensor> tensors;
-  for (const auto& p : unique_parameters(*model.module)) {
+  for (const auto& p : params) {
     if (p.requires_grad() && has_master.count(p.unsafeGetTensorImpl()) == 0) {
       tensors.push_back(p.detach());
     }

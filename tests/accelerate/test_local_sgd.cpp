@@ -119,6 +119,48 @@ TEST_P(LocalSGDParity, KLocalStepsThenTheMeanEqualTheClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalSGDParity, ::testing::Values(2, 3));
 
+// A bf16 model steps through fp32 masters: averaging only the bf16 values
+// would be undone by the next step, which copies each rank's own master
+// back. After the final average and one synchronised step, the replicas
+// must still be identical.
+TEST_P(LocalSGDParity, AveragesTheFp32MastersOfABf16Model) {
+  const int world = GetParam();
+  constexpr int64_t kSteps = 3;
+  const Mlp init = reference_init();
+  const Dataset data = make_dataset(world * kBatch * (kSteps + 1));
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    Mlp model(kIn, kHidden, kOut);
+    copy_state(*model, *init);
+    model->to(torch::kBFloat16);
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(
+        std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(kLr)));
+    const int r = pg.rank();
+    auto train_step = [&](int64_t s) {
+      optimizer->zero_grad();
+      auto x = rows(data.x, world, r, s).to(torch::kBFloat16);
+      auto y = rows(data.y, world, r, s).to(torch::kBFloat16);
+      accelerator.backward(torch::mse_loss(model->forward(x), y));
+      optimizer->step();
+    };
+    {
+      LocalSGD local_sgd(accelerator, model, /*local_sgd_steps=*/2);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        train_step(s);
+        local_sgd.step();
+      }
+      local_sgd.finish();
+      const auto all = pg.all_gather(flat_params(*model));
+      EXPECT_TRUE(torch::equal(all[0], all[world - 1])) << "not averaged at finish()";
+    }
+    train_step(kSteps);  // synchronised again
+    const auto all = pg.all_gather(flat_params(*model));
+    EXPECT_TRUE(torch::equal(all[0], all[world - 1]))
+        << "rank " << r << ": the replicas drifted after the average (masters not averaged)";
+  });
+}
+
 TEST(LocalSGDErrors, RefusesZeroAndBadSteps) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Config config;

@@ -93,6 +93,30 @@ TEST_P(Profile, WritesOneChromeTracePerRankWithTandemAnnotations) {
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, Profile, ::testing::Values(2, 3));
 
+// One rank in the process (as under tandem launch): the trace is saved
+// straight to the rank's file, nothing split.
+TEST(ProfileAlone, OneRankPerProcessSavesItsTraceDirectly) {
+  ScratchDir dir;
+  run_ranks(1, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    ProfileOptions options;
+    options.output_trace_dir = dir.path();
+    auto session = accelerator.profile(options);
+    accelerator.reduce(torch::ones({3}));
+    session.stop();
+    session.stop();  // once: nothing more
+  });
+  std::ifstream in(dir / "profile_0.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  bool annotated = false;
+  for (const auto& e : trace.at("traceEvents")) {
+    annotated = annotated || e.value("name", "") == "tandem::all_reduce";
+  }
+  EXPECT_TRUE(annotated);
+  EXPECT_FALSE(fs::exists(dir / "profile_0.json.process"));
+}
+
 TEST(ProfileErrors, RefusesAnEmptyOutputDirectory) {
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
