@@ -83,8 +83,6 @@ void split_trace(const std::string& all, const std::vector<Member>& members) {
 
 }  // namespace profiler_detail
 
-using profiler_detail::recording;
-
 ProfileSession::ProfileSession(std::shared_ptr<ProcessGroup> group, const ProfileOptions& options,
                                bool cuda)
     : group_(std::move(group)) {
@@ -95,7 +93,7 @@ ProfileSession::ProfileSession(std::shared_ptr<ProcessGroup> group, const Profil
   fs::create_directories(options.output_trace_dir);
   path_ = options.output_trace_dir + "/profile_" + std::to_string(group_->rank()) + ".json";
   {
-    auto& r = recording();
+    auto& r = profiler_detail::recording();
     std::lock_guard<std::mutex> lock(r.mutex);
     if (r.active == 0) {
       TANDEM_CHECK_ARG(!r.on, "Accelerator::profile: a recording is still being written");
@@ -144,7 +142,7 @@ void ProfileSession::stop() {
 
 void ProfileSession::leave(bool write) {
   active_ = false;
-  auto& r = recording();
+  auto& r = profiler_detail::recording();
   std::unique_lock<std::mutex> lock(r.mutex);
   const int64_t generation = r.generation;
   --r.active;

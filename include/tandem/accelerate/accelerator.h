@@ -671,7 +671,9 @@ class Accelerator {
   // DDP's bucket reductions as "tandem::bucket <b>" (launch) and
   // "tandem::bucket <b> wait". Collective: begins and ends with a barrier;
   // call stop() (or let the session go out of scope) on every rank.
-  //   { auto profile = accelerator.profile({.output_trace_dir = "traces"}); train_step(); }
+  //   tandem::ProfileOptions options;
+  //   options.output_trace_dir = "traces";
+  //   { auto profile = accelerator.profile(options); train_step(); }
   // See tandem/accelerate/profiler.h for what ranks as threads share.
   [[nodiscard]] ProfileSession profile(const ProfileOptions& options);
 
