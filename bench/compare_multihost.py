@@ -7,7 +7,7 @@ side:
 
 * all-reduce of --size-mb MiB (float32, sum): tandem's default path
   (hierarchical: shared memory inside a host, Gloo between hosts), tandem
-  forced onto one flat Gloo ring (TANDEM_HIERARCHICAL=0), and torch.distributed
+  forced onto one flat Gloo ring (bench_allreduce --hierarchical off), and torch.distributed
   Gloo under torchrun;
 * a DDP step (bench_ddp / bench_ddp.py): tandem against torch DDP;
 * a ZeRO-3 step and an HSDP step (bench_zero --stage 3, with and without
@@ -159,7 +159,7 @@ def allreduce_sides(bench, a):
     sizes = ["--sizes-mb", str(a.size_mb), "--iters", str(a.iters), "--warmup", str(a.warmup)]
     sides = {
         "tandem": lambda: bench.tandem("bench_allreduce", sizes),
-        "flat": lambda: bench.tandem("bench_allreduce", sizes, {"TANDEM_HIERARCHICAL": "0"}),
+        "flat": lambda: bench.tandem("bench_allreduce", sizes + ["--hierarchical", "off"]),
         "torch": lambda: bench.torch("bench_allreduce.py", sizes),
     }
     runs = {name: [] for name in sides}
@@ -169,7 +169,7 @@ def allreduce_sides(bench, a):
             result = sides[name]()
             runs[name].append(busbw_gbit(result, a.size_mb))
             if name == "tandem":
-                runs.setdefault("tandem_transport", []).append(result.get("transport"))
+                runs.setdefault("tandem_path", []).append(result.get("path", result.get("transport")))
     return runs
 
 

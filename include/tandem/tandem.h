@@ -2,6 +2,7 @@
 // Umbrella header: everything a training program needs from tandem.
 
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/local_sgd.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/module_weights.h"

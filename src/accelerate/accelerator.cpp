@@ -219,6 +219,18 @@ double Accelerator::clip_grad_norm(const std::shared_ptr<AcceleratedOptimizer>& 
   return optimizer->core_->clip(*optimizer, max_norm, norm_type);
 }
 
+void Accelerator::clip_grad_value(double clip_value) {
+  TANDEM_CHECK_ARG(clip_value > 0 && std::isfinite(clip_value),
+                   "Accelerator::clip_grad_value: clip_value must be a positive finite number, "
+                   "got {}",
+                   clip_value);
+  TANDEM_CHECK_ARG(!optimizers_.empty(),
+                   "Accelerator::clip_grad_value: no optimizer is prepared; it clamps the "
+                   "gradients of the prepared optimizers' parameters");
+  if (!controller_->state().sync_gradients) return;
+  for (const auto& optimizer : optimizers_) optimizer->core_->clip_value(*optimizer, clip_value);
+}
+
 void Accelerator::print_line(const std::string& line) const {
   if (!is_main_process()) return;
   std::fwrite(line.data(), 1, line.size(), stdout);

@@ -213,13 +213,22 @@ void Accelerator::save_state(const std::string& dir, const SaveStateOptions& opt
                    "checkpoint holds no partial gradients, so resuming would lose them: call "
                    "save_state() after optimizer->step() on a step where sync_gradients() is "
                    "true");
+  run_state_pre_hooks(/*save=*/true, dir);
   const std::string tag =
       options.tag.empty() ? "global_step" + std::to_string(step()) : options.tag;
   nlohmann::json meta = is_main_process() ? state_meta(options) : nlohmann::json::object();
+  NamedTensors custom;  // rank 0's custom objects' tensors
+  if (is_main_process()) meta["custom_checkpoints"] = custom_state_meta(&custom);
   CheckpointCommitOptions commit;
   commit.total_limit = options.total_limit;
-  commit_checkpoint(*process_group_, dir, tag, [this] { return state_tensors(); },
-                    std::move(meta), commit);
+  commit_checkpoint(
+      *process_group_, dir, tag,
+      [this, &custom] {
+        NamedTensors out = state_tensors();
+        out.insert(out.end(), custom.begin(), custom.end());
+        return out;
+      },
+      std::move(meta), commit);
 }
 
 namespace {
@@ -418,10 +427,13 @@ nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOp
   TANDEM_CHECK_ARG(!models_.empty(),
                    "load_state: prepare the model (and optimizer, schedulers, data) first; "
                    "the checkpoint is loaded into the prepared objects");
+  run_state_pre_hooks(/*save=*/false, dir);
   CheckpointReader checkpoint(dir, options.tag);
+  check_custom_states(checkpoint);  // before anything changes
   restore_models(checkpoint, options.load_optimizer_states);
   if (options.load_optimizer_states && !optimizers_.empty()) restore_optimizers(checkpoint);
   restore_progress(checkpoint, options);
+  restore_custom_states(checkpoint);
   wait_for_everyone();
   return checkpoint.meta().value("client_state", nlohmann::json::object());
 }

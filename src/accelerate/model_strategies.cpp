@@ -92,8 +92,18 @@ class ReplicatedModel final : public ModelStrategy {
     if (parts.group->world_size() > 1) {
       ddp_ = std::make_shared<DistributedDataParallel>(module_, parts.group, parts.ddp);
       parts.controller->attach_gradient_sync(
-          [ddp = ddp_](bool enabled) { ddp->set_gradient_sync(enabled); });
+          [ddp = ddp_, holds = no_sync_holds_](bool enabled) {
+            ddp->set_gradient_sync(enabled && *holds == 0);
+          });
     }
+  }
+
+  void enter_no_sync(std::size_t) override {
+    ++*no_sync_holds_;
+    if (ddp_) ddp_->set_gradient_sync(false);
+  }
+  void leave_no_sync(bool sync) override {
+    if (--*no_sync_holds_ == 0 && ddp_) ddp_->set_gradient_sync(sync);
   }
 
   const char* name() const override { return ddp_ ? "ddp" : "single"; }
@@ -111,6 +121,8 @@ class ReplicatedModel final : public ModelStrategy {
  private:
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<DistributedDataParallel> ddp_;
+  // Accelerator::no_sync holds alive; shared with the controller's switch.
+  std::shared_ptr<int> no_sync_holds_ = std::make_shared<int>(0);
 };
 
 // ZeRO stage 1-3: the ZeroOptimizer built over the model and its optimizer
@@ -153,9 +165,27 @@ class ShardedModel final : public ModelStrategy {
     options.max_live_parameters = config_.stage3_max_live_parameters;
     options.param_persistence_threshold = config_.stage3_param_persistence_threshold;
     zero_ = std::make_shared<ZeroOptimizer>(module_, prepared, group_, options);
-    controller_->attach_gradient_sync(
-        [zero = zero_](bool enabled) { zero->set_gradient_sync(enabled); });
+    controller_->attach_gradient_sync([zero = zero_, holds = no_sync_holds_](bool enabled) {
+      zero->set_gradient_sync(enabled && *holds == 0);
+    });
+    if (*no_sync_holds_ > 0) zero_->set_gradient_sync(false);
     return make_sharded_update(zero_);
+  }
+
+  void enter_no_sync(std::size_t index) override {
+    // DeepSpeed's no_sync refuses these stages for the same reason.
+    TANDEM_CHECK_ARG(config_.stage == 1,
+                     "Accelerator::no_sync: prepared model {} is sharded with ZeRO stage {}, "
+                     "which partitions gradients and reduce-scatters them in every backward, "
+                     "so they cannot accumulate locally. Use gradient accumulation instead "
+                     "(gradient_accumulation_steps with accumulate(); it accumulates into the "
+                     "shards), or ZeRO stage 1",
+                     index, config_.stage);
+    ++*no_sync_holds_;
+    if (zero_) zero_->set_gradient_sync(false);
+  }
+  void leave_no_sync(bool sync) override {
+    if (--*no_sync_holds_ == 0 && zero_) zero_->set_gradient_sync(sync);
   }
 
   void check_ready(std::size_t index) const override {
@@ -252,6 +282,7 @@ class ShardedModel final : public ModelStrategy {
   std::shared_ptr<StepController> controller_;
   ZeroConfig config_;
   std::shared_ptr<ZeroOptimizer> zero_;
+  std::shared_ptr<int> no_sync_holds_ = std::make_shared<int>(0);
 };
 
 }  // namespace
@@ -264,9 +295,9 @@ zero::Init make_zero_init(const ZeroConfig& zero, const ProcessGroup& group,
   return zero::Init(group, zero.stage3_param_persistence_threshold, device);
 }
 
-std::unique_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts) {
-  if (parts.zero.stage > 0) return std::make_unique<ShardedModel>(parts);
-  return std::make_unique<ReplicatedModel>(parts);
+std::shared_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts) {
+  if (parts.zero.stage > 0) return std::make_shared<ShardedModel>(parts);
+  return std::make_shared<ReplicatedModel>(parts);
 }
 
 }  // namespace tandem::detail

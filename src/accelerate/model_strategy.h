@@ -59,6 +59,15 @@ class ModelStrategy {
   // sharded model with trainable parameters and no optimizer over them).
   virtual void check_ready(std::size_t index) const { (void)index; }
 
+  // Accelerator::no_sync: while a hold is on (they nest), the model's
+  // backward communicates nothing and gradients accumulate locally.
+  // enter_no_sync() throws UsageError naming model `index` where they
+  // cannot (ZeRO stages 2 and 3 partition the gradients);
+  // leave_no_sync(sync) hands the switch back to the micro-step's `sync`
+  // when the last hold ends. Call outside backward.
+  virtual void enter_no_sync(std::size_t index) { (void)index; }
+  virtual void leave_no_sync(bool sync) { (void)sync; }
+
   // The parameters whose values are partitioned across ranks, by module
   // path (unique_named_parameters' names), in the order
   // for_each_partitioned_whole() visits them. Empty when replicated.
@@ -110,7 +119,7 @@ struct ModelStrategyParts {
 
 // Replicated on one process, DDP on several, or ZeRO when the config's
 // stage is 1-3. Collective (DDP and ZeRO broadcast rank 0's values).
-std::unique_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts);
+std::shared_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts);
 
 // Whether the models make_model_strategy() chooses for `zero` each take the
 // optimizer over them (ZeRO: one optimizer per model, prepared after it);

@@ -59,6 +59,14 @@ class ReplicatedUpdate final : public OptimizerUpdate {
     return clip_gradients(self, max_norm, norm_type, nullptr);
   }
 
+  void clip_value(AcceleratedOptimizer& self, double clip_value) override {
+    torch::NoGradGuard no_grad;
+    // A tied tensor listed twice is clamped once (clamping is idempotent anyway).
+    for (const auto& p : unique_optimizer_parameters(self)) {
+      if (p.grad().defined()) p.grad().clamp_(-clip_value, clip_value);
+    }
+  }
+
   void check_closure(const torch::optim::Optimizer::LossClosure&) const override {}
 
   at::Tensor apply(torch::optim::Optimizer::LossClosure closure,
@@ -189,6 +197,14 @@ class ShardedUpdate final : public OptimizerUpdate {
     TANDEM_CHECK_ARG(norm_type == 2.0, "clip_grad_norm under ZeRO clips the L2 norm "
                      "(norm_type 2), got norm_type {}", norm_type);
     return zero_->clip_grad_norm(max_norm);
+  }
+
+  void clip_value(AcceleratedOptimizer&, double clip_value) override {
+    // Element-wise, so clamping each rank's shard clamps the whole gradient.
+    torch::NoGradGuard no_grad;
+    for (auto& g : zero_->gradient_shards()) {
+      if (g.defined()) g.clamp_(-clip_value, clip_value);
+    }
   }
 
   void check_closure(const torch::optim::Optimizer::LossClosure& closure) const override {

@@ -36,6 +36,8 @@ class OptimizerUpdate {
   // Clips the gradients to a global `norm_type` norm of at most `max_norm`;
   // returns the norm before clipping.
   virtual double clip(AcceleratedOptimizer& self, double max_norm, double norm_type) = 0;
+  // Clamps the gradients the update reads to [-clip_value, clip_value].
+  virtual void clip_value(AcceleratedOptimizer& self, double clip_value) = 0;
   // UsageError before anything changes when the update cannot take `closure`.
   virtual void check_closure(const torch::optim::Optimizer::LossClosure& closure) const = 0;
   // The update itself. `step_wrapped` steps the optimizer the user passed

@@ -62,6 +62,9 @@ class OptimizerCore {
   // same step do nothing.
   void unscale_gradients(AcceleratedOptimizer& self);
   double clip(AcceleratedOptimizer& self, double max_norm, double norm_type);
+  // Unscales (once per step), then clamps to [-clip_value, clip_value]
+  // unless the step overflowed.
+  void clip_value(AcceleratedOptimizer& self, double clip_value);
   at::Tensor step(AcceleratedOptimizer& self, torch::optim::Optimizer::LossClosure closure);
   void zero_grad(AcceleratedOptimizer& self);
   // Runs `fn` on the wrapped optimizer holding the live groups and state.

@@ -226,6 +226,12 @@ double OptimizerCore::clip(AcceleratedOptimizer& self, double max_norm, double n
   return norm;
 }
 
+void OptimizerCore::clip_value(AcceleratedOptimizer& self, double clip_value) {
+  unscale_gradients(self);
+  if (found_inf_) return;  // clamping would hide the overflow the step skips on
+  update_->clip_value(self, clip_value);
+}
+
 at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
                                torch::optim::Optimizer::LossClosure closure) {
   check_wrapped(self);

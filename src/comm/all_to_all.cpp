@@ -8,6 +8,8 @@
 
 #include <numeric>
 
+#include <ATen/record_function.h>
+
 #include "comm/process_group_impl.h"
 #include "tandem/core/error.h"
 
@@ -121,6 +123,7 @@ void run_all_to_all(ProcessGroup::Impl& impl, at::Tensor& output, const at::Tens
 }  // namespace
 
 void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
+  RECORD_USER_SCOPE("tandem::all_to_all");
   impl_->require_member("all_to_all");
   check_all_to_all_pair(output, input);
   const int world = impl_->world_size;
@@ -143,6 +146,7 @@ void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
 void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input,
                               const std::vector<std::int64_t>& output_splits,
                               const std::vector<std::int64_t>& input_splits) {
+  RECORD_USER_SCOPE("tandem::all_to_all");
   impl_->require_member("all_to_all");
   check_all_to_all_pair(output, input);
   const int world = impl_->world_size;

@@ -5,6 +5,8 @@
 
 #include "tandem/comm/process_group.h"
 
+#include <ATen/record_function.h>
+
 #include "comm/comm_error.h"
 #include "comm/process_group_impl.h"
 #include "tandem/core/error.h"
@@ -52,6 +54,7 @@ void detail::check_dense(const at::Tensor& tensor, const char* op, const char* n
 // ---- collectives ------------------------------------------------------------
 
 Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
+  RECORD_USER_SCOPE("tandem::all_reduce_async");
   impl_->require_member("all_reduce");
   detail::check_dense(tensor, "all_reduce", "the tensor");
   check_avg(tensor, op, "all_reduce");
@@ -89,10 +92,12 @@ Work ProcessGroup::all_reduce_async(at::Tensor tensor, ReduceOp op) {
 }
 
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  RECORD_USER_SCOPE("tandem::all_reduce");
   all_reduce_async(tensor, op).wait();
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  RECORD_USER_SCOPE("tandem::broadcast");
   impl_->require_member("broadcast");
   detail::check_dense(tensor, "broadcast", "the tensor");
   TANDEM_CHECK_ARG(root >= 0 && root < impl_->world_size,
@@ -151,6 +156,7 @@ std::vector<at::Tensor> ProcessGroup::Impl::gather_tensor(const at::Tensor& tens
 }
 
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
+  RECORD_USER_SCOPE("tandem::all_gather");
   impl_->require_member("all_gather");
   detail::check_dense(tensor, "all_gather", "the input");
   if (impl_->is_local()) {
@@ -162,6 +168,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 }
 
 void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  RECORD_USER_SCOPE("tandem::all_gather_into");
   impl_->require_member("all_gather_into");
   detail::check_dense(input, "all_gather_into", "the input");
   detail::check_dense(output, "all_gather_into", "the output");
@@ -199,6 +206,7 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
 }
 
 void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  RECORD_USER_SCOPE("tandem::reduce_scatter");
   impl_->require_member("reduce_scatter");
   detail::check_dense(input, "reduce_scatter", "the input");
   detail::check_dense(output, "reduce_scatter", "the output");
@@ -259,6 +267,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, R
 }
 
 void ProcessGroup::barrier() {
+  RECORD_USER_SCOPE("tandem::barrier");
   impl_->require_member("barrier");
   if (impl_->is_local()) return;
   c10d::BarrierOptions opts;
@@ -269,6 +278,7 @@ void ProcessGroup::barrier() {
 
 std::vector<std::vector<std::uint8_t>> ProcessGroup::all_gather_bytes(
     const std::vector<std::uint8_t>& bytes) {
+  RECORD_USER_SCOPE("tandem::all_gather_bytes");
   impl_->require_member("all_gather_bytes");
   if (impl_->is_local()) return {bytes};
   // Sizes differ between ranks by design: the fingerprint holds no shape.

@@ -3,6 +3,8 @@
 // ranks share a host (an exchange in which only the root receives, or only
 // the root sends), Gloo otherwise (NCCL for CUDA tensors).
 
+#include <ATen/record_function.h>
+
 #include "comm/process_group_impl.h"
 #include "tandem/core/error.h"
 
@@ -42,6 +44,7 @@ std::vector<std::int64_t> rooted_stacked_shape(int world, const at::Tensor& part
 }  // namespace
 
 std::vector<at::Tensor> ProcessGroup::gather(const at::Tensor& tensor, int root) {
+  RECORD_USER_SCOPE("tandem::gather");
   impl_->require_member("gather");
   detail::check_dense(tensor, "gather", "the tensor");
   const int world = impl_->world_size;
@@ -78,6 +81,7 @@ std::vector<at::Tensor> ProcessGroup::gather(const at::Tensor& tensor, int root)
 }
 
 void ProcessGroup::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs, int root) {
+  RECORD_USER_SCOPE("tandem::scatter");
   impl_->require_member("scatter");
   detail::check_dense(output, "scatter", "the output");
   const int world = impl_->world_size;

@@ -25,6 +25,8 @@
 #include <future>
 #include <thread>
 
+#include <ATen/record_function.h>
+
 #include "comm/comm_error.h"
 #include "comm/p2p_message.h"
 #include "comm/process_group_impl.h"
@@ -169,6 +171,7 @@ Work ProcessGroup::send_async(at::Tensor tensor, int dst, int tag) {
 }
 
 void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  RECORD_USER_SCOPE("tandem::send");
   send_async(tensor, dst, tag).wait();
 }
 
@@ -208,6 +211,7 @@ std::shared_ptr<PendingRecv> start_recv(ProcessGroup::Impl& impl, const at::Tens
 }  // namespace
 
 void ProcessGroup::recv(at::Tensor& tensor, int src, int tag) {
+  RECORD_USER_SCOPE("tandem::recv");
   if (impl_->mailbox) {
     recv_async(tensor, src, tag).wait();
     return;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "core/torch_internals.h"
 #include "parallel/backward_callbacks.h"
@@ -215,6 +216,8 @@ void Reducer::arrive(std::size_t index) {
 void Reducer::launch_ready_buckets() {
   readiness_.launch_ready([this](std::size_t b) {
     Bucket& bucket = buckets_[b];
+    // Named for traces (Accelerator::profile); costs nothing unprofiled.
+    RECORD_USER_SCOPE("tandem::bucket " + std::to_string(b));
     bucket.work = hook_->start(*bucket.view);
   });
 }
@@ -227,6 +230,7 @@ void Reducer::finish_launched() {
     pending = false;
     for (std::size_t b = 0; b < readiness_.launched(); ++b) {
       HookWork& work = buckets_[b].work;
+      RECORD_USER_SCOPE("tandem::bucket " + std::to_string(b) + " wait");
       work.advance();
       pending = pending || !work.done();
     }

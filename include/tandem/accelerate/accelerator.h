@@ -50,11 +50,13 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 
 #include "tandem/accelerate/accelerator_options.h"
+#include "tandem/accelerate/checkpointable.h"
 #include "tandem/accelerate/example_loader.h"
 #include "tandem/accelerate/gradient_state.h"
 #include "tandem/accelerate/metrics_logger.h"
 #include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/prepared.h"
+#include "tandem/accelerate/profiler.h"
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/loss_scaler.h"
@@ -79,10 +81,12 @@ namespace detail {
 struct JoinHooks;
 class ModelStrategy;
 class StepController;
+struct StateHooks;
 }  // namespace detail
 
 class LRScheduler;
 class CheckpointReader;
+class LocalSGD;
 
 class Accelerator {
  public:
@@ -330,6 +334,54 @@ class Accelerator {
   double clip_grad_norm(const std::shared_ptr<AcceleratedOptimizer>& optimizer, double max_norm,
                         double norm_type = 2.0);
 
+  // Clamps every gradient of every prepared optimizer's parameters to
+  // [-clip_value, clip_value], as Accelerate's clip_grad_value_: unscaled
+  // first under loss scaling (once per step, so the bound applies to the
+  // true gradients); under ZeRO the reduced fp32 gradient shards each rank
+  // steps from are clamped (element-wise, so clamping shards equals
+  // clamping whole gradients). On micro-steps that do not synchronise it
+  // does nothing (the gradients are partial sums), and when the step
+  // overflowed it leaves the inf/NaN gradients alone (the step is skipped).
+  // Not a collective under DDP; under ZeRO with loss scaling every rank
+  // must call it (the overflow check agrees across ranks). UsageError for a
+  // clip_value that is not positive and finite.
+  void clip_grad_value(double clip_value);
+
+  // Gradient synchronisation off for one prepared model (Accelerate's
+  // no_sync, DDP's no_sync): every backward() inside the guard accumulates
+  // gradients locally on each rank and communicates nothing; the first
+  // synchronising backward after it reduces everything accumulated.
+  //   { auto guard = accelerator.no_sync(model); accelerator.backward(loss); }
+  // Only the model's communication changes: the micro-step schedule
+  // (sync_gradients(), the loss division by gradient_accumulation_steps)
+  // and the prepared optimizer's step() are as without the guard, as in
+  // Accelerate, so a step() inside the guard steps each rank on its own
+  // gradients (what LocalSGD wants; ranks then drift apart until averaged).
+  // Nestable. ZeRO stage 1 accumulates locally like DDP; stages 2 and 3
+  // partition the gradients and reduce-scatter every backward, so no_sync
+  // is refused there (UsageError, as DeepSpeed's no_sync): use
+  // gradient_accumulation_steps instead. Does nothing on one process. Call
+  // outside backward; the guard must not outlive the Accelerator.
+  class NoSyncGuard {
+   public:
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    friend class Accelerator;
+    NoSyncGuard(std::shared_ptr<detail::ModelStrategy> strategy,
+                std::shared_ptr<detail::StepController> controller);
+    std::shared_ptr<detail::ModelStrategy> strategy_;
+    std::shared_ptr<detail::StepController> controller_;
+  };
+  template <typename Model>
+  [[nodiscard]] NoSyncGuard no_sync(const Model& model) {
+    return no_sync_at(check_prepared(module_of(model), "no_sync"));
+  }
+
   // The loss scale of the next backward (1 without fp16 loss scaling), and
   // the optimizer steps skipped so far because gradients overflowed.
   double loss_scale() const { return scaler_->scale(); }
@@ -425,6 +477,50 @@ class Accelerator {
                                            apply_padding);
   }
 
+  // A flag any rank may raise (an early-stopping condition, a NaN loss seen
+  // by one rank), as Accelerate's set_trigger/check_trigger. set_trigger()
+  // is local and not a collective. check_trigger() is a collective (one
+  // one-element all-reduce): it returns true on every rank when any rank
+  // set the flag since the last check that returned true, and then clears
+  // it everywhere.
+  //   if (loss.isnan().item<bool>()) accelerator.set_trigger();
+  //   if (accelerator.check_trigger()) break;
+  void set_trigger() { trigger_ = true; }
+  bool check_trigger();
+
+  // Releases this Accelerator's references to everything prepared (models
+  // and their DDP/ZeRO wrappers, optimizers, schedulers, loaders, the join
+  // hooks), resets the step count to 0, and, when CUDA is present, returns
+  // the CUDA caching allocator's unused blocks to the driver (Accelerate's
+  // free_memory / clear). Objects the program still holds stay valid but
+  // are no longer this Accelerator's: save_state() and load_state() no
+  // longer cover them. Afterwards prepare fresh objects as after
+  // construction (find_executable_batch_size retries do exactly this). The
+  // loss scaler and the trackers are kept. Call between steps, outside any
+  // guard; collective in the sense that every rank must do it at the same
+  // point (it communicates nothing itself).
+  void free_memory();
+
+  // Runs fn(batch_size) from `starting_batch_size`, halving the batch size
+  // after an out-of-memory error (c10::OutOfMemoryError, which LibTorch's
+  // CUDA and CPU allocators throw, or std::bad_alloc) until a call returns;
+  // returns the batch size that ran (Accelerate's find_executable_batch_size,
+  // as a method: the ranks must agree). After every attempt the ranks agree
+  // (one all-gather of each rank's outcome), so when only some ranks ran out
+  // of memory every rank retries with the same halved size, and fn has run
+  // the same number of times with the same sizes everywhere. Any other
+  // exception is rethrown on the rank that raised it and reported as an
+  // Error naming that rank on the others. UsageError when even batch size 1
+  // runs out of memory, or for starting_batch_size < 1. Call fn's cleanup
+  // (free_memory(), dropping tensors) inside fn. Limitation: an OOM that
+  // strikes while the other ranks wait in a collective with this one
+  // (inside DDP's backward, say) cannot be agreed on: they wait until the
+  // process group's timeout and fail with its CommError. Allocate the
+  // batch's big tensors before the first collective of an attempt (the
+  // forward pass usually does) to keep OOMs agreeable. Collective.
+  int64_t find_executable_batch_size(const std::function<void(int64_t)>& fn,
+                                     int64_t starting_batch_size);
+
   // The bare module: its state dict has no wrapper prefix (no "module.").
   // The first prepared model (null before any).
   std::shared_ptr<torch::nn::Module> unwrap_model() const;
@@ -461,6 +557,52 @@ class Accelerator {
   // position. UsageError when the model or optimizer does not match the
   // checkpoint; CheckpointError for a missing or corrupt one. Collective.
   nlohmann::json load_state(const std::string& dir, const LoadStateOptions& options = {});
+  // Registers `object` (anything with state: a custom counter, an EMA, a
+  // sampler of its own) so that save_state() saves it and load_state()
+  // restores it, as Accelerate's register_for_checkpointing. The objects are
+  // saved in registration order as custom_checkpoint_<i> (their JSON in the
+  // checkpoint's metadata, their tensors under "custom_checkpoint_<i>/"),
+  // from rank 0's object (as Accelerate saves from the main process); on
+  // load every rank's object gets rank 0's saved state. load_state()
+  // refuses a checkpoint holding a different number of custom objects
+  // (UsageError, before anything is restored): register the same objects in
+  // the same order. The Accelerator shares ownership. Not a collective;
+  // every rank registers the same objects.
+  void register_for_checkpointing(std::shared_ptr<Checkpointable> object);
+  // The same for a pair of functions (state_dict, load_state_dict).
+  void register_for_checkpointing(std::function<CustomState()> state_dict,
+                                  std::function<void(const CustomState&)> load_state_dict);
+
+  // Functions save_state() and load_state() call first, on every rank, with
+  // the prepared models (in preparation order) and the directory they were
+  // given, before anything is written or read (Accelerate's
+  // register_save_state_pre_hook / register_load_state_pre_hook). Use them
+  // to save or load what tandem does not (a tokenizer, an adapter's own
+  // files) next to the checkpoint. Unlike Accelerate the hooks cannot take
+  // models out of the checkpoint: every prepared model is saved and loaded,
+  // since load_state() reshards them and checks the architecture. A hook
+  // that throws aborts the save or load on that rank (the others then fail
+  // in the commit). Hooks run in registration order. Not thread-safe.
+  using StatePreHook = std::function<void(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& models, const std::string& dir)>;
+  // Removes its hook (Accelerate's RemovableHandle); removing twice, or
+  // after the Accelerator is gone, does nothing. Dropping the handle keeps
+  // the hook.
+  class HookHandle {
+   public:
+    void remove();
+
+   private:
+    friend class Accelerator;
+    HookHandle(std::weak_ptr<detail::StateHooks> hooks, bool save, int64_t id)
+        : hooks_(std::move(hooks)), save_(save), id_(id) {}
+    std::weak_ptr<detail::StateHooks> hooks_;
+    bool save_;
+    int64_t id_;
+  };
+  HookHandle register_save_state_pre_hook(StatePreHook hook);
+  HookHandle register_load_state_pre_hook(StatePreHook hook);
+
   // True when DIR holds a committed checkpoint that load_state(dir) would
   // load (a `latest` file naming a complete tag).
   static bool has_checkpoint(const std::string& dir);
@@ -520,16 +662,36 @@ class Accelerator {
                      const std::map<std::string, HParamValue>& config = {});
   void log(const std::map<std::string, double>& values, int64_t step);
 
+  // Profiles the block the returned session covers with LibTorch's
+  // profiler (Kineto: CPU operators, CUDA kernels when training on CUDA)
+  // and writes a Chrome trace per rank, OUTPUT_TRACE_DIR/profile_<rank>.json
+  // (Accelerate's profile() with ProfileKwargs(output_trace_dir=...)), open
+  // it in chrome://tracing or Perfetto. tandem's collectives appear as
+  // "tandem::<collective>" (tandem::all_reduce, tandem::broadcast, ...) and
+  // DDP's bucket reductions as "tandem::bucket <b>" (launch) and
+  // "tandem::bucket <b> wait". Collective: begins and ends with a barrier;
+  // call stop() (or let the session go out of scope) on every rank.
+  //   tandem::ProfileOptions options;
+  //   options.output_trace_dir = "traces";
+  //   { auto profile = accelerator.profile(options); train_step(); }
+  // See tandem/accelerate/profiler.h for what ranks as threads share.
+  [[nodiscard]] ProfileSession profile(const ProfileOptions& options);
+
   // Flushes trackers and waits for every rank.
   void end_training();
 
  private:
+  friend class LocalSGD;
+  // LocalSGD (local_sgd.cpp): every rank's trainable parameters of model
+  // `index`, and the fp32 masters of the optimizers over them, replaced by
+  // their mean across ranks. Collective.
+  void average_parameters(std::size_t index);
   // One prepared model: how it is held across ranks, the optimizers
   // prepared over it (indices into optimizers_; under ZeRO at most one), and
   // the prefix of its tensors' checkpoint names.
   struct PreparedModel {
     std::shared_ptr<torch::nn::Module> module;
-    std::unique_ptr<detail::ModelStrategy> strategy;
+    std::shared_ptr<detail::ModelStrategy> strategy;  // shared with no_sync guards
     std::vector<std::size_t> optimizers;
     std::string prefix;
   };
@@ -548,6 +710,13 @@ class Accelerator {
   // The prepared optimizer `caller` acts on when none is named.
   AcceleratedOptimizer& only_optimizer(const char* caller) const;
   void check_models_synchronised();
+  NoSyncGuard no_sync_at(std::size_t index);
+  // Custom objects and pre-hooks in save_state/load_state
+  // (accelerator_state_hooks.cpp).
+  void run_state_pre_hooks(bool save, const std::string& dir);
+  nlohmann::json custom_state_meta(std::vector<std::pair<std::string, at::Tensor>>* tensors);
+  void check_custom_states(const CheckpointReader& checkpoint) const;
+  void restore_custom_states(const CheckpointReader& checkpoint);
   void save_model_at(std::size_t index, const std::string& dir);
   LoadSafetensorsResult load_model_weights_at(std::size_t index, const std::string& path,
                                               const LoadSafetensorsOptions& options);
@@ -593,6 +762,10 @@ class Accelerator {
   bool log_tensorboard_ = false;
   std::string project_dir_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  bool trigger_ = false;  // set_trigger() since the last check_trigger() that fired
+  // register_for_checkpointing() objects, in order, and the state pre-hooks.
+  std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
+  std::shared_ptr<detail::StateHooks> state_hooks_;
 };
 
 }  // namespace tandem

@@ -1,0 +1,105 @@
+// Accelerator::free_memory and find_executable_batch_size: letting go of
+// what was prepared, and retrying a run at smaller batch sizes after an
+// out-of-memory error, with every rank agreeing on the size.
+
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <fmt/ranges.h>
+
+#include "accelerate/model_strategy.h"
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
+#include "core/torch_compat_memory.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/core/error.h"
+#include "tandem/core/logging.h"
+
+namespace tandem {
+
+void Accelerator::free_memory() {
+  // The join hooks sit on the models' parameters: off first.
+  join_hooks_.reset();
+  models_.clear();
+  optimizers_.clear();
+  schedulers_.clear();
+  train_cursor_.reset();
+  models_checked_ = false;
+  training_data_prepared_ = false;
+  // A fresh micro-step schedule at step 0 (Accelerate resets its step): the
+  // released objects keep the old controller, shared with them, so nothing
+  // they do reaches what is prepared next.
+  controller_ = std::make_shared<detail::StepController>(
+      config_.gradient_accumulation_steps.value_or(1));
+  compat::empty_cuda_cache();
+}
+
+namespace accelerator_memory_detail {
+
+// What one attempt did on this rank, as the agreement sends it.
+constexpr const char* kOutOfMemory = "oom";
+
+}  // namespace accelerator_memory_detail
+
+int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t)>& fn,
+                                                int64_t starting_batch_size) {
+  TANDEM_CHECK_ARG(fn != nullptr, "Accelerator::find_executable_batch_size: fn is empty");
+  TANDEM_CHECK_ARG(starting_batch_size >= 1,
+                   "Accelerator::find_executable_batch_size: starting_batch_size must be >= 1, "
+                   "got {}",
+                   starting_batch_size);
+  const int world = num_processes();
+  for (int64_t batch_size = starting_batch_size;; batch_size /= 2) {
+    // Every rank reaches this with the same batch_size (decided below from
+    // what all ranks reported), so every rank throws here alike.
+    TANDEM_CHECK_ARG(batch_size >= 1,
+                     "Accelerator::find_executable_batch_size: no executable batch size found: "
+                     "every size from {} down to 1 ran out of memory on some rank. Free memory "
+                     "(a smaller model, mixed precision, ZeRO, activation checkpointing) or "
+                     "check that fn releases what an attempt allocated",
+                     starting_batch_size);
+    std::string outcome;  // empty: fn returned
+    std::exception_ptr error;
+    try {
+      fn(batch_size);
+    } catch (const c10::OutOfMemoryError&) {
+      outcome = accelerator_memory_detail::kOutOfMemory;
+    } catch (const std::bad_alloc&) {
+      outcome = accelerator_memory_detail::kOutOfMemory;
+    } catch (const std::exception& e) {
+      outcome = std::string("error: ") + e.what();
+      error = std::current_exception();
+    } catch (...) {
+      outcome = "error: a non-standard exception";
+      error = std::current_exception();
+    }
+    // Agree, so that a rank whose attempt ran while another ran out of
+    // memory retries too: fn runs with the same sizes everywhere.
+    const std::vector<std::string> outcomes = process_group_->all_gather_strings(outcome);
+    std::vector<int> out_of_memory;
+    for (int r = 0; r < world; ++r) {
+      const std::string& o = outcomes[static_cast<std::size_t>(r)];
+      if (o == accelerator_memory_detail::kOutOfMemory) {
+        out_of_memory.push_back(r);
+      } else if (!o.empty()) {
+        if (error) std::rethrow_exception(error);
+        TANDEM_THROW(Error,
+                     "Accelerator::find_executable_batch_size: [rank {}/{}] fn({}) failed on "
+                     "rank {}: {}. Every rank stops; see that rank's error",
+                     process_index(), world, batch_size, r, o.substr(7));
+      }
+    }
+    if (out_of_memory.empty()) return batch_size;
+    if (is_main_process() && batch_size > 1) {
+      log_warn("find_executable_batch_size: batch size {} ran out of memory on rank(s) {}; "
+               "retrying with {}",
+               batch_size, fmt::join(out_of_memory, ", "), batch_size / 2);
+    }
+    compat::empty_cuda_cache();
+  }
+}
+
+}  // namespace tandem
