@@ -23,13 +23,13 @@ namespace {
 
 using testing::run_ranks;
 
-struct Saved {
+struct Save16Result {
   std::vector<std::string> errors;            // per rank: the UsageError, if any
   testing::Params whole;                      // rank 0's whole fp32 parameters
 };
 
 // Trains one step on 2 ranks and saves to `dir`.
-Saved train_and_save(int stage, MixedPrecision precision, std::optional<bool> gather16,
+Save16Result save16_train_and_save(int stage, MixedPrecision precision, std::optional<bool> gather16,
                      const std::string& dir) {
   testing::Recipe r;
   Config config;
@@ -40,7 +40,7 @@ Saved train_and_save(int stage, MixedPrecision precision, std::optional<bool> ga
   auto gen = at::detail::createCPUGenerator(3);
   const auto x = torch::randn({8, r.in}, gen);
   const auto y = torch::randint(0, r.out, {8}, gen);
-  Saved out;
+  Save16Result out;
   out.errors.assign(2, "");
   std::mutex mutex;
   run_ranks(2, [&](ProcessGroup& pg) {
@@ -79,7 +79,7 @@ Saved train_and_save(int stage, MixedPrecision precision, std::optional<bool> ga
 
 TEST(ZeroSave16Bit, TrueWritesTheGatheredParametersInTheTrainingDtype) {
   testing::ScratchDir dir;
-  const Saved saved = train_and_save(3, MixedPrecision::kBf16, true, dir.path());
+  const Save16Result saved = save16_train_and_save(3, MixedPrecision::kBf16, true, dir.path());
   ASSERT_EQ(saved.errors[0], "");
   SafetensorsReader file(dir.path() + "/model.safetensors");
   ASSERT_EQ(file.entries().size(), saved.whole.size());
@@ -93,7 +93,7 @@ TEST(ZeroSave16Bit, TrueWritesTheGatheredParametersInTheTrainingDtype) {
 
 TEST(ZeroSave16Bit, NotGivenKeepsTheParametersDtype) {
   testing::ScratchDir dir;
-  const Saved saved = train_and_save(3, MixedPrecision::kBf16, std::nullopt, dir.path());
+  const Save16Result saved = save16_train_and_save(3, MixedPrecision::kBf16, std::nullopt, dir.path());
   ASSERT_EQ(saved.errors[0], "");
   SafetensorsReader file(dir.path() + "/model.safetensors");
   for (const auto& [name, value] : saved.whole) {
@@ -104,13 +104,13 @@ TEST(ZeroSave16Bit, NotGivenKeepsTheParametersDtype) {
 
 TEST(ZeroSave16Bit, FalseRefusesOnEveryRankUnderZero3Only) {
   testing::ScratchDir dir;
-  const Saved refused = train_and_save(3, MixedPrecision::kBf16, false, dir.path());
+  const Save16Result refused = save16_train_and_save(3, MixedPrecision::kBf16, false, dir.path());
   for (const auto& error : refused.errors) {
     EXPECT_NE(error.find("stage3_gather_16bit_weights_on_model_save"), std::string::npos) << error;
     EXPECT_NE(error.find("save_state"), std::string::npos) << error;
   }
   testing::ScratchDir other;
-  const Saved stage2 = train_and_save(2, MixedPrecision::kBf16, false, other.path());
+  const Save16Result stage2 = save16_train_and_save(2, MixedPrecision::kBf16, false, other.path());
   EXPECT_EQ(stage2.errors[0], "");
   EXPECT_EQ(stage2.errors[1], "");
   SafetensorsReader file(other.path() + "/model.safetensors");

@@ -23,7 +23,7 @@ using testing::parse_error;
 
 TEST(TrainingKeys, DeepSpeedZeroCommunicationKeysAreReadWithoutWarnings) {
   Config c = parse_config_text(R"({"zero_optimization": {"stage": 2, "reduce_scatter": false,
-      "overlap_comm": false, "allgather_bucket_size": 123})", "ds.json");
+      "overlap_comm": false, "allgather_bucket_size": 123}})", "ds.json");
   EXPECT_FALSE(c.zero.reduce_scatter);
   EXPECT_FALSE(c.zero.overlap_comm);
   EXPECT_EQ(c.zero.allgather_bucket_size, 123);
@@ -94,7 +94,7 @@ TEST(TrainingKeys, AccelerateDebugAndCpuAffinityAreReadAndDowncastBf16SaysWhy) {
 }
 
 // Accelerate's values for each hidden size, from its own source.
-std::map<int64_t, std::map<std::string, int64_t>> accelerate_reference(
+std::map<int64_t, std::map<std::string, int64_t>> training_keys_accelerate_reference(
     const std::vector<int64_t>& hidden_sizes, int* status) {
   std::string command = std::string(TANDEM_PEER_PYTHON) + " " + TANDEM_SOURCE_DIR +
                         "/tests/config/accelerate_auto_sizes.py";
@@ -121,7 +121,7 @@ std::map<int64_t, std::map<std::string, int64_t>> accelerate_reference(
 TEST(TrainingKeys, AutoSizesFromTheHiddenSizeMatchAccelerate) {
   const std::vector<int64_t> sizes = {1, 3, 7, 10, 768, 1000, 4096, 5120, 12288};
   int status = 0;
-  auto reference = accelerate_reference(sizes, &status);
+  auto reference = training_keys_accelerate_reference(sizes, &status);
   if (status == 77) GTEST_SKIP() << "accelerate is not importable from " << TANDEM_PEER_PYTHON;
   ASSERT_EQ(status, 0);
   ASSERT_EQ(reference.size(), sizes.size());

@@ -22,7 +22,7 @@ using testing::tandem_in;
 using testing::TempDir;
 using testing::write_text;
 
-std::string cpu_config(int processes, const std::string& extra) {
+std::string keys_cpu_config(int processes, const std::string& extra) {
   return "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: " +
          std::to_string(processes) + "\nnum_machines: 1\nmachine_rank: 0\nuse_cpu: true\n" +
          extra;
@@ -30,7 +30,7 @@ std::string cpu_config(int processes, const std::string& extra) {
 
 // `tandem launch` of launch_test_worker ARGS with `config`, without the
 // debug variables of the environment the test runs in.
-testing::ProcessResult launch_with(const std::string& config,
+testing::ProcessResult keys_launch_with(const std::string& config,
                                    const std::vector<std::string>& worker_args) {
   TempDir home;
   const std::string path = home.path() + "/accelerate.yaml";
@@ -43,7 +43,7 @@ testing::ProcessResult launch_with(const std::string& config,
   return run_process(argv, 120);
 }
 
-int count(const std::string& text, const std::string& what) {
+int keys_count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
@@ -52,13 +52,13 @@ int count(const std::string& text, const std::string& what) {
 // A desync after the first 256 collectives, which the default check no
 // longer covers.
 TEST(LaunchTrainingKeys, DebugCatchesADesyncAfterTheFirst256Collectives) {
-  auto plain = launch_with(cpu_config(2, ""), {"desync-after", "300"});
+  auto plain = keys_launch_with(keys_cpu_config(2, ""), {"desync-after", "300"});
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
-  EXPECT_EQ(count(plain.out, "no desync caught"), 2) << plain.out << plain.err;
+  EXPECT_EQ(keys_count(plain.out, "no desync caught"), 2) << plain.out << plain.err;
 
-  auto debug = launch_with(cpu_config(2, "debug: true\n"), {"desync-after", "300"});
+  auto debug = keys_launch_with(keys_cpu_config(2, "debug: true\n"), {"desync-after", "300"});
   EXPECT_NE(debug.exit_code, 0) << debug.out;
-  EXPECT_EQ(count(debug.out, "no desync caught"), 0) << debug.out;
+  EXPECT_EQ(keys_count(debug.out, "no desync caught"), 0) << debug.out;
   EXPECT_NE(debug.err.find("collective desync at #"), std::string::npos) << debug.err;
   EXPECT_NE(debug.err.find("rank 0 called all_reduce Float[6] (sum) but rank 1 called "
                            "all_reduce Float[6] (max)"),
@@ -67,7 +67,7 @@ TEST(LaunchTrainingKeys, DebugCatchesADesyncAfterTheFirst256Collectives) {
 }
 
 // "0-2,5" -> {0, 1, 2, 5}.
-std::set<int> parse_cpu_list(const std::string& text) {
+std::set<int> keys_parse_cpu_list(const std::string& text) {
   std::set<int> cpus;
   std::stringstream in(text);
   for (std::string part; std::getline(in, part, ',');) {
@@ -80,7 +80,7 @@ std::set<int> parse_cpu_list(const std::string& text) {
 }
 
 // Each rank's Cpus_allowed_list, by local rank.
-std::vector<std::set<int>> worker_cpus(const std::string& out, int workers) {
+std::vector<std::set<int>> keys_worker_cpus(const std::string& out, int workers) {
   std::vector<std::set<int>> cpus(workers);
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
@@ -88,13 +88,13 @@ std::vector<std::set<int>> worker_cpus(const std::string& out, int workers) {
     char list[256] = {0};
     if (std::sscanf(line.c_str(), "rank %d Cpus_allowed_list: %255s", &rank, list) == 2 &&
         rank >= 0 && rank < workers) {
-      cpus[rank] = parse_cpu_list(list);
+      cpus[rank] = keys_parse_cpu_list(list);
     }
   }
   return cpus;
 }
 
-std::set<int> my_cpus() {
+std::set<int> keys_my_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   ::sched_getaffinity(0, sizeof(set), &set);
@@ -106,19 +106,19 @@ std::set<int> my_cpus() {
 }
 
 TEST(LaunchTrainingKeys, CpuAffinityGivesEachLocalWorkerItsOwnCpus) {
-  const std::set<int> allowed = my_cpus();
+  const std::set<int> allowed = keys_my_cpus();
   const int workers = 2;
   if (allowed.size() < static_cast<size_t>(workers)) {
     GTEST_SKIP() << "needs at least " << workers << " CPUs, this process may use "
                  << allowed.size();
   }
-  auto plain = launch_with(cpu_config(workers, ""), {"cpus"});
+  auto plain = keys_launch_with(keys_cpu_config(workers, ""), {"cpus"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  for (const auto& cpus : worker_cpus(plain.out, workers)) EXPECT_EQ(cpus, allowed) << plain.out;
+  for (const auto& cpus : keys_worker_cpus(plain.out, workers)) EXPECT_EQ(cpus, allowed) << plain.out;
 
-  auto pinned = launch_with(cpu_config(workers, "enable_cpu_affinity: true\n"), {"cpus"});
+  auto pinned = keys_launch_with(keys_cpu_config(workers, "enable_cpu_affinity: true\n"), {"cpus"});
   ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
-  const auto cpus = worker_cpus(pinned.out, workers);
+  const auto cpus = keys_worker_cpus(pinned.out, workers);
   std::set<int> all;
   size_t total = 0;
   for (const auto& share : cpus) {

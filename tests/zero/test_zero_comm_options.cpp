@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "support/thread_ranks.h"
+#include "tandem/core/error.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
@@ -19,27 +20,27 @@ using testing::Params;
 using testing::Recipe;
 using testing::run_ranks;
 
-struct CommRun {
+struct CommOptionsRun {
   std::vector<Params> params;                       // per rank, after training
   std::vector<ZeroOptimizer::CommStats> stats;      // per rank, after the last step
   std::vector<std::size_t> groups;                  // per rank
 };
 
-Recipe comm_recipe() {
+Recipe comm_options_recipe() {
   Recipe r;
   r.global_batch = 12;  // splits evenly over 2 and 3 ranks
   r.steps = 3;
   return r;
 }
 
-Params ddp_reference(int world, const Recipe& r) {
+Params comm_ddp_reference(int world, const Recipe& r) {
   std::vector<Params> out(world);
   run_ranks(world, [&](ProcessGroup& pg) { out[pg.rank()] = testing::train_ddp(pg, r); });
   return out[0];
 }
 
-CommRun zero_run(int world, const Recipe& r, const ZeroOptions& options) {
-  CommRun run;
+CommOptionsRun comm_zero_run(int world, const Recipe& r, const ZeroOptions& options) {
+  CommOptionsRun run;
   run.params.resize(world);
   run.stats.resize(world);
   run.groups.resize(world);
@@ -53,13 +54,13 @@ CommRun zero_run(int world, const Recipe& r, const ZeroOptions& options) {
   return run;
 }
 
-void expect_like_ddp(const CommRun& run, const Params& expected) {
+void comm_expect_like_ddp(const CommOptionsRun& run, const Params& expected) {
   for (std::size_t rank = 0; rank < run.params.size(); ++rank) {
     EXPECT_LT(testing::max_relative_diff(run.params[rank], expected), 1e-5) << "rank " << rank;
   }
 }
 
-ZeroOptions options_for(int stage) {
+ZeroOptions comm_options_for(int stage) {
   ZeroOptions options;
   options.stage = stage;
   options.reduce_bucket_size = 150;  // several buckets in stages 1 and 2
@@ -67,24 +68,24 @@ ZeroOptions options_for(int stage) {
   return options;
 }
 
-using StageWorld = std::tuple<int, int>;
-std::string case_name(const ::testing::TestParamInfo<StageWorld>& info) {
+using CommStageWorld = std::tuple<int, int>;
+std::string comm_case_name(const ::testing::TestParamInfo<CommStageWorld>& info) {
   return "Stage" + std::to_string(std::get<0>(info.param)) + "World" +
          std::to_string(std::get<1>(info.param));
 }
 
-class ZeroReduceScatterOff : public ::testing::TestWithParam<StageWorld> {};
+class ZeroReduceScatterOff : public ::testing::TestWithParam<CommStageWorld> {};
 
 TEST_P(ZeroReduceScatterOff, AllReducesEveryPackAndTrainsLikeDdp) {
   auto [stage, world] = GetParam();
-  const Recipe r = comm_recipe();
-  ZeroOptions options = options_for(stage);
-  const CommRun on = zero_run(world, r, options);
+  const Recipe r = comm_options_recipe();
+  ZeroOptions options = comm_options_for(stage);
+  const CommOptionsRun on = comm_zero_run(world, r, options);
   options.reduce_scatter = false;
-  const CommRun off = zero_run(world, r, options);
-  const Params expected = ddp_reference(world, r);
-  expect_like_ddp(on, expected);
-  expect_like_ddp(off, expected);
+  const CommOptionsRun off = comm_zero_run(world, r, options);
+  const Params expected = comm_ddp_reference(world, r);
+  comm_expect_like_ddp(on, expected);
+  comm_expect_like_ddp(off, expected);
   for (int rank = 0; rank < world; ++rank) {
     EXPECT_GT(on.stats[rank].reduce_scatters, 0);
     EXPECT_EQ(on.stats[rank].gradient_all_reduces, 0);
@@ -97,20 +98,20 @@ TEST_P(ZeroReduceScatterOff, AllReducesEveryPackAndTrainsLikeDdp) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroReduceScatterOff,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values(2, 3)),
-                         case_name);
+                         comm_case_name);
 
-class ZeroOverlapCommOff : public ::testing::TestWithParam<StageWorld> {};
+class ZeroOverlapCommOff : public ::testing::TestWithParam<CommStageWorld> {};
 
 TEST_P(ZeroOverlapCommOff, ReducesNothingDuringBackwardAndTrainsLikeDdp) {
   auto [stage, world] = GetParam();
-  const Recipe r = comm_recipe();
-  ZeroOptions options = options_for(stage);
-  const CommRun overlapped = zero_run(world, r, options);
+  const Recipe r = comm_options_recipe();
+  ZeroOptions options = comm_options_for(stage);
+  const CommOptionsRun overlapped = comm_zero_run(world, r, options);
   options.overlap_comm = false;
-  const CommRun after = zero_run(world, r, options);
-  const Params expected = ddp_reference(world, r);
-  expect_like_ddp(overlapped, expected);
-  expect_like_ddp(after, expected);
+  const CommOptionsRun after = comm_zero_run(world, r, options);
+  const Params expected = comm_ddp_reference(world, r);
+  comm_expect_like_ddp(overlapped, expected);
+  comm_expect_like_ddp(after, expected);
   for (int rank = 0; rank < world; ++rank) {
     // Overlapped: every group but the last to complete goes out while
     // backward still runs.
@@ -121,20 +122,20 @@ TEST_P(ZeroOverlapCommOff, ReducesNothingDuringBackwardAndTrainsLikeDdp) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroOverlapCommOff,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 3)),
-                         case_name);
+                         comm_case_name);
 
-class ZeroAllgatherBucket : public ::testing::TestWithParam<StageWorld> {};
+class ZeroAllgatherBucket : public ::testing::TestWithParam<CommStageWorld> {};
 
 TEST_P(ZeroAllgatherBucket, SplitsEachGatherIntoBucketsAndTrainsLikeDdp) {
   auto [stage, world] = GetParam();
-  const Recipe r = comm_recipe();
-  ZeroOptions options = options_for(stage);
-  const CommRun whole = zero_run(world, r, options);
+  const Recipe r = comm_options_recipe();
+  ZeroOptions options = comm_options_for(stage);
+  const CommOptionsRun whole = comm_zero_run(world, r, options);
   options.allgather_bucket_size = 5;  // below the world size too: one element per rank
-  const CommRun split = zero_run(world, r, options);
-  const Params expected = ddp_reference(world, r);
-  expect_like_ddp(whole, expected);
-  expect_like_ddp(split, expected);
+  const CommOptionsRun split = comm_zero_run(world, r, options);
+  const Params expected = comm_ddp_reference(world, r);
+  comm_expect_like_ddp(whole, expected);
+  comm_expect_like_ddp(split, expected);
   for (int rank = 0; rank < world; ++rank) {
     if (stage < 3) {
       // One all-gather per group per step.
@@ -152,13 +153,13 @@ TEST_P(ZeroAllgatherBucket, SplitsEachGatherIntoBucketsAndTrainsLikeDdp) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroAllgatherBucket,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 3)),
-                         case_name);
+                         comm_case_name);
 
 TEST(ZeroAllgatherBucket, RefusesABucketBelowOneElement) {
   run_ranks(1, [&](ProcessGroup& pg) {
-    ZeroOptions options = options_for(2);
+    ZeroOptions options = comm_options_for(2);
     options.allgather_bucket_size = 0;
-    EXPECT_THROW(testing::train_zero(pg, comm_recipe(), options), UsageError);
+    EXPECT_THROW(testing::train_zero(pg, comm_options_recipe(), options), UsageError);
   });
 }
 
