@@ -119,3 +119,45 @@ TEST(ZeroSave16Bit, FalseRefusesOnEveryRankUnderZero3Only) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// AcceleratorOptions::hidden_size fills the sizes a DeepSpeed config left
+// "auto" (tests/config/test_training_keys.cpp checks the formulas against
+// accelerate's own), and the ZeRO optimizer runs with them.
+TEST(ZeroAutoSizes, TheHiddenSizeFillsTheAutoSizesTheOptimizerUses) {
+  const std::string text = R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": 7}})";
+  const Config file = parse_config_text(text, "ds.json");
+  for (const std::optional<int64_t> hidden : {std::optional<int64_t>(16), std::optional<int64_t>()}) {
+    run_ranks(2, [&](ProcessGroup& pg) {
+      AcceleratorOptions options;
+      options.hidden_size = hidden;
+      Accelerator accelerator(pg.shared_from_this(), file, options);
+      const HiddenSizeAutoSizes expected = hidden_size_auto_sizes(hidden.value_or(1));
+      const ZeroConfig& zero = accelerator.config().zero;
+      if (hidden) {
+        EXPECT_EQ(zero.reduce_bucket_size, expected.reduce_bucket_size);
+        EXPECT_EQ(zero.stage3_prefetch_bucket_size, expected.stage3_prefetch_bucket_size);
+        EXPECT_EQ(accelerator.config().auto_keys.count("zero_optimization.reduce_bucket_size"), 0u);
+      } else {
+        EXPECT_EQ(zero.reduce_bucket_size, ZeroConfig{}.reduce_bucket_size);
+        EXPECT_EQ(zero.stage3_prefetch_bucket_size, ZeroConfig{}.stage3_prefetch_bucket_size);
+        EXPECT_EQ(accelerator.config().auto_keys.count("zero_optimization.reduce_bucket_size"), 1u);
+      }
+      EXPECT_EQ(zero.stage3_param_persistence_threshold, 7);  // a number stays
+      testing::Recipe r;
+      testing::Stack model = testing::make_model(r);
+      auto adamw = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                         torch::optim::AdamWOptions(1e-2));
+      accelerator.prepare_model(model);
+      accelerator.prepare_optimizer(adamw);
+      EXPECT_EQ(accelerator.zero_optimizer()->options().prefetch_bucket_size,
+                zero.stage3_prefetch_bucket_size);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace tandem
