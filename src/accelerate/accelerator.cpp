@@ -65,20 +65,27 @@ namespace accelerator_detail {
 // and says so.
 void warn_unfilled_auto_sizes(const Config& config) {
   if (config.zero.stage == 0) return;
+  const int64_t values[] = {config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
+                            config.zero.stage3_param_persistence_threshold};
+  // DeepSpeed's short names stand for the same keys.
+  const char* short_keys[] = {"zero_optimization.reduce_bucket_size",
+                              "zero_optimization.prefetch_bucket_size",
+                              "zero_optimization.param_persistence_threshold"};
   std::vector<std::string> unfilled;
-  for (const auto& key : hidden_size_auto_keys()) {
-    if (config.auto_keys.count(key)) unfilled.push_back(key);
+  std::vector<std::string> defaults;
+  for (std::size_t i = 0; i < hidden_size_auto_keys().size(); ++i) {
+    const std::string& key = hidden_size_auto_keys()[i];
+    if (!config.auto_keys.count(key) && !config.auto_keys.count(short_keys[i])) continue;
+    unfilled.push_back(key);
+    defaults.push_back(fmt::format("{}={}", key.substr(key.find('.') + 1), values[i]));
   }
   if (unfilled.empty()) return;
   log_warn("{}: {} {} \"auto\", which Accelerate fills from model.config.hidden_size, and a C++ "
-           "model has no config: tandem uses its defaults reduce_bucket_size={}, "
-           "stage3_prefetch_bucket_size={}, stage3_param_persistence_threshold={}. Set "
-           "AcceleratorOptions::hidden_size to fill them as Accelerate does, or write numbers "
-           "in the config",
+           "model has no config: tandem keeps its defaults {}. Set AcceleratorOptions::hidden_size "
+           "to fill them as Accelerate does, or write numbers in the config",
            config.source_path.empty() ? "the config" : config.source_path,
            fmt::join(unfilled, ", "), unfilled.size() == 1 ? "is" : "are",
-           config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
-           config.zero.stage3_param_persistence_threshold);
+           fmt::join(defaults, ", "));
 }
 
 }  // namespace accelerator_detail
