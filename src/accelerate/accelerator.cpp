@@ -59,6 +59,39 @@ Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config con
 // wrapper, the ZeRO optimizer); the join hooks hold the controller weakly.
 Accelerator::~Accelerator() = default;
 
+namespace accelerator_detail {
+
+// Accelerate refuses "auto" sizes it cannot fill; tandem keeps its defaults
+// and says so.
+void warn_unfilled_auto_sizes(const Config& config) {
+  if (config.zero.stage == 0) return;
+  const int64_t values[] = {config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
+                            config.zero.stage3_param_persistence_threshold};
+  // DeepSpeed's short names stand for the same keys.
+  const char* short_keys[] = {"zero_optimization.reduce_bucket_size",
+                              "zero_optimization.prefetch_bucket_size",
+                              "zero_optimization.param_persistence_threshold"};
+  std::vector<std::string> unfilled;
+  std::vector<std::string> defaults;
+  for (std::size_t i = 0; i < hidden_size_auto_keys().size(); ++i) {
+    const std::string& key = hidden_size_auto_keys()[i];
+    if (!config.auto_keys.count(key) && !config.auto_keys.count(short_keys[i])) continue;
+    unfilled.push_back(key);
+    defaults.push_back(fmt::format("{}={}", key.substr(key.find('.') + 1), values[i]));
+  }
+  if (unfilled.empty()) return;
+  log_warn("{}: {} {} \"auto\", which Accelerate fills from model.config.hidden_size, and a C++ "
+           "model has no config: tandem keeps its defaults {}. Set AcceleratorOptions::hidden_size "
+           "to fill them as Accelerate does, or write numbers in the config",
+           config.source_path.empty() ? "the config" : config.source_path,
+           fmt::join(unfilled, ", "), unfilled.size() == 1 ? "is" : "are",
+           fmt::join(defaults, ", "));
+}
+
+}  // namespace accelerator_detail
+
+using accelerator_detail::warn_unfilled_auto_sizes;
+
 void Accelerator::init_state(const AcceleratorOptions& options) {
   for (const auto& tracker : options.log_with) {
     TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "all",
@@ -73,10 +106,13 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   overrides_.gradient_accumulation_steps = options.gradient_accumulation_steps;
   overrides_.gradient_clipping = options.gradient_clipping;
   controller_ = std::make_shared<detail::StepController>();
+  // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
+  if (options.hidden_size) fill_hidden_size_auto(file_config_, *options.hidden_size);
   resolve(0);
   detail::check_config_consistency(*process_group_, config_);
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
+    warn_unfilled_auto_sizes(config_);
   }
   const bool want_cuda = !options.cpu && !config_.use_cpu;
   if (want_cuda && torch::cuda::is_available()) {

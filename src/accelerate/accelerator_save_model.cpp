@@ -3,12 +3,16 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
+
+#include <ATen/ATen.h>
 
 #include "accelerate/model_strategy.h"
 #include "checkpoint/checkpoint_fs.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors.h"
+#include "tandem/config/config.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 
@@ -28,6 +32,31 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   torch::nn::Module& model = *models_[index].module;
   detail::ModelStrategy& strategy = *models_[index].strategy;
   const bool rank0 = is_main_process();
+  // stage3_gather_16bit_weights_on_model_save (zero3_save_16bit_model):
+  // every rank has the same config, so every rank refuses alike.
+  const std::optional<bool> gather16 = config_.zero.gather_16bit_weights_on_model_save;
+  const bool zero3 = strategy.zero_stage() == 3;
+  TANDEM_CHECK_ARG(!zero3 || gather16.value_or(true),
+                   "save_model('{}'): the model is sharded by ZeRO-3 and the config sets "
+                   "stage3_gather_16bit_weights_on_model_save (Accelerate: "
+                   "zero3_save_16bit_model) to false, so, as in Accelerate, there are no "
+                   "consolidated weights to save. Set it to true to write the gathered weights "
+                   "in the 16-bit training dtype, or save a sharded checkpoint with save_state() "
+                   "and consolidate it with `tandem checkpoint merge`",
+                   dir);
+  // True: parameters are written in the training dtype (bf16/fp16 under
+  // mixed precision), as DeepSpeed's _zero3_consolidated_16bit_state_dict.
+  std::optional<at::ScalarType> param_dtype;
+  if (zero3 && gather16.value_or(false)) {
+    if (config_.mixed_precision == MixedPrecision::kBf16) param_dtype = at::kBFloat16;
+    if (config_.mixed_precision == MixedPrecision::kFp16) param_dtype = at::kHalf;
+  }
+  auto saved_dtype = [&](const at::Tensor& p) {
+    return param_dtype && at::isFloatingType(p.scalar_type()) ? *param_dtype : p.scalar_type();
+  };
+  auto saved_value = [&](const at::Tensor& p) {
+    return saved_dtype(p) == p.scalar_type() ? p : p.to(saved_dtype(p));
+  };
   std::vector<SafetensorsSpec> specs;
   std::unordered_map<std::string, bool> sharded;
   std::vector<std::pair<std::string, at::Tensor>> rest;
@@ -37,11 +66,11 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   // Partitioned parameters first, in the order the strategy gathers them.
   for (const auto& name : strategy.partitioned_names()) {
     const at::Tensor& p = by_name.at(name);
-    specs.push_back({name, p.scalar_type(), p.sizes().vec()});
+    specs.push_back({name, saved_dtype(p), p.sizes().vec()});
     sharded[name] = true;
   }
   for (const auto& [name, p] : params) {
-    if (!sharded.count(name)) rest.emplace_back(name, p);
+    if (!sharded.count(name)) rest.emplace_back(name, saved_value(p));
   }
   for (auto& item : unique_named_buffers(model)) rest.push_back(item);
   for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
@@ -65,7 +94,7 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   });
   // Collective even after a rank-0 failure, so no rank is left waiting.
   strategy.for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
-    guarded([&] { writer->write(name, p); });
+    guarded([&] { writer->write(name, saved_value(p)); });
   });
   guarded([&] {
     for (const auto& [name, t] : rest) writer->write(name, t);

@@ -164,6 +164,9 @@ class ShardedModel final : public ModelStrategy {
     options.prefetch_bucket_size = config_.stage3_prefetch_bucket_size;
     options.max_live_parameters = config_.stage3_max_live_parameters;
     options.param_persistence_threshold = config_.stage3_param_persistence_threshold;
+    options.allgather_bucket_size = config_.allgather_bucket_size;
+    options.reduce_scatter = config_.reduce_scatter;
+    options.overlap_comm = config_.overlap_comm;
     zero_ = std::make_shared<ZeroOptimizer>(module_, prepared, group_, options);
     controller_->attach_gradient_sync([zero = zero_, holds = no_sync_holds_](bool enabled) {
       zero->set_gradient_sync(enabled && *holds == 0);

@@ -211,6 +211,13 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
           v.as_choice({"pdsh", "standard", "openmpi", "mvapich", "mpich", "impi", "slurm", "nossh"});
     } else if (key == "zero3_init_flag") {
       zero.zero3_init = v.as_bool();
+    } else if (key == "zero3_save_16bit_model") {
+      // Accelerate sets stage3_gather_16bit_weights_on_model_save from it.
+      const bool gather = v.as_bool();
+      check_agrees(v, gather ? "true" : "false", json,
+                   "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                   zero.gather_16bit_weights_on_model_save.value_or(false) ? "true" : "false");
+      zero.gather_16bit_weights_on_model_save = gather;
     }
   }
   // Accelerate's DeepSpeed plugin starts from ZeRO stage 2 when nothing
@@ -227,10 +234,8 @@ const KeyTable& accelerate_deepspeed_section_keys() {
       {"zero_stage", "offload_optimizer_device", "offload_param_device",
        "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
        "deepspeed_config_file", "deepspeed_hostfile", "deepspeed_exclusion_filter",
-       "deepspeed_inclusion_filter", "deepspeed_multinode_launcher"},
-      {{"zero3_save_16bit_model", "is not implemented yet: save_model writes the gathered "
-                                  "weights in their training dtype; ignored", {"false"}, check_bool},
-       {"deepspeed_moe_layer_cls_names", "is not implemented: tandem has no mixture-of-experts "
+       "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "zero3_save_16bit_model"},
+      {{"deepspeed_moe_layer_cls_names", "is not implemented: tandem has no mixture-of-experts "
                                          "layers to mark; ignored", {"null", ""}},
        {"seq_parallel_communication_data_type", "is not implemented: tandem has no sequence "
                                                 "parallelism; ignored", {"null"}},
@@ -247,17 +252,15 @@ const KeyTable& accelerate_top_level_keys() {
       {"compute_environment", "distributed_type", "num_processes", "num_machines",
        "machine_rank", "main_process_ip", "main_process_port", "mixed_precision", "gpu_ids",
        "use_cpu", "rdzv_backend", "deepspeed_config", "fp16", "tp_config",
-       "parallelism_config"},
+       "parallelism_config", "debug", "enable_cpu_affinity"},
       {{"fsdp_config", "is ignored: its settings apply to distributed_type FSDP, which tandem "
                        "does not run (ZeRO-3, distributed_type DEEPSPEED with zero_stage 3, "
                        "shards the same way)",
         {"{}", "null"}},
-       {"debug", "is not implemented yet: set TANDEM_DEBUG=DETAIL to check every collective's "
-                 "fingerprint; ignored", {"false"}, check_bool},
-       {"downcast_bf16", "is not implemented: tandem keeps what the program computes in its "
-                         "dtype; ignored", {"no", "false"}},
-       {"enable_cpu_affinity", "is not implemented yet: tandem leaves the workers' CPU affinity "
-                               "to the system; ignored", {"false"}, check_bool},
+       {"downcast_bf16", "applies to TPUs only: Accelerate turns it into XLA_DOWNCAST_BF16, "
+                         "which makes torch_xla store float32 tensors as bfloat16; tandem does "
+                         "not train on TPUs, and on CPUs and GPUs mixed_precision: bf16 is the "
+                         "way to compute in bf16; ignored", {"no", "false"}},
        {"main_training_function", "does not apply to C++: tandem launch runs the program, which "
                                   "starts at main(); ignored", {"main"}},
        {"dynamo_backend", "asks for TorchDynamo, which LibTorch does not have; ignored",
@@ -314,6 +317,10 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
       legacy_fp16 = v;  // Accelerate's old spelling of mixed_precision: fp16
     } else if (key == "tp_config" || key == "parallelism_config") {
       read_accelerate_parallelism(v, key);
+    } else if (key == "debug") {
+      config.debug = v.as_bool();
+    } else if (key == "enable_cpu_affinity") {
+      config.enable_cpu_affinity = v.as_bool();
     }
   }, tandem_key_hint);
 

@@ -125,7 +125,9 @@ bool same(const ZeroConfig& a, const ZeroConfig& b) {
          a.stage3_prefetch_bucket_size == b.stage3_prefetch_bucket_size &&
          a.stage3_param_persistence_threshold == b.stage3_param_persistence_threshold &&
          a.stage3_max_live_parameters == b.stage3_max_live_parameters &&
-         a.zero3_init == b.zero3_init;
+         a.zero3_init == b.zero3_init && a.allgather_bucket_size == b.allgather_bucket_size &&
+         a.reduce_scatter == b.reduce_scatter && a.overlap_comm == b.overlap_comm &&
+         a.gather_16bit_weights_on_model_save == b.gather_16bit_weights_on_model_save;
 }
 
 bool same(const OptimizerConfig& a, const OptimizerConfig& b) {
@@ -171,7 +173,8 @@ bool same_settings(const Config& a, const Config& b) {
          a.gradient_clipping == b.gradient_clipping && a.seed == b.seed && same(a.fp16, b.fp16) &&
          same(a.zero, b.zero) && same(a.optimizer, b.optimizer) &&
          same(a.scheduler, b.scheduler) && same(a.ddp, b.ddp) &&
-         a.activation_checkpointing.enabled == b.activation_checkpointing.enabled;
+         a.activation_checkpointing.enabled == b.activation_checkpointing.enabled &&
+         a.enable_cpu_affinity == b.enable_cpu_affinity && a.debug == b.debug;
 }
 
 }  // namespace tandem

@@ -49,10 +49,11 @@ std::vector<KeyNote> warned_top_level_keys() {
   add({"zero_force_ds_cpu_optimizer"},
       "is not implemented: with offload tandem always steps its own CPU Adam; ignored",
       {"true"});
-  add({"steps_per_print"}, "is not implemented yet: tandem prints no periodic step report; "
-                           "ignored", {"10"}, check_whole(1));
-  add({"wall_clock_breakdown"}, "is not implemented yet: tandem logs no per-step time "
-                                "breakdown; ignored", {"false"}, check_bool);
+  add({"steps_per_print"}, "is not implemented: it paces DeepSpeed's step report, and tandem "
+                           "prints none (log with Accelerator::log); ignored", {"10"}, check_whole(1));
+  add({"wall_clock_breakdown"}, "is not implemented: a LibTorch model's forward() is the "
+                                "program's own call, which tandem cannot time, so it logs no "
+                                "per-step breakdown; ignored", {"false"}, check_bool);
   return keys;
 }
 

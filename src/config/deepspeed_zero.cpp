@@ -75,29 +75,18 @@ std::vector<KeyNote> zero_warned_keys() {
                  const std::function<void(const Value&)>& check) {
     for (auto& n : notes_for(names, note, quiet, check)) keys.push_back(std::move(n));
   };
-  add({"overlap_comm"}, "is not implemented: tandem always overlaps gradient reduction with the "
-                        "backward pass; ignored", {"true"}, check_bool);
-  add({"contiguous_gradients"}, "is not implemented: tandem always packs gradients into flat "
-                                "buckets; ignored", {"true"}, check_bool);
-  add({"reduce_scatter"}, "is not implemented: tandem always reduce-scatters gradients; "
-                          "ignored", {"true"}, check_bool);
+  add({"contiguous_gradients"},
+      "false is not implemented: tandem's reduce-scatter needs each bucket's (or unit's) "
+      "gradients in one flat buffer, so they are always packed as they arrive (true); ignored",
+      {"true"}, check_bool);
   add({"allgather_partitions"}, "is not implemented: tandem always all-gathers the updated "
                                 "partitions; ignored", {"true"}, check_bool);
-  add({"allgather_bucket_size"}, "is not implemented: tandem all-gathers each flat group in one "
-                                 "call; ignored", spellings("5e8", "500000000"), check_whole(1));
   add({"sub_group_size"}, "is not implemented: tandem steps each rank's shard as one group; "
                           "ignored", spellings("1e9", "1000000000"), check_whole(1));
   add({"stage3_max_reuse_distance", "max_reuse_distance"},
       "is not implemented: tandem releases a gathered parameter after its use (and keeps what "
       "prefetching and stage3_max_live_parameters allow); ignored",
       spellings("1e9", "1000000000"), check_whole(0));
-  add({"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-       "gather_16bit_weights_on_model_save"},
-      "is not implemented yet: save_model writes the gathered weights in their training "
-      "dtype; ignored", {"false", "auto"},
-      [](const Value& v) {
-        if (!v.is_auto()) check_bool(v);
-      });
   return keys;
 }
 
@@ -111,7 +100,9 @@ const KeyTable& zero_optimization_keys(Dialect dialect) {
       "stage3_prefetch_bucket_size", "prefetch_bucket_size",
       "stage3_param_persistence_threshold", "param_persistence_threshold",
       "stage3_max_live_parameters", "max_live_parameters", "cpu_offload", "cpu_offload_param",
-      "cpu_offload_use_pin_memory"};
+      "cpu_offload_use_pin_memory", "allgather_bucket_size", "reduce_scatter", "overlap_comm",
+      "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+      "gather_16bit_weights_on_model_save"};
   static const std::vector<KeyNote> removed = notes_for(
       {"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"},
       "DeepSpeed has removed this feature, and current DeepSpeed refuses a config that still "
@@ -165,6 +156,19 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       zero.offload_pin_memory = v.as_bool();
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
+    } else if (key == "allgather_bucket_size") {
+      // "auto" keeps the default, as for the other sizes.
+      zero.allgather_bucket_size = read_size(v, zero.allgather_bucket_size, 1, true);
+    } else if (key == "reduce_scatter") {
+      zero.reduce_scatter = v.as_bool();
+    } else if (key == "overlap_comm") {
+      zero.overlap_comm = v.as_bool();
+    } else if (key == "stage3_gather_16bit_weights_on_model_save" ||
+               key == "stage3_gather_fp16_weights_on_model_save" ||
+               key == "gather_16bit_weights_on_model_save") {
+      // "auto" (as some templates write it) is taken as true: save_model
+      // then writes what it can, the gathered 16-bit weights.
+      zero.gather_16bit_weights_on_model_save = v.is_auto() || v.as_bool();
     }
   });
   // DeepSpeed's deprecated-field check: "Cannot provide deprecated parameter

@@ -28,6 +28,11 @@ ResolvedJson zero_json(const ZeroConfig& z) {
   out["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
   out["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
   out["zero3_init"] = z.zero3_init;
+  out["allgather_bucket_size"] = z.allgather_bucket_size;
+  out["reduce_scatter"] = z.reduce_scatter;
+  out["overlap_comm"] = z.overlap_comm;
+  out["stage3_gather_16bit_weights_on_model_save"] =
+      or_null(z.gather_16bit_weights_on_model_save);
   return out;
 }
 
@@ -99,6 +104,8 @@ std::string resolved_config_json(const Config& c, int world_size) {
                   {"orthogonalization_epsilon", c.ddp.powersgd.orthogonalization_epsilon},
                   {"random_seed", c.ddp.powersgd.random_seed}}}};
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
+  out["enable_cpu_affinity"] = c.enable_cpu_affinity;
+  out["debug"] = c.debug;
   out["launch"] = {{"num_processes", or_null(c.num_processes)},
                    {"main_process_ip", c.main_process_ip.empty() ? ResolvedJson(nullptr)
                                                                  : ResolvedJson(c.main_process_ip)},

@@ -88,11 +88,13 @@ const KeyTable& tandem_top_level_keys() {
        "main_process_port", "gpu_ids", "use_cpu", "rdzv_backend",
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
-       "optimizer", "scheduler", "ddp", "activation_checkpointing"},
-      {{"steps_per_print", "is not implemented yet: tandem prints no periodic step report; "
-                           "ignored", {"10"}, check_whole(1)},
-       {"wall_clock_breakdown", "is not implemented yet: tandem logs no per-step time "
-                                "breakdown; ignored", {"false"}, check_bool},
+       "optimizer", "scheduler", "ddp", "activation_checkpointing", "enable_cpu_affinity",
+       "debug"},
+      {{"steps_per_print", "is not implemented: it paces DeepSpeed's step report, and tandem "
+                           "prints none (log with Accelerator::log); ignored", {"10"}, check_whole(1)},
+       {"wall_clock_breakdown", "is not implemented: a LibTorch model's forward() is the "
+                                "program's own call, which tandem cannot time, so it logs no "
+                                "per-step breakdown; ignored", {"false"}, check_bool},
        {"same_network", "changes nothing in tandem launch: every machine must reach "
                         "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
@@ -151,6 +153,10 @@ void read_tandem_document(const Value& root, Config& config) {
       read_ddp(v, config);
     } else if (key == "activation_checkpointing") {
       read_activation_checkpointing(v, config, Dialect::kTandem);
+    } else if (key == "enable_cpu_affinity") {
+      config.enable_cpu_affinity = v.as_bool();
+    } else if (key == "debug") {
+      config.debug = v.as_bool();
     }
   }, precision_hint);
   check_launch_settings(config);

@@ -75,6 +75,8 @@ void write_launch(Writer& w, const Config& c) {
   w.line(0, "gpu_ids", quote(c.gpu_ids));
   w.line(0, "use_cpu", flag(c.use_cpu));
   w.line(0, "rdzv_backend", quote(c.rdzv_backend));
+  w.line(0, "enable_cpu_affinity", flag(c.enable_cpu_affinity));
+  w.line(0, "debug", flag(c.debug));
 }
 
 void write_training(Writer& w, const Config& c) {
@@ -120,6 +122,13 @@ void write_zero(Writer& w, const Config& c) {
          w.size(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold));
   w.line(1, "stage3_max_live_parameters", fmt::format("{}", z.stage3_max_live_parameters));
   w.line(1, "zero3_init", flag(z.zero3_init));
+  w.line(1, "allgather_bucket_size", fmt::format("{}", z.allgather_bucket_size));
+  w.line(1, "reduce_scatter", flag(z.reduce_scatter));
+  w.line(1, "overlap_comm", flag(z.overlap_comm));
+  if (z.gather_16bit_weights_on_model_save) {
+    w.line(1, "stage3_gather_16bit_weights_on_model_save",
+           flag(*z.gather_16bit_weights_on_model_save));
+  }
 }
 
 // Only the parameters the type takes (the reader refuses the others).

@@ -16,6 +16,11 @@ void CommClock::drain(CommQueue& queue) {
   add_since(&ZeroOptimizer::CommStats::drain_wait_seconds, start);
 }
 
+void CommClock::count(int64_t ZeroOptimizer::CommStats::*counter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++(stats_.*counter);
+}
+
 ZeroOptimizer::CommStats CommClock::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;

@@ -24,6 +24,8 @@ class CommClock {
   // Drains `queue` (rethrowing its first error), adding the wait to
   // drain_wait_seconds.
   void drain(CommQueue& queue);
+  // Adds one to a counter of CommStats.
+  void count(int64_t ZeroOptimizer::CommStats::*counter);
 
   ZeroOptimizer::CommStats stats() const;
   void reset();

@@ -16,13 +16,16 @@
 namespace tandem::detail {
 
 GradientReducer::GradientReducer(const ZeroLayout& layout, UnitGatherer& gatherer,
-                                 ProcessGroup& pg, CommQueue& queue, CommClock& clock, int stage)
+                                 ProcessGroup& pg, CommQueue& queue, CommClock& clock,
+                                 const ZeroOptions& options)
     : layout_(layout),
       gatherer_(gatherer),
       pg_(pg),
       queue_(queue),
       clock_(clock),
-      stage_(stage),
+      stage_(options.stage),
+      reduce_scatter_(options.reduce_scatter),
+      overlap_comm_(options.overlap_comm),
       wire_(layout.groups().size()) {
   readiness_.reset(layout_.group_of(), layout_.groups().size());
   for (std::size_t i = 0; i < layout_.params().size(); ++i) {
@@ -68,7 +71,8 @@ void GradientReducer::on_grad_ready(std::size_t index) {
   if (stage_ == 1) adopt_grad(index);
   if (readiness_.arrive(index)) {
     prepare(layout_.group_of()[index]);
-    launch_ready_groups();
+    // Without overlap_comm the packs wait for the end of backward.
+    if (overlap_comm_) launch_ready_groups();
   }
 }
 
@@ -110,7 +114,12 @@ void GradientReducer::prepare(std::size_t g) {
 }
 
 void GradientReducer::launch_ready_groups() {
-  readiness_.launch_ready([this](std::size_t g) { launch(g); });
+  readiness_.launch_ready([this](std::size_t g) {
+    if (readiness_.in_backward()) {
+      clock_.count(&ZeroOptimizer::CommStats::reductions_launched_in_backward);
+    }
+    launch(g);
+  });
 }
 
 void GradientReducer::launch(std::size_t index) {
@@ -130,12 +139,22 @@ void GradientReducer::launch(std::size_t index) {
   }
   at::Tensor wire = std::move(wire_[index]);
   wire_[index] = at::Tensor();
-  queue_.submit([pg, clock = &clock_, layout = &layout_, g, wire] {
+  queue_.submit([pg, clock = &clock_, layout = &layout_, g, wire,
+                 reduce_scatter = reduce_scatter_]() mutable {
     torch::NoGradGuard no_grad;
-    at::Tensor shard = at::empty({g->shard_numel}, wire.options());
+    at::Tensor shard;
     const auto start = std::chrono::steady_clock::now();
-    pg->reduce_scatter(shard, wire, ReduceOp::kAvg);
-    clock->add_since(&ZeroOptimizer::CommStats::reduce_scatter_seconds, start);
+    if (reduce_scatter) {
+      shard = at::empty({g->shard_numel}, wire.options());
+      pg->reduce_scatter(shard, wire, ReduceOp::kAvg);
+      clock->add_since(&ZeroOptimizer::CommStats::reduce_scatter_seconds, start);
+    } else {
+      // DeepSpeed's reduce_scatter: false: the whole pack is averaged on
+      // every rank, which keeps its own slice.
+      pg->all_reduce(wire, ReduceOp::kAvg);
+      shard = wire.narrow(0, g->shard_begin, g->shard_numel);
+      clock->count(&ZeroOptimizer::CommStats::gradient_all_reduces);
+    }
     // Micro-steps accumulate into the shard until zero_grad().
     if (shard.device() == g->grad_shard.device()) {
       g->grad_shard.add_(shard);

@@ -3,7 +3,9 @@
 // the flat gradient buffer they are views of (DDP's scheme), and stages 2
 // and 3 pack them into one fp32 buffer, free them, and reduce-scatter the
 // pack into this rank's fp32 gradient shard on the communication thread
-// while backward goes on. Micro-steps accumulate there until zero_grad().
+// while backward goes on (with overlap_comm off, once backward ends; with
+// reduce_scatter off, by all-reduce). Micro-steps accumulate there until
+// zero_grad().
 //
 // Owns the gradient hooks, the readiness of the backward in progress, the
 // packs waiting for their turn to launch, and the no-sync flag.
@@ -35,7 +37,7 @@ class GradientReducer {
   // Installs a hook on every parameter's gradient accumulator; they go with
   // the reducer.
   GradientReducer(const ZeroLayout& layout, UnitGatherer& gatherer, ProcessGroup& pg,
-                  CommQueue& queue, CommClock& clock, int stage);
+                  CommQueue& queue, CommClock& clock, const ZeroOptions& options);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
@@ -63,6 +65,8 @@ class GradientReducer {
   CommQueue& queue_;
   CommClock& clock_;
   const int stage_;
+  const bool reduce_scatter_;  // ZeroOptions::reduce_scatter
+  const bool overlap_comm_;    // ZeroOptions::overlap_comm
   std::vector<internals::GradHook> grad_hooks_;  // removed when the reducer goes
 
   mutable std::mutex mutex_;

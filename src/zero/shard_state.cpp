@@ -57,7 +57,7 @@ void ShardState::step() {
     if (group.partitioned_params) continue;  // the next forward gathers
     at::Tensor full = group.full;
     at::Tensor shard = full.narrow(0, group.shard_begin, group.shard_numel).clone();
-    pg_.all_gather_into(full, shard);
+    gatherer_.all_gather_whole(full, shard);
   }
 }
 
@@ -176,7 +176,7 @@ void ShardState::reassemble(std::size_t g, const at::Tensor& values) {
   if (!group.partitioned_params) {
     at::Tensor full = group.full;
     at::Tensor shard = values.clone();
-    pg_.all_gather_into(full, shard);
+    gatherer_.all_gather_whole(full, shard);
   } else {
     gatherer_.release(g);  // nothing if released already
   }

@@ -108,6 +108,13 @@ void UnitGatherer::prefetch_from(std::size_t group, int direction) {
   }
 }
 
+void UnitGatherer::all_gather_whole(at::Tensor& full, const at::Tensor& shard) {
+  const int64_t calls = bucketed_all_gather(pg_, full, shard, options_.allgather_bucket_size);
+  for (int64_t i = 0; i < calls; ++i) {
+    clock_.count(&ZeroOptimizer::CommStats::parameter_all_gather_calls);
+  }
+}
+
 void UnitGatherer::gather(std::size_t g, bool wait) {
   const FlatGroup& group = layout_.groups()[g];
   Unit& unit = units_[g];
@@ -120,11 +127,15 @@ void UnitGatherer::gather(std::size_t g, bool wait) {
     // The task holds what it uses, not the gatherer: the queue may still run
     // it while the engine is being destroyed.
     unit.gathered = queue_.submit(
-        [pg = &pg_, clock = &clock_, full = group.full, shard = group.param_shard]() mutable {
+        [pg = &pg_, clock = &clock_, full = group.full, shard = group.param_shard,
+         bucket = options_.allgather_bucket_size]() mutable {
           const auto start = std::chrono::steady_clock::now();
           at::Tensor source = shard.device() == full.device() ? shard : shard.to(full.device());
-          pg->all_gather_into(full, source);
+          const int64_t calls = bucketed_all_gather(*pg, full, source, bucket);
           clock->add_since(&ZeroOptimizer::CommStats::gather_seconds, start);
+          for (int64_t i = 0; i < calls; ++i) {
+            clock->count(&ZeroOptimizer::CommStats::parameter_all_gather_calls);
+          }
         });
     unit.state = State::kGathering;
   }

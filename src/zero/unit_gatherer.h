@@ -28,6 +28,7 @@
 
 #include "tandem/comm/process_group.h"
 #include "tandem/zero/zero_optimizer.h"
+#include "zero/bucketed_gather.h"
 #include "zero/comm_clock.h"
 #include "zero/comm_queue.h"
 #include "zero/sharded_hooks.h"
@@ -63,6 +64,11 @@ class UnitGatherer {
   at::Tensor take_whole(std::size_t group);
   // Frees a unit's gathered parameters (waiting for a gather in flight).
   void release(std::size_t group);
+
+  // Fills `full` from every rank's `shard` (a copy, not a view of `full`)
+  // by all-gather, in calls of at most ZeroOptions::allgather_bucket_size
+  // elements, counted in the CommClock. Collective; on the calling thread.
+  void all_gather_whole(at::Tensor& full, const at::Tensor& shard);
 
   // Calls fn(name, parameter) for every parameter, each unit gathered for
   // the call and released again if it was. Between backwards.

@@ -23,6 +23,9 @@ ZeroOptions checked_options(const std::shared_ptr<torch::nn::Module>& model,
                    "ZeroOptimizer: offload_param needs stage 3 (parameters are partitioned only "
                    "there), got stage {}; set stage to 3 or offload_param to false",
                    options.stage);
+  TANDEM_CHECK_ARG(options.allgather_bucket_size >= 1,
+                   "ZeroOptions::allgather_bucket_size must be at least 1 element, got {}",
+                   options.allgather_bucket_size);
   TANDEM_CHECK_ARG(options.reduce_bucket_size >= 0,
                    "ZeroOptimizer: reduce_bucket_size must be >= 0, got {}",
                    options.reduce_bucket_size);
@@ -47,7 +50,7 @@ ZeroEngine::ZeroEngine(std::shared_ptr<torch::nn::Module> model,
       layout_(*model_, optimizer, *pg_, options_, rule_),
       queue_(pg_.get()),
       gatherer_(layout_, *pg_, queue_, clock_, options_),
-      reducer_(layout_, gatherer_, *pg_, queue_, clock_, options_.stage),
+      reducer_(layout_, gatherer_, *pg_, queue_, clock_, options_),
       state_(layout_, gatherer_, optimizer, rule_, *pg_, queue_, options_) {
   log_debug("ZeRO stage {}: {} parameter(s) in {} group(s) over {} rank(s)", options_.stage,
             layout_.params().size(), layout_.groups().size(), pg_->world_size());

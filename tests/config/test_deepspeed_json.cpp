@@ -49,17 +49,18 @@ TEST(DeepSpeedJson, ReadsZeroStage2WithCpuOffloadWarmupDecayAndFp16) {
   EXPECT_FALSE(c.zero.offload_pin_memory);
   EXPECT_EQ(c.zero.reduce_bucket_size, 250'000'000);  // written 2.5e8
 
+  EXPECT_EQ(c.zero.allgather_bucket_size, 200'000'000);  // written 2e8
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_TRUE(c.zero.reduce_scatter);
+
   // One line per key asking for what tandem does not do, naming it and what
   // tandem does instead; allgather_partitions: true asks for what it does.
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{"steps_per_print", "wall_clock_breakdown",
-                                      "zero_optimization.allgather_bucket_size",
-                                      "zero_optimization.overlap_comm",
                                       "zero_optimization.round_robin_gradients"}));
-  EXPECT_TRUE(contains(c.warnings[1], "ds_zero2_offload.json:41:5: "
-                                      "'zero_optimization.allgather_bucket_size' is not "
-                                      "implemented: tandem all-gathers each flat group in one "
-                                      "call; ignored"));
+  EXPECT_TRUE(contains(c.warnings[1], "ds_zero2_offload.json:46:5: "
+                                      "'zero_optimization.round_robin_gradients' is not "
+                                      "implemented by tandem's ZeRO; ignored"));
 }
 
 TEST(DeepSpeedJson, ReadsZeroStage3WithParamOffloadOneCycleBf16AndComments) {
@@ -95,8 +96,8 @@ TEST(DeepSpeedJson, ReadsZeroStage3WithParamOffloadOneCycleBf16AndComments) {
             (std::vector<std::string>{
                 "activation_checkpointing.partition_activations", "tensorboard",
                 "zero_optimization.offload_param.buffer_count",
-                "zero_optimization.stage3_gather_fp16_weights_on_model_save",
                 "zero_optimization.stage3_max_reuse_distance"}));
+  EXPECT_EQ(c.zero.gather_16bit_weights_on_model_save, std::optional<bool>(true));
 }
 
 TEST(DeepSpeedJson, AutoValuesAsHfTrainerWritesThemLeaveFieldsEmpty) {
@@ -126,8 +127,7 @@ TEST(DeepSpeedJson, AutoValuesAsHfTrainerWritesThemLeaveFieldsEmpty) {
   // What the file asks beyond that and tandem does not do warns, "auto" never.
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{
-                "steps_per_print", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                "zero_optimization.stage3_max_reuse_distance",
+                "steps_per_print", "zero_optimization.stage3_max_reuse_distance",
                 "zero_optimization.sub_group_size"}));
 }
 

@@ -29,9 +29,10 @@ TEST(RealWorldConfigs, TrainerStyleZero3WithEveryValueAutoLoads) {
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kNo);  // fp16/bf16 "auto"
   EXPECT_EQ(c.fp16.initial_scale_power, 12);
   EXPECT_EQ(c.scheduler.auto_params.size(), 4u);
-  // "auto" says nothing, even where tandem implements nothing
-  // (stage3_gather_16bit_weights_on_model_save); the sizes the Trainer's
-  // template sets for what tandem does not do warn.
+  // "auto" says nothing (stage3_gather_16bit_weights_on_model_save "auto"
+  // reads as true); the sizes the Trainer's template sets for what tandem
+  // does not do warn.
+  EXPECT_EQ(c.zero.gather_16bit_weights_on_model_save, std::optional<bool>(true));
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{"steps_per_print",
                                       "zero_optimization.stage3_max_reuse_distance",
@@ -55,10 +56,11 @@ deepspeed_config:
   EXPECT_EQ(c.gradient_clipping, 0.5);
   // Filled, so no longer "auto".
   EXPECT_EQ(c.auto_keys.count("gradient_clipping"), 0u);
-  // A 16-bit save is asked for, which tandem does not do yet.
+  // A 16-bit save is asked for, which save_model under ZeRO-3 then writes.
   const std::vector<std::string> warned = warned_keys(c);
   EXPECT_EQ(std::count(warned.begin(), warned.end(), "deepspeed_config.zero3_save_16bit_model"),
-            1);
+            0);
+  EXPECT_EQ(c.zero.gather_16bit_weights_on_model_save, std::optional<bool>(true));
 }
 
 TEST(RealWorldConfigs, GradientClippingAutoInTheAccelerateSectionIsListedAsAuto) {

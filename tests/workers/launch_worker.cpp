@@ -73,7 +73,25 @@ int main(int argc, char** argv) {
                   static_cast<long long>(config.gradient_accumulation_steps.value_or(1)));
       return 0;
     }
+    if (mode == "cpus") {
+      // The worker's CPU affinity, as the kernel reports it.
+      std::ifstream status("/proc/self/status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+          std::printf("rank %d %s\n", env.local_rank, line.c_str());
+        }
+      }
+      return 0;
+    }
     auto pg = tandem::ProcessGroup::init(env);
+    if (mode == "desync-after" && argc >= 3) {
+      // argv[2] matching all-reduces, then one whose op differs by rank.
+      auto t = at::ones({6});
+      for (int i = 0; i < std::atoi(argv[2]); ++i) pg->all_reduce(t);
+      pg->all_reduce(t, pg->rank() == 0 ? tandem::ReduceOp::kSum : tandem::ReduceOp::kMax);
+      std::printf("rank %d: no desync caught\n", pg->rank());
+      return 0;
+    }
     if (mode == "exit-on-first-attempt" && argc >= 4) {
       // Restart 0: rank argv[3] exits with argv[2]; later: an all-reduce.
       if (env.restart_count == 0 && pg->rank() == std::atoi(argv[3])) return std::atoi(argv[2]);

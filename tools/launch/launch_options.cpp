@@ -347,6 +347,8 @@ std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) 
 }
 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
+  opts.cpu_affinity = config.enable_cpu_affinity;
+  opts.debug_detail = config.debug;
   if (opts.hostfile.empty() && !config.deepspeed_hostfile.empty()) {
     const std::string& how = config.deepspeed_multinode_launcher;
     if (how.empty() || how == "pdsh") {

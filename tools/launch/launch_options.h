@@ -75,6 +75,12 @@ struct LaunchOptions {
   // The config's gpu_ids: CUDA_VISIBLE_DEVICES for every worker. Empty:
   // left as it is.
   std::string visible_devices;
+  // The config's enable_cpu_affinity: each local worker pinned to its own
+  // share of the launcher's CPUs (cpu_affinity.h).
+  bool cpu_affinity = false;
+  // The config's debug: TANDEM_DEBUG=DETAIL for every worker (unless the
+  // launcher's environment sets TANDEM_DEBUG itself).
+  bool debug_detail = false;
 };
 
 // --monitor-interval when given, else `default_s` (the mode's default).

@@ -1,5 +1,7 @@
 #include "launch/worker_group.h"
 
+#include <sched.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -75,6 +77,9 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   }
   std::vector<char*> c_argv = c_strings(argv);
   std::vector<char*> c_env = c_strings(env);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus) CPU_SET(cpu, &cpus);
   const pid_t launcher = ::getpid();
   sigset_t empty_mask;
   sigemptyset(&empty_mask);
@@ -105,6 +110,10 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     }
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
+    if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+      const char* msg = "tandem launch: enable_cpu_affinity: sched_setaffinity failed\n";
+      (void)!::write(STDERR_FILENO, msg, std::strlen(msg));
+    }
     ::execvpe(c_argv[0], c_argv.data(), c_env.data());
     const char* msg = "tandem launch: cannot execute the program: ";
     (void)!::write(STDERR_FILENO, msg, std::strlen(msg));

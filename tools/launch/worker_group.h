@@ -29,6 +29,9 @@ struct WorkerSpec {
   std::vector<std::string> argv;
   std::optional<std::string> stdin_text;
   std::string host;
+  // CPUs the worker is pinned to (sched_setaffinity before exec); empty:
+  // the launcher's own affinity.
+  std::vector<int> cpus;
 };
 
 struct WorkerExit {

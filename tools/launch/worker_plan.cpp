@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "launch/cpu_affinity.h"
 #include "launch/failure_report.h"
 #include "tandem/core/error.h"
 
@@ -60,6 +61,7 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
   std::string visible;
   for (int slot : plan.layout.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
 
+  const std::vector<int> launcher_cpus = opts.cpu_affinity ? allowed_cpus() : std::vector<int>{};
   std::vector<WorkerSpec> workers;
   for (int local = 0; local < local_world; ++local) {
     auto env = base;
@@ -94,10 +96,13 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
       env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*plan.accumulation);
     }
     if (opts.mixed_precision) env["TANDEM_MIXED_PRECISION"] = to_string(*opts.mixed_precision);
+    // Accelerate's debug: the fingerprint of every collective is checked.
+    if (opts.debug_detail && !base.count("TANDEM_DEBUG")) env["TANDEM_DEBUG"] = "DETAIL";
 
     WorkerSpec spec;
     spec.global_rank = rank;
     spec.local_rank = local;
+    if (opts.cpu_affinity) spec.cpus = cpu_share(launcher_cpus, local, local_world);
     for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
     if (!opts.log_dir.empty()) {
       const bool out_file = (opts.tee | opts.redirects) & 1;

@@ -610,7 +610,12 @@ class Accelerator {
   // module path, in the model's dtype) to DIR/model.safetensors, from rank
   // 0. Streams one parameter (stage 3: one unit) at a time, so no rank ever
   // holds a second copy of the model. The first prepared model, or `model`
-  // (Accelerate's save_model(model, dir)). Collective.
+  // (Accelerate's save_model(model, dir)). Under ZeRO-3 the config's
+  // stage3_gather_16bit_weights_on_model_save (zero3_save_16bit_model)
+  // decides: true writes the parameters in the 16-bit training dtype (bf16 or
+  // fp16 under mixed precision), false throws UsageError on every rank, as
+  // Accelerate does (save_state() then `tandem checkpoint merge` instead),
+  // not given keeps the parameters' dtype. Collective.
   void save_model(const std::string& dir);
   void save_model(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir);
   template <typename ModuleImpl>

@@ -64,6 +64,14 @@ struct AcceleratorOptions {
   // Where TensorBoard event files go (Accelerate's project_dir); empty: the
   // folder of init_trackers()'s JSON-lines file.
   std::string project_dir;
+  // The model's hidden (embedding) width, what Accelerate reads from
+  // model.config.hidden_size (or the largest of model.config.hidden_sizes).
+  // A C++ module has no config, so give it here: prepare_model() then fills
+  // the zero_optimization sizes a DeepSpeed config leaves "auto"
+  // (reduce_bucket_size h*h, stage3_prefetch_bucket_size 0.9*h*h,
+  // stage3_param_persistence_threshold 10*h; tandem::hidden_size_auto_sizes).
+  // Empty: those keys keep tandem's defaults, with a warning naming them.
+  std::optional<int64_t> hidden_size;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor

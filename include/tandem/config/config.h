@@ -74,6 +74,20 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
   bool zero3_init = false;  // Accelerate's zero3_init_flag
+  // Elements per all-gather of updated partitions (ZeroOptions).
+  int64_t allgather_bucket_size = 500'000'000;
+  // False: gradients are all-reduced, and each rank keeps its slice, instead
+  // of being reduce-scattered (ZeroOptions::reduce_scatter).
+  bool reduce_scatter = true;
+  // False: gradient reductions start after backward instead of during it.
+  // tandem's default is true at every stage (DeepSpeed's is false for
+  // stages 1 and 2).
+  bool overlap_comm = true;
+  // stage3_gather_16bit_weights_on_model_save (Accelerate's
+  // zero3_save_16bit_model): empty when not given. True: save_model under
+  // ZeRO-3 writes the gathered weights in the 16-bit training dtype; false:
+  // save_model under ZeRO-3 refuses, as Accelerate does.
+  std::optional<bool> gather_16bit_weights_on_model_save;
 };
 
 // DeepSpeed's `optimizer` block. Empty type: the program builds its own.
@@ -172,6 +186,12 @@ struct Config {
   SchedulerConfig scheduler;
   DdpConfig ddp;
   ActivationCheckpointingConfig activation_checkpointing;
+  // Accelerate's enable_cpu_affinity: `tandem launch` pins each local
+  // worker to its own share of the launcher's CPUs.
+  bool enable_cpu_affinity = false;
+  // Accelerate's debug: `tandem launch` exports TANDEM_DEBUG=DETAIL, so that
+  // every collective's fingerprint is checked.
+  bool debug = false;
 
   // One line per recognised key that tandem does not implement yet, e.g.
   // "deepspeed.json: 'zero_optimization.round_robin_gradients' is accepted
@@ -255,6 +275,24 @@ struct ConfigOverrides {
 // a CPU-only run is allowed; fp16 and bf16 both set is not).
 Config resolve_config(Config file, const ConfigEnv& env, const ConfigOverrides& overrides,
                       int world_size);
+
+// The zero_optimization sizes Accelerate fills from the model's hidden size
+// h when a file gives them as "auto": reduce_bucket_size h*h,
+// stage3_prefetch_bucket_size int(0.9*h*h), stage3_param_persistence_threshold
+// 10*h (accelerate's Accelerator._prepare_deepspeed).
+struct HiddenSizeAutoSizes {
+  int64_t reduce_bucket_size = 0;
+  int64_t stage3_prefetch_bucket_size = 0;
+  int64_t stage3_param_persistence_threshold = 0;
+};
+// Throws UsageError unless hidden_size >= 1 and h*h fits in 63 bits.
+HiddenSizeAutoSizes hidden_size_auto_sizes(int64_t hidden_size);
+// The three keys, "zero_optimization.reduce_bucket_size", ...
+const std::vector<std::string>& hidden_size_auto_keys();
+// Sets each of those keys that `config.auto_keys` holds to its
+// hidden_size_auto_sizes() value and removes it from auto_keys; returns the
+// keys it filled.
+std::vector<std::string> fill_hidden_size_auto(Config& config, int64_t hidden_size);
 
 // The resolved config as JSON (what `tandem config check` prints), with keys
 // world_size, num_machines, machine_rank, mixed_precision ("no"/"bf16"/"fp16"),

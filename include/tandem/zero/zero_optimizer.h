@@ -88,6 +88,22 @@ struct ZeroOptions {
   bool pin_memory = true;          // host buffers pinned when the model is on CUDA
   // Threads for the CPU Adam update; 0: LibTorch's intra-op thread count.
   int cpu_adam_threads = 0;
+  // DeepSpeed's allgather_bucket_size, in elements: the all-gather that
+  // makes a flat group's parameters whole (stages 1 and 2 after step(), a
+  // stage-3 unit before use) is split into calls of at most this many
+  // elements in all (at least one element per rank per call). Smaller
+  // calls need a smaller staging buffer; the result is the same.
+  int64_t allgather_bucket_size = 500'000'000;
+  // DeepSpeed's reduce_scatter. False (stages 2 and 3): each gradient pack
+  // is all-reduced whole and every rank keeps its own slice of the result,
+  // which moves about twice the data for the same values. Stage 1 always
+  // all-reduces.
+  bool reduce_scatter = true;
+  // DeepSpeed's overlap_comm. True: a group's gradients are reduced on the
+  // communication thread as soon as they are complete, while backward goes
+  // on. False: nothing is reduced until backward ends; then every group is
+  // reduced, in order, before backward returns.
+  bool overlap_comm = true;
 };
 
 // Bytes each rank holds now, by kind (the memory accounting of ZeRO's paper).
@@ -188,6 +204,14 @@ class ZeroOptimizer {
     double drain_wait_seconds = 0;      // end of backward and step blocked on the queue
     int64_t gathers = 0;
     int64_t reduce_scatters = 0;
+    // Gradient packs all-reduced instead (reduce_scatter false).
+    int64_t gradient_all_reduces = 0;
+    // All-gather calls issued for parameters (allgather_bucket_size splits
+    // one group's all-gather into several).
+    int64_t parameter_all_gather_calls = 0;
+    // Gradient reductions queued while backward was still running (0 with
+    // overlap_comm false).
+    int64_t reductions_launched_in_backward = 0;
   };
   CommStats comm_stats() const;
   // Zeroes comm_stats() and restarts memory_stats()'s gathered peak.

@@ -1,0 +1,19 @@
+#pragma once
+// Accelerate's enable_cpu_affinity for `tandem launch`: each local worker
+// gets its own contiguous share of the CPUs the launcher may run on, so that
+// the workers' threads do not migrate across each other's cores.
+
+#include <vector>
+
+namespace tandem::cli {
+
+// The CPUs this process may run on (sched_getaffinity), ascending.
+std::vector<int> allowed_cpus();
+
+// Worker `local` of `local_world`'s share of `cpus`: cpus split into
+// local_world contiguous runs, as even as they go (the first runs one
+// longer). With fewer CPUs than workers, worker i gets cpus[i % size].
+// Disjoint whenever there are at least as many CPUs as workers.
+std::vector<int> cpu_share(const std::vector<int>& cpus, int local, int local_world);
+
+}  // namespace tandem::cli
