@@ -39,7 +39,9 @@ TEST(Subgroups, MembersGetTheirGroupRankAndOthersANonMemberHandle) {
     auto it = group_rank.find(pg.rank());
     EXPECT_EQ(group->is_member(), it != group_rank.end());
     EXPECT_EQ(group->rank(), it != group_rank.end() ? it->second : -1);
-    if (group->is_member()) EXPECT_EQ(group->sequence_number(), 0u);
+    if (group->is_member()) {
+      EXPECT_EQ(group->sequence_number(), 0u);
+    }
   });
 }
 
