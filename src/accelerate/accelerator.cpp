@@ -75,6 +75,9 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   controller_ = std::make_shared<detail::StepController>();
   resolve(0);
   detail::check_config_consistency(*process_group_, config_);
+  // Every rank, in the same order: splitting the world is collective.
+  hybrid_ = std::make_shared<const detail::HybridGroups>(
+      detail::make_hybrid_groups(config_.zero, process_group_, local_world_size_));
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
   }

@@ -28,6 +28,12 @@ ResolvedJson zero_json(const ZeroConfig& z) {
   out["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
   out["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
   out["zero3_init"] = z.zero3_init;
+  // kHpzRanksPerHost (Accelerate's HYBRID_SHARD) prints as "ranks_per_host".
+  if (z.hpz_partition_size == kHpzRanksPerHost) {
+    out["zero_hpz_partition_size"] = "ranks_per_host";
+  } else {
+    out["zero_hpz_partition_size"] = z.hpz_partition_size;
+  }
   return out;
 }
 

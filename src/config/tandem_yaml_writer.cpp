@@ -2,6 +2,7 @@
 // docs/config.md describes them. Doubles are written in their shortest
 // exact form so that reading the text back gives the same Config.
 
+#include <algorithm>
 #include <sstream>
 
 #include "tandem/config/config.h"
@@ -120,6 +121,9 @@ void write_zero(Writer& w, const Config& c) {
          w.size(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold));
   w.line(1, "stage3_max_live_parameters", fmt::format("{}", z.stage3_max_live_parameters));
   w.line(1, "zero3_init", flag(z.zero3_init));
+  // kHpzRanksPerHost has no number a file could hold (the launch decides
+  // it); no reader sets it yet.
+  w.line(1, "zero_hpz_partition_size", fmt::format("{}", std::max(1, z.hpz_partition_size)));
 }
 
 // Only the parameters the type takes (the reader refuses the others).

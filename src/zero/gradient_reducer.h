@@ -3,7 +3,8 @@
 // the flat gradient buffer they are views of (DDP's scheme), and stages 2
 // and 3 pack them into one fp32 buffer, free them, and reduce-scatter the
 // pack into this rank's fp32 gradient shard on the communication thread
-// while backward goes on. Micro-steps accumulate there until zero_grad().
+// while backward goes on (under HSDP, then all-reduce that shard across the
+// replicate group). Micro-steps accumulate there until zero_grad().
 //
 // Owns the gradient hooks, the readiness of the backward in progress, the
 // packs waiting for their turn to launch, and the no-sync flag.
@@ -34,8 +35,10 @@ class GradientReducer {
  public:
   // Installs a hook on every parameter's gradient accumulator; they go with
   // the reducer.
+  // `replicate` (HSDP; null: none): each gradient shard is all-reduced
+  // across it after its reduce-scatter over `pg`.
   GradientReducer(const ZeroLayout& layout, UnitGatherer& gatherer, ProcessGroup& pg,
-                  CommQueue& queue, CommClock& clock, int stage);
+                  ProcessGroup* replicate, CommQueue& queue, CommClock& clock, int stage);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
@@ -60,6 +63,7 @@ class GradientReducer {
   const ZeroLayout& layout_;
   UnitGatherer& gatherer_;
   ProcessGroup& pg_;
+  ProcessGroup* replicate_;
   CommQueue& queue_;
   CommClock& clock_;
   const int stage_;

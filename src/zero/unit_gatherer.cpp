@@ -125,6 +125,8 @@ void UnitGatherer::gather(std::size_t g, bool wait) {
           at::Tensor source = shard.device() == full.device() ? shard : shard.to(full.device());
           pg->all_gather_into(full, source);
           clock->add_since(&ZeroOptimizer::CommStats::gather_seconds, start);
+          clock->add_bytes(&ZeroOptimizer::CommStats::gather_bytes,
+                           full.numel() * static_cast<int64_t>(full.element_size()));
         });
     unit.state = State::kGathering;
   }

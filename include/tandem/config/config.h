@@ -74,7 +74,14 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
   bool zero3_init = false;  // Accelerate's zero3_init_flag
+  // HSDP (stages 2 and 3): shard inside groups of this many consecutive
+  // ranks and replicate across the groups (DeepSpeed's
+  // zero_hpz_partition_size). 1: off, plain ZeRO over the world;
+  // kHpzRanksPerHost: the launcher's ranks per host (Accelerate's
+  // fsdp_sharding_strategy HYBRID_SHARD).
+  int hpz_partition_size = 1;
 };
+inline constexpr int kHpzRanksPerHost = 0;
 
 // DeepSpeed's `optimizer` block. Empty type: the program builds its own.
 // Parameters given as "auto" (or absent) stay empty; the Accelerator fills
