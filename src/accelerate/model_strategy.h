@@ -1,10 +1,11 @@
 #pragma once
 // How one prepared model is held across ranks: the one place that knows
-// whether it is replicated (alone on one process, or wrapped in DDP) or
-// sharded together with its optimizer (ZeRO 1-3). The Accelerator, its
+// whether it is replicated (alone on one process, or wrapped in DDP),
+// sharded together with its optimizer (ZeRO 1-3), or sharded inside groups
+// of ranks and replicated across them (HSDP). The Accelerator, its
 // checkpoint and weights code call this interface and never ask which; a
-// new way to hold a model (sharding inside a host and replicating across
-// hosts, say) is one more subclass and a line in make_model_strategy().
+// new way to hold a model is one more subclass and a line in
+// make_model_strategy().
 //
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
 // Collective methods must be called on every rank.

@@ -104,15 +104,20 @@ void add_warning_once(Config& config, const std::string& line) {
 // sharded gradients to replicate, so it does nothing there and says so.
 void check_hpz_partition_size(Config& config, int world_size) {
   const ZeroConfig& z = config.zero;
-  if (z.hpz_partition_size == 1 || z.hpz_partition_size == kHpzRanksPerHost) return;
+  if (z.hpz_partition_size == 1) return;
   const std::string where = file_origin(config, "zero_optimization.zero_hpz_partition_size");
+  const std::string size = z.hpz_partition_size == kHpzRanksPerHost
+                               ? std::string("ranks per host")
+                               : std::to_string(z.hpz_partition_size);
   if (z.stage < 2) {
     add_warning_once(config, fmt::format("{}: 'zero_optimization.zero_hpz_partition_size: {}' "
                                          "(HSDP) applies to ZeRO stages 2 and 3 only; it has no "
                                          "effect at stage {}",
-                                         where, z.hpz_partition_size, z.stage));
+                                         where, size, z.stage));
     return;
   }
+  // The ranks per host are the launcher's: the Accelerator checks them.
+  if (z.hpz_partition_size == kHpzRanksPerHost) return;
   if (world_size % z.hpz_partition_size != 0) {
     TANDEM_THROW(UsageError,
                  "{}: zero_optimization.zero_hpz_partition_size is {}, which does not divide "

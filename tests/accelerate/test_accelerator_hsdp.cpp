@@ -28,6 +28,7 @@ struct Held {
   int stage = 3;
   int p = 2;
   int ranks_per_host = -1;  // LauncherEnv::local_world_size
+  bool zero3_init = false;  // build under accelerator.zero_init()
 };
 
 struct Schedule {
@@ -55,6 +56,7 @@ Outcome run_held(const Held& held, const Schedule& run) {
   config.zero.hpz_partition_size = held.p;
   config.zero.stage3_param_persistence_threshold = 0;  // tiny models: shard all
   config.zero.reduce_bucket_size = 97;
+  config.zero.zero3_init = held.zero3_init;
   AcceleratorOptions accelerator_options;
   if (run.loss_scaling) accelerator_options.loss_scaling = LossScaleConfig{};
   LauncherEnv launcher;
@@ -68,7 +70,16 @@ Outcome run_held(const Held& held, const Schedule& run) {
   std::mutex mutex;
   testing::run_ranks(run.world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config, accelerator_options, launcher);
-    testing::Stack model = testing::make_model(r);
+    std::optional<testing::Stack> built;
+    {
+      // testing::make_model, under the Accelerator's zero::Init.
+      std::lock_guard<std::mutex> lock(testing::init_mutex());
+      torch::manual_seed(42);
+      auto init = accelerator.zero_init();
+      EXPECT_EQ(init.enabled(), held.zero3_init);
+      built.emplace(r.in, r.width, r.out, r.depth, r.loose);
+    }
+    testing::Stack model = *built;
     auto adam = std::make_shared<torch::optim::Adam>(model->parameters(),
                                                      torch::optim::AdamOptions(1e-2));
     accelerator.prepare_model(model);
@@ -127,6 +138,14 @@ TEST(AcceleratorHsdp, TrainsLikeDdpWithAccumulationAndClippingAtStages2And3) {
           << rank;
     }
   }
+}
+
+TEST(AcceleratorHsdp, Zero3InitCutsTheUnitsForTheShardGroupAndTrainsTheSame) {
+  Schedule run;
+  Held cut = kHsdp3;
+  cut.zero3_init = true;
+  EXPECT_EQ(testing::max_relative_diff(run_held(cut, run).params, run_held(kHsdp3, run).params),
+            0.0);
 }
 
 TEST(AcceleratorHsdp, HybridShardTakesTheRanksPerHostFromTheLauncher) {

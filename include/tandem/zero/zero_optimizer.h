@@ -137,7 +137,8 @@ class ZeroOptimizer {
   // HSDP: shards over `shard_group` and replicates across `replicate_group`
   // (this rank's counterparts in the other shard groups: ProcessMesh's
   // group("local") and group("host"), or a mesh with an explicit shape
-  // {replicas, shard size}). Every rank starts from world rank 0's values.
+  // {replicas, shard size}). Every rank starts from the values of the first
+  // rank of replicate rank 0's shard group (world rank 0, on a mesh).
   // `replicate_group` may have one rank (then this is plain ZeRO over the
   // shard group); stage 1 with more is a UsageError. Collective over both.
   ZeroOptimizer(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
