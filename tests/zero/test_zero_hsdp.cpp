@@ -14,7 +14,9 @@
 #include "support/tied_model.h"
 #include "support/usage_error.h"
 #include "tandem/comm/mesh.h"
+#include "tandem/checkpoint/module_weights.h"
 #include "tandem/core/parameters.h"
+#include "tandem/zero/zero_weights.h"
 #include "zero/zero_test_models.h"
 
 namespace tandem {
@@ -247,6 +249,34 @@ TEST(Hsdp, TiedAndFrozenParametersWithOddSizesTrainLikeOneProcess) {
       }
     }
   }
+}
+
+TEST(Hsdp, PretrainedWeightsMissingInOneShardGroupFailEveryRank) {
+  // The weights file exists for the first shard group only (another host's
+  // disk, say): every rank of both groups must throw, none go on alone.
+  Recipe r;
+  const std::string good = ::testing::TempDir() + "/hsdp_weights.safetensors";
+  save_safetensors(*testing::make_model(r), good);
+  std::vector<std::string> errors(4);
+  run_ranks(4, [&](ProcessGroup& pg) {
+    auto [shard, replicate] = hybrid_groups(pg, 2);
+    testing::Stack model = testing::make_model(r);
+    auto optimizer = testing::make_optimizer(r.opt, model->parameters());
+    ZeroOptions options;
+    options.stage = 3;
+    ZeroOptimizer zero(model, *optimizer, shard, replicate, options);
+    const std::string path = pg.rank() < 2 ? good : good + ".not-on-this-host";
+    try {
+      load_safetensors_into_shards(zero, path);
+    } catch (const std::exception& e) {
+      errors[pg.rank()] = e.what();
+    }
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(errors[rank].find("not-on-this-host"), std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
+  }
+  EXPECT_NE(errors[0].find("[shard group 1/2]"), std::string::npos) << errors[0];
 }
 
 TEST(Hsdp, Stage1WithReplicasIsRefused) {
