@@ -208,8 +208,8 @@ class ZeroOptimizer {
   // Completed optimizer steps.
   int64_t step_count() const;
 
-  // Stage 3: where the time goes, summed since construction or the last
-  // reset. The collectives run on the communication thread; `*_wait`
+  // Stages 2 and 3 (and HSDP): where the time and the bytes go, summed
+  // since construction or the last reset. The collectives run on the communication thread; `*_wait`
   // is the part the training thread spent blocked on them (the rest
   // overlapped compute).
   // Byte counts are payloads: the size of the whole tensor each collective
