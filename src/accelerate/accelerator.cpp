@@ -110,6 +110,9 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   if (options.hidden_size) fill_hidden_size_auto(file_config_, *options.hidden_size);
   resolve(0);
   detail::check_config_consistency(*process_group_, config_);
+  // Every rank, in the same order: splitting the world is collective.
+  hybrid_ = std::make_shared<const detail::HybridGroups>(
+      detail::make_hybrid_groups(config_.zero, process_group_, local_world_size_));
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
     warn_unfilled_auto_sizes(config_);

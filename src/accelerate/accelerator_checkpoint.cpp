@@ -118,6 +118,7 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   meta["step"] = step();
   meta["strategy"] = first.name();
   meta["zero_stage"] = first.zero_stage();
+  meta["hpz_partition_size"] = first.hpz_partition_size();
   meta["mixed_precision"] = precision_name(config_.mixed_precision);
   meta["tandem_version"] = version();
   meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
@@ -135,7 +136,10 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
     for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
       buffers.push_back(describe(name, b));
     }
-    models.push_back({{"prefix", model.prefix}, {"zero_stage", model.strategy->zero_stage()}});
+    models.push_back({{"prefix", model.prefix},
+                      {"strategy", model.strategy->name()},
+                      {"zero_stage", model.strategy->zero_stage()},
+                      {"hpz_partition_size", model.strategy->hpz_partition_size()}});
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;

@@ -15,7 +15,9 @@
 namespace tandem {
 
 zero::Init Accelerator::zero_init() const {
-  return detail::make_zero_init(config_.zero, *process_group_, device_);
+  // Under HSDP the units are cut for the shard group they are sharded over.
+  return detail::make_zero_init(config_.zero, hybrid_->enabled() ? *hybrid_->shard : *process_group_,
+                                device_);
 }
 
 void detail::refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device) {

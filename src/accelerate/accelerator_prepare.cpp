@@ -80,6 +80,7 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   detail::ModelStrategyParts parts;
   parts.module = model;
   parts.group = process_group_;
+  parts.hybrid = *hybrid_;
   parts.controller = controller_;
   parts.zero = config_.zero;
   parts.ddp = *ddp_options_;

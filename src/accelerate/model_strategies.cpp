@@ -1,5 +1,6 @@
 // The ways the Accelerator holds a prepared model (model_strategy.h):
-// replicated (one process, or DDP) and sharded with its optimizer (ZeRO).
+// replicated (one process, or DDP), sharded with its optimizer (ZeRO), and
+// sharded inside groups, replicated across them (HSDP).
 
 #include <exception>
 #include <unordered_map>
@@ -12,6 +13,7 @@
 #include "tandem/amp/master_weights.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/comm/mesh.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
@@ -127,7 +129,7 @@ class ReplicatedModel final : public ModelStrategy {
 
 // ZeRO stage 1-3: the ZeroOptimizer built over the model and its optimizer
 // holds the partitioned parameters, gradients and optimizer state.
-class ShardedModel final : public ModelStrategy {
+class ShardedModel : public ModelStrategy {
  public:
   explicit ShardedModel(ModelStrategyParts& parts)
       : ModelStrategy(parts.module),
@@ -167,7 +169,7 @@ class ShardedModel final : public ModelStrategy {
     options.allgather_bucket_size = config_.allgather_bucket_size;
     options.reduce_scatter = config_.reduce_scatter;
     options.overlap_comm = config_.overlap_comm;
-    zero_ = std::make_shared<ZeroOptimizer>(module_, prepared, group_, options);
+    zero_ = make_zero(prepared, options);
     controller_->attach_gradient_sync([zero = zero_, holds = no_sync_holds_](bool enabled) {
       zero->set_gradient_sync(enabled && *holds == 0);
     });
@@ -220,7 +222,7 @@ class ShardedModel final : public ModelStrategy {
   }
 
   void append_shard_tensors(const std::string& prefix, NamedTensors& out) const override {
-    if (zero_ == nullptr) return;
+    if (zero_ == nullptr || !writes_shards()) return;
     const std::vector<std::string> states = zero_->state_names();
     for (const auto& f : zero_->shard_fragments()) {
       const std::string name = prefix + f.name;
@@ -280,15 +282,82 @@ class ShardedModel final : public ModelStrategy {
     return load_safetensors_into_shards(*zero_, path, options);
   }
 
+ protected:
+  // The ZeroOptimizer over this model and `prepared`. Collective.
+  virtual std::shared_ptr<ZeroOptimizer> make_zero(AcceleratedOptimizer& prepared,
+                                                   const ZeroOptions& options) {
+    return std::make_shared<ZeroOptimizer>(module_, prepared, group_, options);
+  }
+  // Whether this rank's shards go into checkpoints (each shard once).
+  virtual bool writes_shards() const { return true; }
+
  private:
-  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> group_;  // the world
   std::shared_ptr<StepController> controller_;
   ZeroConfig config_;
   std::shared_ptr<ZeroOptimizer> zero_;
   std::shared_ptr<int> no_sync_holds_ = std::make_shared<int>(0);
 };
 
+// HSDP (ZeRO++'s hpZ partition, FSDP's HYBRID_SHARD): ZeRO 2 or 3 inside
+// each shard group of `partition_size` ranks, one copy of the model per
+// group; the ZeroOptimizer all-reduces each gradient shard across the
+// replicate group. Everything else (frozen parameters, buffers, agreement
+// on errors and on overflow) spans the world, as for ZeRO.
+class HybridShardedModel final : public ShardedModel {
+ public:
+  explicit HybridShardedModel(ModelStrategyParts& parts)
+      : ShardedModel(parts), hybrid_(parts.hybrid) {}
+
+  const char* name() const override { return "hsdp"; }
+  int hpz_partition_size() const override { return hybrid_.partition_size; }
+
+ protected:
+  std::shared_ptr<ZeroOptimizer> make_zero(AcceleratedOptimizer& prepared,
+                                           const ZeroOptions& options) override {
+    return std::make_shared<ZeroOptimizer>(module_, prepared, hybrid_.shard, hybrid_.replicate,
+                                           options);
+  }
+  // The shard groups hold equal shards: the first group's go in.
+  bool writes_shards() const override {
+    return hybrid_.replicate == nullptr || hybrid_.replicate->rank() == 0;
+  }
+
+ private:
+  HybridGroups hybrid_;
+};
+
 }  // namespace
+
+HybridGroups make_hybrid_groups(const ZeroConfig& zero, const std::shared_ptr<ProcessGroup>& world,
+                                int local_world_size) {
+  HybridGroups out;
+  if (zero.stage < 2 || zero.hpz_partition_size == 1) return out;
+  const int w = world->world_size();
+  const bool per_host = zero.hpz_partition_size == kHpzRanksPerHost;
+  const int p = per_host ? local_world_size : zero.hpz_partition_size;
+  TANDEM_CHECK_ARG(p >= 1 && w % p == 0,
+                   "[rank {}/{}] {} shards inside groups of {} rank(s), which does not divide "
+                   "the {} rank(s) of this run. {}",
+                   world->rank(), w,
+                   per_host ? "fsdp_sharding_strategy HYBRID_SHARD (ranks per host)"
+                            : "zero_optimization.zero_hpz_partition_size",
+                   p, w,
+                   per_host ? "Launch the same number of processes on every host"
+                            : "Set it to a divisor of the world size (the ranks of one host, "
+                              "usually), or to 1 for plain ZeRO");
+  out.partition_size = p;
+  if (p == w) {
+    out.shard = world;  // one shard group: nothing to replicate across
+    return out;
+  }
+  // Row-major: shard group g holds ranks [g * p, (g + 1) * p), one host's
+  // when p is the ranks per host.
+  ProcessMesh mesh(world, {w / p, p}, {"replica", "shard"});
+  out.shard = mesh.group("shard");
+  out.replicate = mesh.group("replica");
+  return out;
+}
 
 bool binds_optimizers(const ZeroConfig& zero) { return zero.stage > 0; }
 
@@ -299,6 +368,9 @@ zero::Init make_zero_init(const ZeroConfig& zero, const ProcessGroup& group,
 }
 
 std::shared_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts) {
+  if (parts.zero.stage > 0 && parts.hybrid.enabled()) {
+    return std::make_shared<HybridShardedModel>(parts);
+  }
   if (parts.zero.stage > 0) return std::make_shared<ShardedModel>(parts);
   return std::make_shared<ReplicatedModel>(parts);
 }

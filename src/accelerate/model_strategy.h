@@ -1,10 +1,11 @@
 #pragma once
 // How one prepared model is held across ranks: the one place that knows
-// whether it is replicated (alone on one process, or wrapped in DDP) or
-// sharded together with its optimizer (ZeRO 1-3). The Accelerator, its
+// whether it is replicated (alone on one process, or wrapped in DDP),
+// sharded together with its optimizer (ZeRO 1-3), or sharded inside groups
+// of ranks and replicated across them (HSDP). The Accelerator, its
 // checkpoint and weights code call this interface and never ask which; a
-// new way to hold a model (sharding inside a host and replicating across
-// hosts, say) is one more subclass and a line in make_model_strategy().
+// new way to hold a model is one more subclass and a line in
+// make_model_strategy().
 //
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
 // Collective methods must be called on every rank.
@@ -42,10 +43,12 @@ class ModelStrategy {
 
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
 
-  // What checkpoints record: "single", "ddp" or "zero", and the ZeRO stage
-  // (0 when not sharded).
+  // What checkpoints record: "single", "ddp", "zero" or "hsdp", the ZeRO
+  // stage (0 when not sharded) and, for HSDP, the ranks of one shard group
+  // (1 otherwise).
   virtual const char* name() const = 0;
   virtual int zero_stage() const { return 0; }
+  virtual int hpz_partition_size() const { return 1; }
   // The ZeRO optimizer that shards the model, once an optimizer over it was
   // prepared (null otherwise and when not sharded).
   virtual std::shared_ptr<ZeroOptimizer> zero() const { return nullptr; }
@@ -108,17 +111,37 @@ class ModelStrategy {
   std::shared_ptr<torch::nn::Module> module_;
 };
 
+// HSDP's groups (make_hybrid_groups): each rank's shard group of
+// `partition_size` ranks and its replicate group (null when there is one
+// shard group). All null/1 when the config does not ask for HSDP.
+struct HybridGroups {
+  std::shared_ptr<ProcessGroup> shard;
+  std::shared_ptr<ProcessGroup> replicate;
+  int partition_size = 1;
+  bool enabled() const { return shard != nullptr; }
+};
+
+// The groups for the config's zero_hpz_partition_size over `world` (0: the
+// launcher's `local_world_size` ranks per host): consecutive ranks form a
+// shard group, as launchers number ranks host by host. UsageError when the
+// size does not divide the world. Collective when HSDP is on (it splits
+// `world`); nothing to do for stages 0 and 1 or a size of 1.
+HybridGroups make_hybrid_groups(const ZeroConfig& zero, const std::shared_ptr<ProcessGroup>& world,
+                                int local_world_size);
+
 // What prepare_model knows when it chooses how to hold a model.
 struct ModelStrategyParts {
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<ProcessGroup> group;
+  HybridGroups hybrid;  // HSDP's groups when enabled()
   std::shared_ptr<StepController> controller;
   ZeroConfig zero;   // the config's zero_optimization block
   DDPOptions ddp;    // for a replicated model on several processes
 };
 
-// Replicated on one process, DDP on several, or ZeRO when the config's
-// stage is 1-3. Collective (DDP and ZeRO broadcast rank 0's values).
+// Replicated on one process, DDP on several, ZeRO when the config's stage
+// is 1-3, or HSDP when `parts.hybrid` is enabled. Collective (DDP and ZeRO
+// broadcast rank 0's values).
 std::shared_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts);
 
 // Whether the models make_model_strategy() chooses for `zero` each take the
@@ -128,7 +151,8 @@ bool binds_optimizers(const ZeroConfig& zero);
 
 // What Accelerator::zero_init() returns: an Init that cuts the units on
 // `device` when the models will be sharded at stage 3 with zero3_init, else
-// a guard that does nothing.
+// a guard that does nothing. `group` is the group the units are sharded
+// over: the world, or under HSDP the shard group.
 zero::Init make_zero_init(const ZeroConfig& zero, const ProcessGroup& group, c10::Device device);
 
 }  // namespace detail

@@ -82,7 +82,9 @@ DistributedTypeLookup lookup_distributed_type(const std::string& text) {
   if (key == "FSDP") {
     return {std::nullopt, "FSDP is not supported by tandem",
             "use DEEPSPEED with zero_stage 3, which also shards parameters, gradients and "
-            "optimizer state (or MULTI_GPU for plain data parallel)"};
+            "optimizer state (or MULTI_GPU for plain data parallel); for FSDP's HYBRID_SHARD "
+            "(HSDP), add zero_optimization.zero_hpz_partition_size: <ranks per host> to a "
+            "deepspeed_config_file (at stage 2 it is HYBRID_SHARD_ZERO2)"};
   }
   if (key == "TP" || key == "MEGATRON_LM") {
     return {std::nullopt,

@@ -61,7 +61,7 @@ std::vector<std::string> spellings(const std::string& exponent_form, const std::
 std::vector<KeyNote> zero_warned_keys() {
   std::vector<KeyNote> keys = notes_for(
       {"round_robin_gradients", "load_from_fp32_weights", "elastic_checkpoint",
-       "ignore_unused_parameters", "legacy_stage1", "zero_hpz_partition_size",
+       "ignore_unused_parameters", "legacy_stage1",
        "zero_quantized_weights", "zero_quantized_nontrainable_weights",
        "zero_quantized_gradients", "memory_efficient_linear",
        "stage3_model_persistence_threshold", "model_persistence_threshold",
@@ -102,7 +102,7 @@ const KeyTable& zero_optimization_keys(Dialect dialect) {
       "stage3_max_live_parameters", "max_live_parameters", "cpu_offload", "cpu_offload_param",
       "cpu_offload_use_pin_memory", "allgather_bucket_size", "reduce_scatter", "overlap_comm",
       "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-      "gather_16bit_weights_on_model_save"};
+      "gather_16bit_weights_on_model_save", "zero_hpz_partition_size"};
   static const std::vector<KeyNote> removed = notes_for(
       {"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"},
       "DeepSpeed has removed this feature, and current DeepSpeed refuses a config that still "
@@ -154,6 +154,12 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
       if (v.as_bool()) zero.offload_param = OffloadDevice::kCpu;
     } else if (key == "cpu_offload_use_pin_memory") {
       zero.offload_pin_memory = v.as_bool();
+    } else if (key == "zero_hpz_partition_size") {
+      // Whether it divides the world is known at resolve_config().
+      zero.hpz_partition_size = static_cast<int>(
+          v.as_int(1, std::numeric_limits<int>::max(),
+                   "1 turns HSDP off; a size P > 1 shards inside groups of P ranks (the ranks "
+                   "of one host, usually) and replicates across them"));
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
     } else if (key == "allgather_bucket_size") {

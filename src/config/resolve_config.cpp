@@ -99,6 +99,43 @@ void add_warning_once(Config& config, const std::string& line) {
   }
 }
 
+// zero_hpz_partition_size P (HSDP): must divide the world at stages 2 and
+// 3, where it shards inside groups of P ranks; stages 0 and 1 have no
+// sharded gradients to replicate, so it does nothing there and says so.
+void check_hpz_partition_size(Config& config, int world_size) {
+  const ZeroConfig& z = config.zero;
+  if (z.hpz_partition_size == 1) return;
+  const std::string where = file_origin(config, "zero_optimization.zero_hpz_partition_size");
+  const std::string size = z.hpz_partition_size == kHpzRanksPerHost
+                               ? std::string("ranks per host")
+                               : std::to_string(z.hpz_partition_size);
+  if (z.stage < 2) {
+    add_warning_once(config, fmt::format("{}: 'zero_optimization.zero_hpz_partition_size: {}' "
+                                         "(HSDP) applies to ZeRO stages 2 and 3 only; it has no "
+                                         "effect at stage {}",
+                                         where, size, z.stage));
+    return;
+  }
+  // The ranks per host are the launcher's: the Accelerator checks them.
+  if (z.hpz_partition_size == kHpzRanksPerHost) return;
+  if (world_size % z.hpz_partition_size != 0) {
+    TANDEM_THROW(UsageError,
+                 "{}: zero_optimization.zero_hpz_partition_size is {}, which does not divide "
+                 "the world size {}: HSDP shards inside groups of that many ranks and "
+                 "replicates across the groups. Set it to a divisor of {} (the ranks of one "
+                 "host, usually), or to 1 for plain ZeRO",
+                 where, z.hpz_partition_size, world_size, world_size);
+  }
+  if (z.stage == 2) {
+    add_warning_once(config, fmt::format("{}: 'zero_optimization.zero_hpz_partition_size: {}' "
+                                         "at stage 2 shards gradients and optimizer state "
+                                         "inside groups of {} ranks and replicates across them "
+                                         "(FSDP's HYBRID_SHARD_ZERO2); DeepSpeed applies hpZ "
+                                         "at stage 3 only",
+                                         where, z.hpz_partition_size, z.hpz_partition_size));
+  }
+}
+
 void check_overrides(const ConfigOverrides& o) {
   if (o.gradient_accumulation_steps && *o.gradient_accumulation_steps < 1) {
     TANDEM_THROW(UsageError, "gradient_accumulation_steps override is {}; pass a value >= 1",
@@ -158,6 +195,7 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   config.num_processes = world_size;
   TripleSolver(config, origin, world_size).solve();
 
+  check_hpz_partition_size(config, world_size);
   if (config.zero.offload_param == OffloadDevice::kCpu && config.zero.stage < 3) {
     add_warning_once(config, fmt::format("{}: 'zero_optimization.offload_param' applies to ZeRO "
                                          "stage 3 only; it has no effect at stage {}",

@@ -33,6 +33,12 @@ ResolvedJson zero_json(const ZeroConfig& z) {
   out["overlap_comm"] = z.overlap_comm;
   out["stage3_gather_16bit_weights_on_model_save"] =
       or_null(z.gather_16bit_weights_on_model_save);
+  // kHpzRanksPerHost (Accelerate's HYBRID_SHARD) prints as "ranks_per_host".
+  if (z.hpz_partition_size == kHpzRanksPerHost) {
+    out["zero_hpz_partition_size"] = "ranks_per_host";
+  } else {
+    out["zero_hpz_partition_size"] = z.hpz_partition_size;
+  }
   return out;
 }
 

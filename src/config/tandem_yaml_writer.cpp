@@ -2,6 +2,7 @@
 // docs/config.md describes them. Doubles are written in their shortest
 // exact form so that reading the text back gives the same Config.
 
+#include <algorithm>
 #include <sstream>
 
 #include "tandem/config/config.h"
@@ -129,6 +130,9 @@ void write_zero(Writer& w, const Config& c) {
     w.line(1, "stage3_gather_16bit_weights_on_model_save",
            flag(*z.gather_16bit_weights_on_model_save));
   }
+  // kHpzRanksPerHost has no number a file could hold (the launch decides
+  // it); no reader sets it yet.
+  w.line(1, "zero_hpz_partition_size", fmt::format("{}", std::max(1, z.hpz_partition_size)));
 }
 
 // Only the parameters the type takes (the reader refuses the others).

@@ -10,6 +10,18 @@ void CommClock::add_since(Field field, std::chrono::steady_clock::time_point sta
   if (field == &ZeroOptimizer::CommStats::reduce_scatter_seconds) ++stats_.reduce_scatters;
 }
 
+void CommClock::add_bytes(Count field, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.*field += bytes;
+  if (field == &ZeroOptimizer::CommStats::replicate_bytes) ++stats_.replicate_all_reduces;
+}
+
+void CommClock::end_step() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.last_step_replicate_bytes = stats_.replicate_bytes - replicate_bytes_at_step_;
+  replicate_bytes_at_step_ = stats_.replicate_bytes;
+}
+
 void CommClock::drain(CommQueue& queue) {
   const auto start = std::chrono::steady_clock::now();
   queue.drain();  // not under mutex_: the tasks it waits for add to the clock
@@ -29,6 +41,7 @@ ZeroOptimizer::CommStats CommClock::stats() const {
 void CommClock::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_ = ZeroOptimizer::CommStats();
+  replicate_bytes_at_step_ = 0;
 }
 
 }  // namespace tandem::detail

@@ -21,6 +21,12 @@ class CommClock {
   // Adds the seconds since `start` to `field`; a gather or reduce-scatter
   // also counts one collective.
   void add_since(Field field, std::chrono::steady_clock::time_point start);
+  using Count = int64_t ZeroOptimizer::CommStats::*;
+  // Adds `bytes` to `field`; replicate_bytes also counts one all-reduce.
+  void add_bytes(Count field, int64_t bytes);
+  // An optimizer step begins: last_step_replicate_bytes takes the bytes
+  // since the previous call (or the last reset).
+  void end_step();
   // Drains `queue` (rethrowing its first error), adding the wait to
   // drain_wait_seconds.
   void drain(CommQueue& queue);
@@ -33,6 +39,7 @@ class CommClock {
  private:
   mutable std::mutex mutex_;
   ZeroOptimizer::CommStats stats_;
+  int64_t replicate_bytes_at_step_ = 0;
 };
 
 }  // namespace tandem::detail

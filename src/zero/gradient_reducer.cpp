@@ -16,11 +16,12 @@
 namespace tandem::detail {
 
 GradientReducer::GradientReducer(const ZeroLayout& layout, UnitGatherer& gatherer,
-                                 ProcessGroup& pg, CommQueue& queue, CommClock& clock,
-                                 const ZeroOptions& options)
+                                 ProcessGroup& pg, ProcessGroup* replicate, CommQueue& queue,
+                                 CommClock& clock, const ZeroOptions& options)
     : layout_(layout),
       gatherer_(gatherer),
       pg_(pg),
+      replicate_(replicate),
       queue_(queue),
       clock_(clock),
       stage_(options.stage),
@@ -139,21 +140,33 @@ void GradientReducer::launch(std::size_t index) {
   }
   at::Tensor wire = std::move(wire_[index]);
   wire_[index] = at::Tensor();
-  queue_.submit([pg, clock = &clock_, layout = &layout_, g, wire,
+  queue_.submit([pg, replicate = replicate_, clock = &clock_, layout = &layout_, g, wire,
                  reduce_scatter = reduce_scatter_]() mutable {
     torch::NoGradGuard no_grad;
     at::Tensor shard;
-    const auto start = std::chrono::steady_clock::now();
+    auto start = std::chrono::steady_clock::now();
     if (reduce_scatter) {
       shard = at::empty({g->shard_numel}, wire.options());
       pg->reduce_scatter(shard, wire, ReduceOp::kAvg);
       clock->add_since(&ZeroOptimizer::CommStats::reduce_scatter_seconds, start);
+      clock->add_bytes(&ZeroOptimizer::CommStats::reduce_scatter_bytes,
+                       wire.numel() * static_cast<int64_t>(wire.element_size()));
     } else {
       // DeepSpeed's reduce_scatter: false: the whole pack is averaged on
       // every rank, which keeps its own slice.
       pg->all_reduce(wire, ReduceOp::kAvg);
       shard = wire.narrow(0, g->shard_begin, g->shard_numel);
       clock->count(&ZeroOptimizer::CommStats::gradient_all_reduces);
+    }
+    if (replicate != nullptr) {
+      // HSDP: the counterparts in the other shard groups hold the same
+      // slice, averaged over their group; averaging across them gives the
+      // world's average. The only collective that crosses shard groups.
+      start = std::chrono::steady_clock::now();
+      replicate->all_reduce(shard, ReduceOp::kAvg);
+      clock->add_since(&ZeroOptimizer::CommStats::replicate_all_reduce_seconds, start);
+      clock->add_bytes(&ZeroOptimizer::CommStats::replicate_bytes,
+                       shard.numel() * static_cast<int64_t>(shard.element_size()));
     }
     // Micro-steps accumulate into the shard until zero_grad().
     if (shard.device() == g->grad_shard.device()) {

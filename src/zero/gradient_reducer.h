@@ -4,7 +4,8 @@
 // and 3 pack them into one fp32 buffer, free them, and reduce-scatter the
 // pack into this rank's fp32 gradient shard on the communication thread
 // while backward goes on (with overlap_comm off, once backward ends; with
-// reduce_scatter off, by all-reduce). Micro-steps accumulate there until
+// reduce_scatter off, by all-reduce; under HSDP, then all-reduce that shard
+// across the replicate group). Micro-steps accumulate there until
 // zero_grad().
 //
 // Owns the gradient hooks, the readiness of the backward in progress, the
@@ -36,8 +37,11 @@ class GradientReducer {
  public:
   // Installs a hook on every parameter's gradient accumulator; they go with
   // the reducer.
+  // `replicate` (HSDP; null: none): each gradient shard is all-reduced
+  // across it after its reduce-scatter over `pg`.
   GradientReducer(const ZeroLayout& layout, UnitGatherer& gatherer, ProcessGroup& pg,
-                  CommQueue& queue, CommClock& clock, const ZeroOptions& options);
+                  ProcessGroup* replicate, CommQueue& queue, CommClock& clock,
+                  const ZeroOptions& options);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
@@ -62,6 +66,7 @@ class GradientReducer {
   const ZeroLayout& layout_;
   UnitGatherer& gatherer_;
   ProcessGroup& pg_;
+  ProcessGroup* replicate_;
   CommQueue& queue_;
   CommClock& clock_;
   const int stage_;

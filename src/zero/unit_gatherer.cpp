@@ -136,6 +136,8 @@ void UnitGatherer::gather(std::size_t g, bool wait) {
           for (int64_t i = 0; i < calls; ++i) {
             clock->count(&ZeroOptimizer::CommStats::parameter_all_gather_calls);
           }
+          clock->add_bytes(&ZeroOptimizer::CommStats::gather_bytes,
+                           full.numel() * static_cast<int64_t>(full.element_size()));
         });
     unit.state = State::kGathering;
   }

@@ -12,9 +12,22 @@ namespace {
 // `options`, once they (and the model and group) are known to be usable:
 // before anything is laid out.
 ZeroOptions checked_options(const std::shared_ptr<torch::nn::Module>& model,
-                            const std::shared_ptr<ProcessGroup>& pg, const ZeroOptions& options) {
+                            const std::shared_ptr<ProcessGroup>& pg,
+                            const std::shared_ptr<ProcessGroup>& replicate,
+                            const ZeroOptions& options) {
   TANDEM_CHECK_ARG(model != nullptr && pg != nullptr, "ZeroOptimizer: model and process group "
                    "must not be null");
+  TANDEM_CHECK_ARG(replicate == nullptr || replicate->is_member(),
+                   "ZeroOptimizer: [rank {}/{}] the replicate group does not hold this rank; "
+                   "pass the group of this rank's counterparts in the other shard groups "
+                   "(ProcessMesh::group(\"host\"))",
+                   pg->rank(), pg->world_size());
+  TANDEM_CHECK_ARG(replicate == nullptr || replicate->world_size() == 1 || options.stage >= 2,
+                   "ZeroOptimizer: hybrid sharding (a replicate group of {} ranks) needs stage 2 "
+                   "or 3, got stage {}: stage 1 all-reduces whole gradients, so replicating "
+                   "across groups saves nothing. Set the stage to 2 (gradients and optimizer "
+                   "state sharded in the group) or 3 (parameters too)",
+                   replicate == nullptr ? 0 : replicate->world_size(), options.stage);
   TANDEM_CHECK_ARG(options.stage >= 1 && options.stage <= 3,
                    "ZeroOptimizer: stage must be 1, 2 or 3, got {} (stage 0 is plain DDP: use "
                    "tandem::DistributedDataParallel)",
@@ -42,23 +55,30 @@ ZeroOptions checked_options(const std::shared_ptr<torch::nn::Module>& model,
 
 ZeroEngine::ZeroEngine(std::shared_ptr<torch::nn::Module> model,
                        torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> pg,
-                       ZeroOptions options)
+                       std::shared_ptr<ProcessGroup> replicate, ZeroOptions options)
     : model_(std::move(model)),
       pg_(std::move(pg)),
+      replicate_(std::move(replicate)),
       rule_(update_rule_of(optimizer)),
-      options_(checked_options(model_, pg_, options)),
-      layout_(*model_, optimizer, *pg_, options_, rule_),
+      options_(checked_options(model_, pg_, replicate_, options)),
+      layout_(*model_, optimizer, *pg_, replicas(), options_, rule_),
       queue_(pg_.get()),
       gatherer_(layout_, *pg_, queue_, clock_, options_),
-      reducer_(layout_, gatherer_, *pg_, queue_, clock_, options_),
+      reducer_(layout_, gatherer_, *pg_, replicas(), queue_, clock_, options_),
       state_(layout_, gatherer_, optimizer, rule_, *pg_, queue_, options_) {
-  log_debug("ZeRO stage {}: {} parameter(s) in {} group(s) over {} rank(s)", options_.stage,
-            layout_.params().size(), layout_.groups().size(), pg_->world_size());
+  log_debug("ZeRO stage {}: {} parameter(s) in {} group(s) over {} rank(s), {} replica(s)",
+            options_.stage, layout_.params().size(), layout_.groups().size(), pg_->world_size(),
+            replicate_ == nullptr ? 1 : replicate_->world_size());
+}
+
+ProcessGroup* ZeroEngine::replicas() const {
+  return replicate_ != nullptr && replicate_->world_size() > 1 ? replicate_.get() : nullptr;
 }
 
 void ZeroEngine::step() {
   TANDEM_CHECK(!reducer_.in_backward(), "ZeroOptimizer::step() called during backward");
   clock_.drain(queue_);
+  clock_.end_step();
   gatherer_.settle_forward_order();
   state_.step();
 }

@@ -32,8 +32,11 @@ namespace tandem::detail {
 
 class ZeroEngine {
  public:
+  // `replicate` (HSDP; may be null): the group each gradient shard is
+  // all-reduced across after the reduce-scatter over `pg`.
   ZeroEngine(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
-             std::shared_ptr<ProcessGroup> pg, ZeroOptions options);
+             std::shared_ptr<ProcessGroup> pg, std::shared_ptr<ProcessGroup> replicate,
+             ZeroOptions options);
 
   void step();
   void zero_grad() { reducer_.zero_grad(); }
@@ -48,6 +51,7 @@ class ZeroEngine {
   int stage() const { return options_.stage; }
   const ZeroOptions& options() const { return options_; }
   ProcessGroup& process_group() const { return *pg_; }
+  ProcessGroup* replicate_group() const { return replicate_.get(); }
   ZeroMemoryStats memory_stats() const;
   std::vector<std::vector<std::string>> group_names() const { return layout_.group_names(); }
   int64_t step_count() const { return state_.step_count(); }
@@ -66,11 +70,15 @@ class ZeroEngine {
       const std::function<void(const std::string&, const at::Tensor&)>& fn);
 
  private:
+  // The replicate group when it has more than one rank (HSDP), else null.
+  ProcessGroup* replicas() const;
+
   // Members are destroyed in reverse: the hooks go first (with the reducer
   // and the gatherer), then the queue, which waits for its tasks; those use
   // the layout, the clock and the process group, which go after it.
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<ProcessGroup> pg_;
+  std::shared_ptr<ProcessGroup> replicate_;
   UpdateRule rule_;
   ZeroOptions options_;
   ZeroLayout layout_;

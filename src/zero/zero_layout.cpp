@@ -27,7 +27,8 @@ constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 }  // namespace
 
 ZeroLayout::ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                       ProcessGroup& pg, const ZeroOptions& options, UpdateRule rule)
+                       ProcessGroup& pg, ProcessGroup* replicate, const ZeroOptions& options,
+                       UpdateRule rule)
     : options_(options), world_(pg.world_size()), rank_(pg.rank()) {
   collect_parameters(model, optimizer);
   device_ = params_.front().device();
@@ -38,7 +39,7 @@ ZeroLayout::ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimi
     refuse_memoryless_parameters();
     build_bucket_groups();
   }
-  for (auto& group : groups_) finish_group(group, pg, optimizer, rule);
+  for (auto& group : groups_) finish_group(group, pg, replicate, optimizer, rule);
   group_of_.assign(params_.size(), 0);
   flat_offset_.assign(params_.size(), 0);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -182,7 +183,7 @@ void ZeroLayout::build_unit_groups(torch::nn::Module& model, ProcessGroup& pg) {
   refuse_memoryless_parameters();
 }
 
-void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg,
+void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg, ProcessGroup* replicate,
                               torch::optim::Optimizer& optimizer, UpdateRule rule) {
   std::vector<int64_t> numels;
   const at::Tensor& first = params_[group.members.front()];
@@ -209,6 +210,9 @@ void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg,
     group.full = group.construction->full;
     my_slice = group.construction->shard;
     group.construction.reset();
+    // The fingerprints agree inside the shard group only; the copies of the
+    // model in the other shard groups take this one's slices.
+    if (replicate != nullptr) replicate->broadcast(my_slice, 0);
   } else {
     group.full = at::zeros({group.padded}, first.options().requires_grad(false));
     for (std::size_t k = 0; k < group.members.size(); ++k) {
@@ -218,6 +222,7 @@ void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg,
       internals::rebind_parameter_data(p, view);
     }
     pg.broadcast(group.full, 0);  // every rank starts from rank 0's values
+    if (replicate != nullptr) replicate->broadcast(group.full, 0);  // ... of one shard group
     my_slice = group.full.narrow(0, group.shard_begin, group.shard_numel);
   }
   const bool fp32_params = dtype == at::kFloat;

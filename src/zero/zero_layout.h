@@ -40,8 +40,11 @@ class ZeroLayout {
   // Lays `model` out for `pg`'s ranks, rebinding its parameters to views of
   // the flat buffers, with every rank starting from rank 0's values (or
   // adopting the shards zero::Init cut); `rule` sizes the optimizer state.
+  // With a `replicate` group (HSDP; may be null) each rank then takes its
+  // counterpart's values in replicate rank 0's shard group, so that every
+  // copy of the model starts equal.
   ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer, ProcessGroup& pg,
-             const ZeroOptions& options, UpdateRule rule);
+             ProcessGroup* replicate, const ZeroOptions& options, UpdateRule rule);
   ZeroLayout(const ZeroLayout&) = delete;
   ZeroLayout& operator=(const ZeroLayout&) = delete;
 
@@ -71,8 +74,8 @@ class ZeroLayout {
   void settle_construction_shards(const std::vector<ShardedUnit*>& units,
                                   const std::vector<std::string>& unit_names, ProcessGroup& pg);
   void refuse_memoryless_parameters() const;
-  void finish_group(FlatGroup& group, ProcessGroup& pg, torch::optim::Optimizer& optimizer,
-                    UpdateRule rule);
+  void finish_group(FlatGroup& group, ProcessGroup& pg, ProcessGroup* replicate,
+                    torch::optim::Optimizer& optimizer, UpdateRule rule);
   void build_runs(FlatGroup& group);
   at::Tensor empty_state(int64_t n) const;
 

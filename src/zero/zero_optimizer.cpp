@@ -8,7 +8,16 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::nn::Module> model,
                              torch::optim::Optimizer& optimizer,
                              std::shared_ptr<ProcessGroup> process_group, ZeroOptions options)
     : engine_(std::make_unique<detail::ZeroEngine>(std::move(model), optimizer,
-                                                   std::move(process_group), options)) {}
+                                                   std::move(process_group), nullptr,
+                                                   options)) {}
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<torch::nn::Module> model,
+                             torch::optim::Optimizer& optimizer,
+                             std::shared_ptr<ProcessGroup> shard_group,
+                             std::shared_ptr<ProcessGroup> replicate_group, ZeroOptions options)
+    : engine_(std::make_unique<detail::ZeroEngine>(std::move(model), optimizer,
+                                                   std::move(shard_group),
+                                                   std::move(replicate_group), options)) {}
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
@@ -22,6 +31,7 @@ bool ZeroOptimizer::gradient_sync() const { return engine_->gradient_sync(); }
 int ZeroOptimizer::stage() const { return engine_->stage(); }
 const ZeroOptions& ZeroOptimizer::options() const { return engine_->options(); }
 ProcessGroup& ZeroOptimizer::process_group() const { return engine_->process_group(); }
+ProcessGroup* ZeroOptimizer::replicate_group() const { return engine_->replicate_group(); }
 ZeroMemoryStats ZeroOptimizer::memory_stats() const { return engine_->memory_stats(); }
 std::vector<std::vector<std::string>> ZeroOptimizer::group_parameter_names() const {
   return engine_->group_names();

@@ -37,8 +37,28 @@ Failure failure_of(const std::exception& e) {
 
 // Every rank learns every rank's failure; all throw the first one (their
 // own if they failed too), so no rank goes on into a collective alone.
-void agree(ProcessGroup& pg, const Failure& mine, const char* when) {
+// Under HSDP (`replicate` not null) the other shard groups load the same
+// model on other hosts, where a file may be missing: each group's first
+// failure goes across too, so the whole world throws or none of it.
+void agree(ProcessGroup& pg, ProcessGroup* replicate, const Failure& mine, const char* when) {
   const std::vector<std::string> all = pg.all_gather_strings(mine.encode());
+  if (replicate != nullptr) {
+    std::string first;  // the same on every rank of this shard group
+    for (std::size_t r = 0; r < all.size() && first.empty(); ++r) {
+      if (all[r].empty()) continue;
+      // Kind first, as encode() puts it; then the rank in its group.
+      first = all[r].substr(0, 1) + fmt::format("[rank {}/{}] ", r, all.size()) +
+              all[r].substr(1);
+    }
+    const std::vector<std::string> groups = replicate->all_gather_strings(first);
+    for (std::size_t g = 0; g < groups.size() && first.empty(); ++g) {
+      if (groups[g].empty()) continue;
+      const std::string message =
+          fmt::format("[shard group {}/{}] {}{}", g, groups.size(), groups[g].substr(1), when);
+      if (groups[g][0] == Failure::kUsage) TANDEM_THROW(UsageError, "{}", message);
+      TANDEM_THROW(CheckpointError, "{}", message);
+    }
+  }
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;
     const bool own = mine.kind != Failure::kNone;
@@ -67,7 +87,7 @@ LoadSafetensorsResult load_safetensors_into_shards(ZeroOptimizer& zero, const st
   } catch (const std::exception& e) {
     failure = failure_of(e);
   }
-  agree(pg, failure, " (nothing was loaded on any rank)");
+  agree(pg, zero.replicate_group(), failure, " (nothing was loaded on any rank)");
 
   std::set<std::string> managed;
   for (const auto& group : zero.group_parameter_names()) managed.insert(group.begin(), group.end());
@@ -104,7 +124,7 @@ LoadSafetensorsResult load_safetensors_into_shards(ZeroOptimizer& zero, const st
     torch::NoGradGuard no_grad;
     for (const detail::WeightCopy* copy : whole) guarded_read(*copy, 0, copy->tensor.detach());
   }
-  agree(pg, failure, " (the model may now mix old and new values)");
+  agree(pg, zero.replicate_group(), failure, " (the model may now mix old and new values)");
 
   LoadSafetensorsResult& result = plan.result;
   for (const auto& copy : plan.copies) {

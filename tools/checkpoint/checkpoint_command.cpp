@@ -239,7 +239,11 @@ nlohmann::json describe_tag(const std::string& dir, const std::string& tag) {
     const int stage = meta.value("zero_stage", 0);
     row["step"] = meta.value("step", int64_t{0});
     row["world_size"] = meta.at("world_size");
-    row["strategy"] = stage > 0 ? fmt::format("zero{}", stage) : meta.value("strategy", "");
+    // HSDP: "hsdp3/2" is stage 3 sharded over groups of 2 ranks.
+    row["strategy"] = meta.value("strategy", "") == "hsdp"
+                          ? fmt::format("hsdp{}/{}", stage, meta.value("hpz_partition_size", 1))
+                      : stage > 0 ? fmt::format("zero{}", stage)
+                                  : meta.value("strategy", "");
     row["mixed_precision"] = meta.value("mixed_precision", "no");
     row["dtype"] = dtype;
     row["parameters"] = params;

@@ -78,6 +78,7 @@ struct Node;
 namespace tandem {
 
 namespace detail {
+struct HybridGroups;
 struct JoinHooks;
 class ModelStrategy;
 class StepController;
@@ -748,6 +749,8 @@ class Accelerator {
   ConfigOverrides overrides_;
   Config config_;
   std::shared_ptr<ProcessGroup> process_group_;
+  // HSDP's shard and replicate groups (none unless the config asks for it).
+  std::shared_ptr<const detail::HybridGroups> hybrid_;
   int local_rank_ = 0;
   int local_world_size_ = 1;
   c10::Device device_ = c10::Device(c10::kCPU);

@@ -88,7 +88,14 @@ struct ZeroConfig {
   // ZeRO-3 writes the gathered weights in the 16-bit training dtype; false:
   // save_model under ZeRO-3 refuses, as Accelerate does.
   std::optional<bool> gather_16bit_weights_on_model_save;
+  // HSDP (stages 2 and 3): shard inside groups of this many consecutive
+  // ranks and replicate across the groups (DeepSpeed's
+  // zero_hpz_partition_size). 1: off, plain ZeRO over the world;
+  // kHpzRanksPerHost: the launcher's ranks per host (Accelerate's
+  // fsdp_sharding_strategy HYBRID_SHARD).
+  int hpz_partition_size = 1;
 };
+inline constexpr int kHpzRanksPerHost = 0;
 
 // DeepSpeed's `optimizer` block. Empty type: the program builds its own.
 // Parameters given as "auto" (or absent) stay empty; the Accelerator fills

@@ -43,6 +43,17 @@
 // stages 2 and 3 reduce-scatter every micro-step and accumulate into the
 // shard (full gradients are never kept), so the switch has no effect there.
 //
+// HSDP (hybrid sharding: DeepSpeed ZeRO++'s hpZ partition, FSDP's
+// HYBRID_SHARD): the constructor that takes a replicate group shards
+// everything as above over the (small, fast) shard group only, and keeps one
+// copy of the model per shard group. Each backward reduce-scatters the
+// gradients inside the shard group, then all-reduces each rank's gradient
+// shard once across its replicate group (its counterparts in the other shard
+// groups), averaging over both; parameters are gathered inside the shard
+// group only. So the only traffic across shard groups (hosts, typically) is
+// that one all-reduce of each rank's gradient shard per micro-step. Stages 2
+// and 3 (stage 1 is refused: it all-reduces whole gradients anyway).
+//
 // Contract: construct on every rank in the same order with the same model;
 // one training thread; the model, the optimizer and the process group must
 // outlive the ZeroOptimizer. While a backward or a stage-3 forward runs, the
@@ -139,6 +150,22 @@ class ZeroOptimizer {
                 ZeroOptions options = {})
       : ZeroOptimizer(std::static_pointer_cast<torch::nn::Module>(model.ptr()), optimizer,
                       std::move(process_group), options) {}
+  // HSDP: shards over `shard_group` and replicates across `replicate_group`
+  // (this rank's counterparts in the other shard groups: ProcessMesh's
+  // group("local") and group("host"), or a mesh with an explicit shape
+  // {replicas, shard size}). Every rank starts from the values of the first
+  // rank of replicate rank 0's shard group (world rank 0, on a mesh).
+  // `replicate_group` may have one rank (then this is plain ZeRO over the
+  // shard group); stage 1 with more is a UsageError. Collective over both.
+  ZeroOptimizer(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
+                std::shared_ptr<ProcessGroup> shard_group,
+                std::shared_ptr<ProcessGroup> replicate_group, ZeroOptions options);
+  template <typename ModuleImpl>
+  ZeroOptimizer(const torch::nn::ModuleHolder<ModuleImpl>& model,
+                torch::optim::Optimizer& optimizer, std::shared_ptr<ProcessGroup> shard_group,
+                std::shared_ptr<ProcessGroup> replicate_group, ZeroOptions options)
+      : ZeroOptimizer(std::static_pointer_cast<torch::nn::Module>(model.ptr()), optimizer,
+                      std::move(shard_group), std::move(replicate_group), options) {}
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -184,7 +211,11 @@ class ZeroOptimizer {
 
   int stage() const;
   const ZeroOptions& options() const;
+  // The group the state is sharded over (the shard group under HSDP).
   ProcessGroup& process_group() const;
+  // HSDP: the group the gradient shards are all-reduced across; null when
+  // the optimizer was built without one.
+  ProcessGroup* replicate_group() const;
   // Bytes held now; stage 3 parameters count what is gathered at the moment.
   ZeroMemoryStats memory_stats() const;
   // Introspection: buckets (stage 1/2) or units (stage 3, then the group of
@@ -193,10 +224,13 @@ class ZeroOptimizer {
   // Completed optimizer steps.
   int64_t step_count() const;
 
-  // Stage 3: where the time goes, summed since construction or the last
-  // reset. The collectives run on the communication thread; `*_wait`
+  // Stages 2 and 3 (and HSDP): where the time and the bytes go, summed
+  // since construction or the last reset. The collectives run on the communication thread; `*_wait`
   // is the part the training thread spent blocked on them (the rest
   // overlapped compute).
+  // Byte counts are payloads: the size of the whole tensor each collective
+  // reduces or gathers (what one rank would send were it alone), not what
+  // a ring puts on the wire (about 2(n-1)/n of it for an all-reduce).
   struct CommStats {
     double gather_seconds = 0;          // all-gathers of unit parameters
     double reduce_scatter_seconds = 0;  // gradient reduce-scatters (stages 2, 3)
@@ -212,6 +246,16 @@ class ZeroOptimizer {
     // Gradient reductions queued while backward was still running (0 with
     // overlap_comm false).
     int64_t reductions_launched_in_backward = 0;
+    int64_t gather_bytes = 0;          // whole units gathered (stage 3)
+    int64_t reduce_scatter_bytes = 0;  // packed fp32 gradients reduce-scattered
+    // HSDP: the all-reduces of gradient shards across the replicate group,
+    // the only traffic between shard groups.
+    double replicate_all_reduce_seconds = 0;
+    int64_t replicate_all_reduces = 0;
+    int64_t replicate_bytes = 0;
+    // replicate_bytes between the last two step() calls (or since the
+    // reset before the last step()): inter-group bytes per optimizer step.
+    int64_t last_step_replicate_bytes = 0;
   };
   CommStats comm_stats() const;
   // Zeroes comm_stats() and restarts memory_stats()'s gathered peak.
