@@ -82,6 +82,9 @@ struct Options {
   std::int64_t prefetch_bucket_size = -1;
   std::int64_t max_live_parameters = -1;
   std::int64_t persistence_threshold = -1;
+  // HSDP: shard inside groups of this many consecutive ranks, replicate
+  // across them (zero_hpz_partition_size); 1: plain ZeRO over the world.
+  int hpz_partition_size = 1;
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -307,6 +310,12 @@ void run(const Options& options) {
     ddp_options.bucket_cap_mb = options.bucket_mb;
     ddp_options.cache_cpu_allocations = !options.system_allocator;
     ddp = std::make_unique<tandem::DistributedDataParallel>(model, pg, ddp_options);
+  } else if (options.hpz_partition_size > 1) {
+    // Rows of the mesh are shard groups (P consecutive ranks); its columns
+    // replicate, as the Accelerator's HSDP strategy lays them out.
+    tandem::ProcessMesh mesh(pg, {world / options.hpz_partition_size, options.hpz_partition_size});
+    zero = std::make_unique<tandem::ZeroOptimizer>(model, adam, mesh.group("local"),
+                                                   mesh.group("host"), zero_options);
   } else {
     zero = std::make_unique<tandem::ZeroOptimizer>(model, adam, pg, zero_options);
   }
@@ -396,6 +405,8 @@ void run(const Options& options) {
         {"max_live_parameters", zero_options.max_live_parameters},
         {"param_persistence_threshold", zero_options.param_persistence_threshold},
         {"caching_allocator", !options.system_allocator},
+        {"hpz_partition_size", options.hpz_partition_size},
+        {"replicate_bytes_per_step", comm.last_step_replicate_bytes},
         {"step_ms", step[kStep]},
         {"forward_ms", step[kForward]},
         {"backward_ms", step[kBackward]},
@@ -459,7 +470,16 @@ int main(int argc, char** argv) {
                  "stage 3: ZeroOptions::param_persistence_threshold, elements");
   app.add_flag("--system-allocator", options.system_allocator,
                "keep glibc's allocator instead of tandem's caching CPU allocator");
+  app.add_option("--hpz-partition-size", options.hpz_partition_size,
+                 "HSDP (stages 2, 3): shard inside groups of P consecutive ranks, replicate "
+                 "across them; the world size must divide by P")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if (options.hpz_partition_size > 1 && (options.stage < 2 || options.meta_init)) {
+    std::cerr << "bench_zero: --hpz-partition-size needs --stage 2 or 3 and no --meta-init"
+              << std::endl;
+    return 2;
+  }
   if (options.meta_init && options.stage != 3) {
     std::cerr << "bench_zero: --meta-init needs --stage 3 (only stage 3 adopts a model built "
                  "under zero::Init)"

@@ -199,7 +199,11 @@ def sharded_sides(bench, a):
         long_bytes, long = bench.interhost_bytes(
             lambda: bench.tandem("bench_zero", base + extra + ["--steps", str(2 * a.steps)]))
         out[name + "_step_ms"] = statistics.median([short["step_ms"], long["step_ms"]])
+        # Each step's inter-host bytes, as the links counted them (setup and
+        # warm-up cancel in the difference).
         out[name + "_interhost_bytes_per_step"] = (long_bytes - short_bytes) / a.steps
+        # What tandem's counter says crossed shard groups (HSDP only).
+        out[name + "_replicate_payload_bytes_per_step"] = long.get("replicate_bytes_per_step")
     return out
 
 

@@ -89,13 +89,10 @@ int main(int argc, char** argv) {
       for (;;) ::pause();
     }
   }
-  if (accelerator.is_main_process()) {
-    std::vector<std::pair<std::string, at::Tensor>> weights;
-    for (const auto& item : model->named_parameters()) {
-      weights.emplace_back(item.key(), item.value().detach().cpu());
-    }
-    tandem::write_safetensors(out, weights);
-  }
+  // Whole parameters on every strategy (gathered under ZeRO-3 and HSDP:
+  // collective, so every rank asks).
+  const auto weights = accelerator.get_state_dict();
+  if (accelerator.is_main_process()) tandem::write_safetensors(out, weights);
   accelerator.print("{{\"world\": {}, \"steps\": {}, \"loss\": {:.6f}}}", world,
                     accelerator.step(), loss_value);
   accelerator.end_training();
