@@ -6,40 +6,21 @@
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "support/subprocess.h"
-#include "support/test_cluster.h"
+#include "multinode/static_job.h"
 
 namespace tandem {
 namespace {
 
-using testing::BackgroundProcess;
 using testing::bin;
 using testing::TestCluster;
 
 // Runs `nproc` comm_calls_worker ranks on each host; returns all output.
 std::string run_comm_calls(TestCluster& cluster, int nproc, const std::string& port) {
-  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, 'c');
-  const int nnodes = cluster.size();
-  std::vector<std::unique_ptr<BackgroundProcess>> nodes;
-  for (int node = 0; node < nnodes; ++node) {
-    nodes.push_back(std::make_unique<BackgroundProcess>(
-        cluster.on(node, {bin("tandem"), "launch", "--nnodes", std::to_string(nnodes),
-                          "--node-rank", std::to_string(node), "--nproc-per-node",
-                          std::to_string(nproc), "--master-addr", cluster.address(0),
-                          "--master-port", port, bin("comm_calls_worker")}),
-        std::vector<std::string>{token, "TANDEM_TIMEOUT_S=30"}));
-  }
-  std::string all;
-  for (int node = 0; node < nnodes; ++node) {
-    auto r = nodes[static_cast<std::size_t>(node)]->wait(90);
-    EXPECT_EQ(r.exit_code, 0) << "host " << node << ": " << r.out << r.err;
-    all += r.out + r.err;
-  }
-  return all;
+  return testing::run_static_job(cluster, nproc, port, {}, {bin("comm_calls_worker")},
+                                 {"TANDEM_TIMEOUT_S=30"}, 90);
 }
 
 void expect_every_rank_ok(const std::string& all, int world) {

@@ -5,17 +5,14 @@
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "support/subprocess.h"
-#include "support/test_cluster.h"
+#include "multinode/static_job.h"
 
 namespace tandem {
 namespace {
 
-using testing::BackgroundProcess;
 using testing::bin;
 using testing::TestCluster;
 
@@ -23,24 +20,8 @@ using testing::TestCluster;
 // returns every host's output (exit codes checked).
 std::string run_job(TestCluster& cluster, int nproc, const std::string& form,
                     const std::string& port) {
-  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, 'h');
-  const int nnodes = cluster.size();
-  std::vector<std::unique_ptr<BackgroundProcess>> nodes;
-  for (int node = 0; node < nnodes; ++node) {
-    nodes.push_back(std::make_unique<BackgroundProcess>(
-        cluster.on(node, {bin("tandem"), "launch", "--nnodes", std::to_string(nnodes),
-                          "--node-rank", std::to_string(node), "--nproc-per-node",
-                          std::to_string(nproc), "--master-addr", cluster.address(0),
-                          "--master-port", port, bin("hierarchical_test_worker"), form}),
-        std::vector<std::string>{token, "TANDEM_TIMEOUT_S=20"}));
-  }
-  std::string all;
-  for (int node = 0; node < nnodes; ++node) {
-    auto r = nodes[static_cast<std::size_t>(node)]->wait(60);
-    EXPECT_EQ(r.exit_code, 0) << "host " << node << ": " << r.out << r.err;
-    all += r.out + r.err;
-  }
-  return all;
+  return testing::run_static_job(cluster, nproc, port, {}, {bin("hierarchical_test_worker"), form},
+                                 {"TANDEM_TIMEOUT_S=20"}, 60);
 }
 
 TEST(MultiNodeHierarchical, TwoHostsOfTwoRanksReduceInsideEachHostFirst) {

@@ -25,6 +25,7 @@
 #include "support/tied_model.h"
 #include "tandem/checkpoint/module_weights.h"
 #include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 #include "tandem/zero/init.h"
 #include "tandem/zero/zero_weights.h"
