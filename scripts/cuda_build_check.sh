@@ -54,7 +54,8 @@ cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
 grep -E "^-- tandem:" "$build/configure.log"
 grep -q "NCCL backend: ON" "$build/configure.log" || {
   echo "cuda_build_check: FAIL: configure did not turn the NCCL backend on" >&2; exit 1; }
-cmake --build "$build" --target tandem tandem_cli tandem_examples tandem_core_tests tandem_gpu_tests
+cmake --build "$build" --target tandem tandem_cli tandem_examples tandem_core_tests tandem_gpu_tests \
+  benchmarks
 t2=$(date +%s)
 
 # The CLI links and loads: it reports the CUDA LibTorch (no GPU needed).
