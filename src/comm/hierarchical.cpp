@@ -78,64 +78,20 @@ Hierarchy::Hierarchy(HostLayout layout, HierarchicalForm form, std::shared_ptr<P
       world_(layout_.world()),
       local_(std::move(local)),
       local_shm_(local_shm),
-      across_(std::move(across)),
-      label_(thread_rank_label()) {
-  worker_ = std::thread([this] { worker_loop(); });
-}
-
-Hierarchy::~Hierarchy() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-}
-
-void Hierarchy::worker_loop() {
-  if (label_.first >= 0) set_thread_rank_label(label_.first, label_.second);
-  for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything queued has run
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    job();
-  }
-}
-
-std::shared_future<void> Hierarchy::submit(std::function<void()> body) {
-  auto done = std::make_shared<std::promise<void>>();
-  std::shared_future<void> future = done->get_future().share();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back([body = std::move(body), done] {
-      try {
-        body();
-        done->set_value();
-      } catch (...) {
-        done->set_exception(std::current_exception());
-      }
-    });
-  }
-  cv_.notify_one();
-  return future;
-}
+      across_(std::move(across)) {}
 
 std::shared_future<void> Hierarchy::all_reduce(at::Tensor tensor, ReduceOp op) {
-  return submit([this, tensor, op]() mutable { run_all_reduce(tensor, op); });
+  return worker_.submit([this, tensor, op]() mutable { run_all_reduce(tensor, op); });
 }
 
 std::shared_future<void> Hierarchy::reduce_scatter(at::Tensor output, at::Tensor input,
                                                    ReduceOp op) {
-  return submit([this, output, input, op]() mutable { run_reduce_scatter(output, input, op); });
+  return worker_.submit(
+      [this, output, input, op]() mutable { run_reduce_scatter(output, input, op); });
 }
 
 std::shared_future<void> Hierarchy::all_gather(at::Tensor output, at::Tensor input) {
-  return submit([this, output, input]() mutable { run_all_gather(output, input); });
+  return worker_.submit([this, output, input]() mutable { run_all_gather(output, input); });
 }
 
 // ---- within the host --------------------------------------------------------

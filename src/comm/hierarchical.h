@@ -35,18 +35,15 @@
 // the outer collective was checked once. Each inner step is bounded by the
 // group's timeout. Thread-safe.
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/serial_worker.h"
 #include "tandem/comm/process_group.h"
 
 namespace tandem::detail {
@@ -83,7 +80,6 @@ class Hierarchy {
   // counterpart group.
   Hierarchy(HostLayout layout, HierarchicalForm form, std::shared_ptr<ProcessGroup> local,
             ShmTransport* local_shm, std::shared_ptr<ProcessGroup> across);
-  ~Hierarchy();
   Hierarchy(const Hierarchy&) = delete;
   Hierarchy& operator=(const Hierarchy&) = delete;
 
@@ -97,8 +93,6 @@ class Hierarchy {
   std::shared_future<void> all_gather(at::Tensor output, at::Tensor input);
 
  private:
-  std::shared_future<void> submit(std::function<void()> body);
-  void worker_loop();
 
   void run_all_reduce(at::Tensor& tensor, ReduceOp op);
   void run_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op);
@@ -115,13 +109,7 @@ class Hierarchy {
   std::shared_ptr<ProcessGroup> local_;
   ShmTransport* local_shm_;
   std::shared_ptr<ProcessGroup> across_;
-  std::pair<int, int> label_;
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
+  SerialWorker worker_;  // last: stops before the state its jobs use
 };
 
 }  // namespace tandem::detail

@@ -1,13 +1,10 @@
 #include "comm/shm_mailbox.h"
 
-#include <condition_variable>
-#include <deque>
-#include <thread>
-
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/p2p_message.h"
+#include "comm/serial_worker.h"
 #include "comm/shm_channel.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
@@ -19,26 +16,7 @@ struct ShmMailbox::Lane {
   ShmChannel channel;
   bool attached = false;
   std::string failed;  // the first error that left the lane out of step
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
-  bool stop = false;
-  std::thread worker;
-
-  void run() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) return;
-        job = std::move(queue.front());
-        queue.pop_front();
-      }
-      job();
-    }
-  }
+  SerialWorker worker;  // last: stops before the state its jobs use
 };
 
 ShmMailbox::ShmMailbox(c10::intrusive_ptr<c10d::Store> store, int rank,
@@ -46,15 +24,10 @@ ShmMailbox::ShmMailbox(c10::intrusive_ptr<c10d::Store> store, int rank,
     : store_(std::move(store)), rank_(rank), timeout_(timeout) {}
 
 ShmMailbox::~ShmMailbox() {
+  // Queued messages fail fast (their waits see the flag), then each lane's
+  // worker joins.
   stopping_.store(true, std::memory_order_release);
-  for (auto& [id, lane] : lanes_) {
-    {
-      std::lock_guard<std::mutex> lock(lane->mutex);
-      lane->stop = true;
-    }
-    lane->cv.notify_all();
-  }
-  for (auto& [id, lane] : lanes_) lane->worker.join();
+  lanes_.clear();
 }
 
 ShmMailbox::Lane& ShmMailbox::lane(int peer, int tag, bool sending) {
@@ -65,20 +38,12 @@ ShmMailbox::Lane& ShmMailbox::lane(int peer, int tag, bool sending) {
     const int src = sending ? rank_ : peer;
     const int dst = sending ? peer : rank_;
     slot->key = fmt::format("p2p/{}/{}/{}", src, dst, tag);
-    Lane* raw = slot.get();
-    auto label = thread_rank_label();
-    slot->worker = std::thread([raw, label] {
-      if (label.first >= 0) set_thread_rank_label(label.first, label.second);
-      raw->run();
-    });
   }
   return *slot;
 }
 
 std::shared_future<void> ShmMailbox::submit(Lane& lane, Message message, Body body) {
-  auto done = std::make_shared<std::promise<void>>();
-  std::shared_future<void> future = done->get_future().share();
-  auto job = [this, &lane, message = std::move(message), body = std::move(body), done] {
+  return lane.worker.submit([this, &lane, message = std::move(message), body = std::move(body)] {
     try {
       if (stopping_.load(std::memory_order_acquire)) throw ShmChannel::Stopped{};
       if (!lane.failed.empty()) {
@@ -94,32 +59,21 @@ std::shared_future<void> ShmMailbox::submit(Lane& lane, Message message, Body bo
       const ShmChannelBound bound{std::chrono::steady_clock::now() + timeout_, timeout_, &stopping_,
                                   &message.what, &message.explain};
       body(lane.channel, message, bound);
-      done->set_value();
     } catch (const ShmChannel::Stopped&) {
-      try {
-        TANDEM_THROW(CommError, "{}: the process group was destroyed before it completed",
-                     message.what);
-      } catch (...) {
-        done->set_exception(std::current_exception());
-      }
+      TANDEM_THROW(CommError, "{}: the process group was destroyed before it completed",
+                   message.what);
     } catch (const UsageError&) {
-      done->set_exception(std::current_exception());  // a drained mismatch: still in step
+      throw;  // a drained mismatch: still in step
     } catch (const std::exception& e) {
       lane.failed = e.what();
-      done->set_exception(std::current_exception());
+      throw;
     }
-  };
-  {
-    std::lock_guard<std::mutex> lock(lane.mutex);
-    lane.queue.push_back(std::move(job));
-  }
-  lane.cv.notify_one();
-  return future;
+  });
 }
 
 std::shared_future<void> ShmMailbox::send(at::Tensor tensor, int dst, int tag, Message message) {
   return submit(lane(dst, tag, true), std::move(message),
-                [tensor](ShmChannel& channel, const Message& m, const ShmChannelBound& bound) {
+                [tensor](ShmChannel& channel, const Message&, const ShmChannelBound& bound) {
                   const P2pHeader header = P2pHeader::of(tensor);
                   channel.write(&header, sizeof(header), bound);
                   channel.write(tensor.data_ptr(), tensor.nbytes(), bound);

@@ -40,68 +40,27 @@ ShmTransport::ShmTransport(ShmSegment segment, int rank, int world_size,
     : segment_(std::move(segment)),
       rank_(rank),
       world_size_(world_size),
-      timeout_(timeout),
-      label_(thread_rank_label()) {
-  worker_ = std::thread([this] { worker_loop(); });
-}
-
-ShmTransport::~ShmTransport() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-}
+      timeout_(timeout) {}
 
 bool ShmTransport::supports(const at::Tensor& tensor, bool reduces) {
   return tensor.device().is_cpu() && tensor.layout() == at::kStrided && tensor.is_contiguous() &&
          (!reduces || reducible_dtype(tensor.scalar_type()));
 }
 
-void ShmTransport::worker_loop() {
-  // Errors raised here name the rank as the caller's do (its global rank,
-  // also on a subgroup); a process without thread labels uses its own.
-  if (label_.first >= 0) set_thread_rank_label(label_.first, label_.second);
-  for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything queued has run
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    job();
-  }
-}
-
 std::shared_future<void> ShmTransport::submit(std::string what,
                                               std::function<void(const std::string&)> body) {
-  auto done = std::make_shared<std::promise<void>>();
-  std::shared_future<void> future = done->get_future().share();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back([this, body = std::move(body), what = std::move(what), done] {
-      try {
-        if (!failed_.empty()) {
-          TANDEM_THROW(CommError, "{} cannot run: the shared-memory transport failed earlier ({})",
-                       what, failed_);
-        }
-        try {
-          body(what);
-        } catch (const std::exception& e) {
-          failed_ = e.what();
-          throw;
-        }
-        done->set_value();
-      } catch (...) {
-        done->set_exception(std::current_exception());
-      }
-    });
-  }
-  cv_.notify_one();
-  return future;
+  return worker_.submit([this, body = std::move(body), what = std::move(what)] {
+    if (!failed_.empty()) {
+      TANDEM_THROW(CommError, "{} cannot run: the shared-memory transport failed earlier ({})",
+                   what, failed_);
+    }
+    try {
+      body(what);
+    } catch (const std::exception& e) {
+      failed_ = e.what();
+      throw;
+    }
+  });
 }
 
 std::shared_future<void> ShmTransport::all_reduce(at::Tensor tensor, ReduceOp op, std::string what) {

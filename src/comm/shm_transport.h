@@ -23,18 +23,15 @@
 // all-reduces overlap the caller's compute. Thread-safe.
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/serial_worker.h"
 #include "comm/shm_segment.h"
 #include "tandem/comm/process_group.h"
 
@@ -48,7 +45,6 @@ class ShmTransport {
   static std::size_t segment_bytes(int world_size);
 
   ShmTransport(ShmSegment segment, int rank, int world_size, std::chrono::milliseconds timeout);
-  ~ShmTransport();
 
   // True when the transport can carry `tensor`: CPU, dense, contiguous and,
   // for the collectives that reduce, a dtype reduce_buffers() handles
@@ -101,23 +97,15 @@ class ShmTransport {
                           const std::string& what);
   void run_exchange(const at::Tensor& output, const at::Tensor& input, const ExchangePlan& plan,
                     const std::string& what);
-  void worker_loop();
 
   ShmSegment segment_;
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
-  // The creating thread's rank label: the global rank also in a subgroup.
-  std::pair<int, int> label_;
   std::uint32_t generation_ = 0;
   std::uint64_t round_ = 0;  // rounds run so far, of every collective
   std::string failed_;  // first error; the transport is unusable after one
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
+  SerialWorker worker_;  // last: stops before the state its jobs use
 };
 
 }  // namespace tandem::detail
