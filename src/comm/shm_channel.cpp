@@ -37,14 +37,19 @@ ShmChannel::ShmChannel(ShmSegment segment, bool creator)
     : segment_(std::move(segment)), creator_(creator) {}
 
 ShmChannel ShmChannel::attach(c10d::Store& store, const std::string& key) {
-  ShmSegment mine = ShmSegment::create(shm_ring::kHeaderBytes + kRingBytes, 0, 1);
-  const std::vector<std::uint8_t> name(mine.name().begin(), mine.name().end());
-  const std::vector<std::uint8_t> winner = store.compareSet(key, {}, name);
-  if (winner == name) return ShmChannel(std::move(mine), true);
-  // The peer created it first: map theirs, drop ours.
-  mine.unlink();
-  ShmSegment theirs =
-      ShmSegment::open(std::string(winner.begin(), winner.end()), shm_ring::kHeaderBytes + kRingBytes, 1, 1);
+  constexpr std::size_t kBytes = shm_ring::kHeaderBytes + kRingBytes;
+  std::vector<std::uint8_t> winner;
+  if (store.check({key})) {
+    winner = store.get(key);  // the peer came first: no segment of our own
+  } else {
+    ShmSegment mine = ShmSegment::create(kBytes, 0, 1);
+    const std::vector<std::uint8_t> name(mine.name().begin(), mine.name().end());
+    winner = store.compareSet(key, {}, name);
+    if (winner == name) return ShmChannel(std::move(mine), true);
+    mine.unlink();  // the peer won the race between check and compare-and-set
+  }
+  // Map the peer's segment, tell it we came, and remove the name.
+  ShmSegment theirs = ShmSegment::open(std::string(winner.begin(), winner.end()), kBytes, 1, 1);
   shm_ring::sequence(theirs.data(), shm_ring::kAttached)->store(1, std::memory_order_release);
   theirs.unlink();
   return ShmChannel(std::move(theirs), false);
