@@ -8,8 +8,10 @@ side:
 * all-reduce of --size-mb MiB (float32, sum): tandem's default path
   (hierarchical: shared memory inside a host, Gloo between hosts), tandem
   forced onto one flat Gloo ring (bench_allreduce --hierarchical off), and torch.distributed
-  Gloo under torchrun;
-* a DDP step (bench_ddp / bench_ddp.py): tandem against torch DDP;
+  Gloo under torchrun; with --forms also the leader and split hierarchical
+  forms, each forced (leader_/split_allreduce_busbw_gbps);
+* a DDP step (bench_ddp / bench_ddp.py, both with --bucket-mb): tandem
+  against torch DDP;
 * a ZeRO-3 step and an HSDP step (bench_zero --stage 3, with and without
   --hpz-partition-size = ranks per host): step time and inter-host bytes per
   step, counted on the links (the hosts' eth0 tx counters), as the difference
@@ -162,6 +164,12 @@ def allreduce_sides(bench, a):
         "flat": lambda: bench.tandem("bench_allreduce", sizes + ["--hierarchical", "off"]),
         "torch": lambda: bench.torch("bench_allreduce.py", sizes),
     }
+    if a.forms and a.nproc_per_host > 1 and a.hosts > 1:
+        # The two hierarchical forms forced, so the automatic choice can be
+        # checked against both on these links.
+        for form in ("leader", "split"):
+            sides[form] = (lambda f: lambda: bench.tandem(
+                "bench_allreduce", sizes + ["--hierarchical", f]))(form)
     runs = {name: [] for name in sides}
     names = list(sides)
     for rep in range(a.reps):
@@ -175,7 +183,7 @@ def allreduce_sides(bench, a):
 
 def step_sides(bench, a):
     ddp = ["--width", str(a.width), "--depth", str(a.depth), "--batch", str(a.batch),
-           "--steps", str(a.steps), "--warmup", str(a.warmup)]
+           "--steps", str(a.steps), "--warmup", str(a.warmup), "--bucket-mb", str(a.bucket_mb)]
     out = {"ddp": [], "torch_ddp": []}
     for rep in range(a.reps):
         order = ["ddp", "torch_ddp"] if rep % 2 == 0 else ["torch_ddp", "ddp"]
@@ -223,7 +231,11 @@ def main():
     parser.add_argument("--depth", type=int, default=4, help="DDP/ZeRO model depth")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10, help="timed DDP/ZeRO steps")
+    parser.add_argument("--bucket-mb", type=float, default=25.0,
+                        help="DDP bucket_cap_mb on both sides (torch's default 25)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--forms", action="store_true",
+                        help="also time the leader and split hierarchical forms, each forced")
     parser.add_argument("--skip", default="", help="comma list of allreduce,ddp,sharded to skip")
     a = parser.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -242,6 +254,9 @@ def main():
             result["flat_allreduce_busbw_gbps"] = statistics.median(runs["flat"])
             result["torch_allreduce_busbw_gbps"] = statistics.median(runs["torch"])
             result["allreduce_runs"] = runs
+            for form in ("leader", "split"):
+                if form in runs:
+                    result[f"{form}_allreduce_busbw_gbps"] = statistics.median(runs[form])
             result["allreduce_vs_torch"] = (result["allreduce_busbw_gbps"] /
                                             result["torch_allreduce_busbw_gbps"])
             if result["link_gbps"]:

@@ -1,7 +1,8 @@
 // Join mode for uneven inputs (Accelerator::join_uneven_inputs): ranks with
 // different batch counts train together without padding and without hanging,
 // stay bit-identical, and match a single process that at each step averages
-// the gradients of the ranks that had a real batch.
+// the gradients of the ranks that had a real batch: under DDP, ZeRO 1-3 and
+// HSDP (with and without CPU offload).
 
 #include <gtest/gtest.h>
 
@@ -30,6 +31,8 @@ constexpr int64_t kRows = 4;  // samples per batch
 struct JoinRun {
   std::vector<int64_t> batches;  // per rank; the world size is its length
   int stage = 0;                 // ZeRO stage, 0: DDP
+  int hpz = 1;                   // zero_hpz_partition_size (> 1: HSDP)
+  bool offload = false;          // optimizer state and parameters on the CPU
   int64_t accumulation = 1;
   double clip = 0.0;  // > 0: the config's gradient_clipping
   int epochs = 2;
@@ -71,6 +74,7 @@ struct Outcome {
   std::vector<int64_t> iterations;  // loop bodies run, per rank
   std::vector<int64_t> shadows;     // of which shadow ones, per rank
   std::vector<int64_t> steps;       // optimizer steps, per rank
+  std::vector<int64_t> replicate_bytes;  // HSDP's traffic across shard groups
 };
 
 Outcome train_joined(const JoinRun& run) {
@@ -79,6 +83,11 @@ Outcome train_joined(const JoinRun& run) {
   config.gradient_accumulation_steps = run.accumulation;
   if (run.clip > 0) config.gradient_clipping = run.clip;
   config.zero.stage = run.stage;
+  config.zero.hpz_partition_size = run.hpz;
+  if (run.offload) {
+    config.zero.offload_optimizer = OffloadDevice::kCpu;
+    if (run.stage == 3) config.zero.offload_param = OffloadDevice::kCpu;
+  }
   config.zero.stage3_param_persistence_threshold = 0;  // tiny models: shard all
   config.zero.reduce_bucket_size = 200;  // several buckets even for this model
   AcceleratorOptions options;
@@ -91,6 +100,7 @@ Outcome train_joined(const JoinRun& run) {
   out.iterations.assign(world, 0);
   out.shadows.assign(world, 0);
   out.steps.assign(world, 0);
+  out.replicate_bytes.assign(world, 0);
   std::mutex mutex;
   run_ranks(world, [&](ProcessGroup& pg) {
     const int rank = pg.rank();
@@ -134,6 +144,9 @@ Outcome train_joined(const JoinRun& run) {
     out.iterations[static_cast<size_t>(rank)] = iterations;
     out.shadows[static_cast<size_t>(rank)] = shadows;
     out.steps[static_cast<size_t>(rank)] = accelerator.step();
+    if (auto zero = accelerator.zero_optimizer()) {
+      out.replicate_bytes[static_cast<size_t>(rank)] = zero->comm_stats().replicate_bytes;
+    }
   });
   return out;
 }
@@ -205,6 +218,9 @@ void expect_matches_reference(const JoinRun& run, double tolerance) {
   const int64_t steps_per_epoch = (length + run.accumulation - 1) / run.accumulation;
   EXPECT_EQ(out.steps[0], run.epochs * steps_per_epoch);
   expect_identical_across_ranks(out);
+  for (size_t rank = 0; rank < run.batches.size(); ++rank) {
+    EXPECT_EQ(out.replicate_bytes[rank] > 0, run.hpz > 1) << "rank " << rank;
+  }
   const double diff = testing::max_relative_diff(out.params[0], reference(run));
   EXPECT_LE(diff, tolerance) << "stage " << run.stage << ", world " << run.batches.size();
 }
@@ -220,6 +236,30 @@ TEST(Join, ZeroStagesWithUnevenBatchesEqualTheSingleProcessReference) {
   for (int stage : {1, 2, 3}) {
     expect_matches_reference(join_run({5, 3}, stage), 1e-5);
     expect_matches_reference(join_run({2, 5, 3}, stage), 1e-5);
+  }
+}
+
+TEST(Join, HsdpWithUnevenBatchesEqualsTheSingleProcessReference) {
+  // Shard groups of 2 replicated across 2 or 3 groups: a shadow step must
+  // still take part in the replicate all-reduce of its gradient shard.
+  for (int stage : {2, 3}) {
+    for (const std::vector<int64_t>& batches :
+         {std::vector<int64_t>{2, 5, 3, 1}, std::vector<int64_t>{4, 1, 3, 5, 2, 4}}) {
+      JoinRun run = join_run(batches, stage);
+      run.hpz = 2;
+      expect_matches_reference(run, 1e-5);
+    }
+  }
+}
+
+TEST(Join, HsdpWithCpuOffloadAndUnevenBatchesEqualsTheSingleProcessReference) {
+  for (int stage : {2, 3}) {
+    JoinRun run = join_run({2, 5, 3, 1}, stage);
+    run.hpz = 2;
+    run.offload = true;
+    run.accumulation = 2;
+    run.clip = 0.05;
+    expect_matches_reference(run, 3e-5);
   }
 }
 
