@@ -35,6 +35,17 @@ TEST(MultiNodeHierarchical, TwoHostsOfTwoRanksReduceInsideEachHostFirst) {
   }
 }
 
+TEST(MultiNodeHierarchical, ThreeHostsOfTwoRanksSplitTheExchangeAcrossEachHostsRanks) {
+  TestCluster cluster(3);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  const std::string all = run_job(cluster, 2, "split", "29655");
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_NE(all.find("rank " + std::to_string(rank) + "/6 hierarchical=split checks ok"),
+              std::string::npos)
+        << all;
+  }
+}
+
 TEST(MultiNodeHierarchical, ThreeHostsOfOneRankStayOnTheFlatPath) {
   TestCluster cluster(3);
   if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
