@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include <ATen/ATen.h>
 
@@ -143,18 +144,7 @@ void Hierarchy::run_all_reduce(at::Tensor& tensor, ReduceOp op) {
   at::Tensor flat = wire.view({-1});
   const ReduceOp inner = inner_op(op);
   if (form_ == HierarchicalForm::kSplit) {
-    // Local rank j owns shard j; the last shards are padded when the
-    // elements do not divide (the padding is never read back).
-    const std::int64_t n = flat.numel();
-    const auto local = static_cast<std::int64_t>(layout_.mine().size());
-    const std::int64_t shard = (n + local - 1) / local;
-    at::Tensor padded =
-        shard * local == n ? flat : at::cat({flat, at::zeros({shard * local - n}, flat.options())});
-    at::Tensor mine = padded.narrow(0, layout_.local_rank * shard, shard);
-    local_->reduce_scatter(mine, padded, inner);  // may alias its own chunk
-    across_->all_reduce(mine, inner);
-    local_->all_gather_into(padded, mine);  // shared memory: may alias its place
-    if (!padded.is_same(flat)) flat.copy_(padded.narrow(0, 0, n));
+    split_all_reduce(flat, inner);
   } else {
     local_->all_reduce(flat, inner);
     if (layout_.local_rank == 0) across_->all_reduce(flat, inner);
@@ -162,6 +152,48 @@ void Hierarchy::run_all_reduce(at::Tensor& tensor, ReduceOp op) {
   }
   if (op == ReduceOp::kAvg) wire.div_(world_);
   if (!wire.is_same(tensor)) tensor.copy_(wire);
+}
+
+void Hierarchy::split_all_reduce(at::Tensor& flat, ReduceOp inner) {
+  // One piece in flight between hosts: its reduced shard, held until the
+  // Gloo all-reduce is done and gathered back inside the host.
+  struct Piece {
+    at::Tensor whole;   // this piece of `flat`
+    at::Tensor padded;  // `whole`, or a padded copy when L does not divide it
+    at::Tensor mine;    // this rank's shard of `padded`
+    Work across;
+  };
+  const auto finish = [this](Piece& piece) {
+    piece.across.wait();
+    local_->all_gather_into(piece.padded, piece.mine);  // shared memory: may alias
+    if (!piece.padded.is_same(piece.whole)) {
+      piece.whole.copy_(piece.padded.narrow(0, 0, piece.whole.numel()));
+    }
+  };
+  const std::int64_t n = flat.numel();
+  const auto local = static_cast<std::int64_t>(layout_.mine().size());
+  const std::int64_t bytes = n * static_cast<std::int64_t>(flat.element_size());
+  const std::int64_t pieces = std::clamp<std::int64_t>(
+      (bytes + kPipelinePieceBytes - 1) / kPipelinePieceBytes, 1, kMaxPipelinePieces);
+  const std::int64_t length = (n + pieces - 1) / pieces;
+  std::optional<Piece> in_flight;
+  for (std::int64_t start = 0; start < n; start += length) {
+    // Local rank j owns shard j of the piece; the last shards are padded
+    // when the elements do not divide (the padding is never read back).
+    Piece piece;
+    piece.whole = flat.narrow(0, start, std::min(length, n - start));
+    const std::int64_t m = piece.whole.numel();
+    const std::int64_t shard = (m + local - 1) / local;
+    piece.padded = shard * local == m
+                       ? piece.whole
+                       : at::cat({piece.whole, at::zeros({shard * local - m}, flat.options())});
+    piece.mine = piece.padded.narrow(0, layout_.local_rank * shard, shard);
+    local_->reduce_scatter(piece.mine, piece.padded, inner);  // may alias its own chunk
+    piece.across = across_->all_reduce_async(piece.mine, inner);
+    if (in_flight) finish(*in_flight);
+    in_flight = std::move(piece);
+  }
+  if (in_flight) finish(*in_flight);
 }
 
 void Hierarchy::run_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {

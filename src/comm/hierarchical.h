@@ -85,6 +85,11 @@ class Hierarchy {
 
   HierarchicalForm form() const { return form_; }
 
+  // The split form's all-reduce pipelines pieces of this size (the last
+  // smaller), at most kMaxPipelinePieces of them.
+  static constexpr std::int64_t kPipelinePieceBytes = std::int64_t{4} << 20;
+  static constexpr std::int64_t kMaxPipelinePieces = 16;
+
   // Queue the collective; the future completes (or holds the error) once the
   // output holds the result. Tensors: contiguous CPU, alive and untouched
   // until then; at least one element. Same contracts as ProcessGroup's.
@@ -95,6 +100,10 @@ class Hierarchy {
  private:
 
   void run_all_reduce(at::Tensor& tensor, ReduceOp op);
+  // The split form's all-reduce of `flat`, in pieces of about
+  // kPipelinePieceBytes: piece k crosses hosts (Gloo, on its own thread)
+  // while this thread reduces piece k+1 inside the host and gathers k-1.
+  void split_all_reduce(at::Tensor& flat, ReduceOp inner);
   void run_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op);
   void run_all_gather(at::Tensor& output, const at::Tensor& input);
   // Within the host: local rank 0's `tensor` to every local rank.

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 
+#include "comm/hierarchical.h"
 #include "comm/shm_transport.h"
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
@@ -225,6 +226,49 @@ TEST(Hierarchical, RandomFloatsMatchTheFlatPathWithinReductionOrderTolerance) {
       EXPECT_TRUE(at::allclose(hier[r].second, flat[r].second, 1e-5, 1e-6))
           << "reduce_scatter " << r;
     }
+  }
+}
+
+TEST(Hierarchical, PipelinedSplitAllReduceMatchesTheFlatPathWithinReductionOrderTolerance) {
+  // 2.5 pieces of the split form's pipeline per call (the last one short and
+  // not divisible by the 2 ranks per host), sum and average, and a bfloat16
+  // call that reduces an fp32 copy.
+  const int64_t piece = detail::Hierarchy::kPipelinePieceBytes / static_cast<int64_t>(sizeof(float));
+  const int64_t n = 2 * piece + piece / 2 + 7;
+  const std::string layout = "abab";
+  const int world = static_cast<int>(layout.size());
+  const auto input = [&](int rank, at::ScalarType dtype) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(2000 + rank);
+    return at::randn({n}, gen, at::kFloat).to(dtype);
+  };
+  std::mutex mutex;
+  std::map<std::pair<int, bool>, std::vector<at::Tensor>> results;  // (rank, hierarchical)
+  for (auto mode : {Hierarchical::kOff, Hierarchical::kSplit}) {
+    run_ranks_with_options(
+        world,
+        [&](ProcessGroup& pg) {
+          ASSERT_EQ(pg.uses_hierarchical(), mode == Hierarchical::kSplit);
+          std::vector<at::Tensor> mine;
+          for (auto [op, dtype] : {std::pair{ReduceOp::kSum, at::kFloat},
+                                   std::pair{ReduceOp::kAvg, at::kFloat},
+                                   std::pair{ReduceOp::kAvg, at::kBFloat16}}) {
+            auto t = input(pg.rank(), dtype);
+            pg.all_reduce(t, op);
+            mine.push_back(t.to(at::kFloat));
+          }
+          std::lock_guard<std::mutex> lock(mutex);
+          results[{pg.rank(), mode == Hierarchical::kSplit}] = std::move(mine);
+        },
+        hosts_of(layout, mode));
+  }
+  for (int r = 0; r < world; ++r) {
+    const auto& flat = results.at({r, false});
+    const auto& hier = results.at({r, true});
+    EXPECT_TRUE(at::allclose(hier[0], flat[0], 1e-5, 1e-5)) << "sum, rank " << r;
+    EXPECT_TRUE(at::allclose(hier[1], flat[1], 1e-5, 1e-6)) << "avg, rank " << r;
+    EXPECT_TRUE(at::allclose(hier[2], flat[2], 1e-2, 1e-2)) << "bf16 avg, rank " << r;
+    // Every rank holds the same result, bit for bit.
+    EXPECT_TRUE(at::equal(hier[0], results.at({0, true})[0])) << "rank " << r;
   }
 }
 
