@@ -1,6 +1,7 @@
 #include "parallel/reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -348,6 +349,8 @@ void Reducer::finalize_backward() {
   launch_ready_buckets();
   Work used_work;
   if (search) used_work = pg_.all_reduce_async(used_flags, ReduceOp::kMax);
+  std::chrono::steady_clock::time_point waiting;
+  if (time_waits_) waiting = std::chrono::steady_clock::now();
   finish_launched();
   used_work.wait();
   std::vector<bool> used_somewhere(params_.size(), true);
@@ -367,6 +370,20 @@ void Reducer::finalize_backward() {
   ++sync_count_;
   if (!rebuilt_) rebuild_from_ready_order();
   if (after_sync_) after_sync_();
+  if (time_waits_) {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  }
+}
+
+void Reducer::set_wait_timing(bool enabled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  time_waits_ = enabled;
+}
+
+double Reducer::wait_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return wait_seconds_;
 }
 
 void Reducer::rebuild_from_ready_order() {

@@ -148,6 +148,13 @@ class DistributedDataParallel {
   bool buckets_rebuilt() const;
   // Number of synchronised backward passes so far.
   std::int64_t sync_count() const;
+  // Seconds the end of synchronised backward passes has spent blocked on
+  // communication (waiting for the bucket hooks to finish, the
+  // unused-parameter search, the buffer broadcast) while timing was on;
+  // set_wait_timing(true) turns it on (off: no clock is read). For the
+  // Accelerator's wall_clock_breakdown. Call outside backward.
+  void set_wait_timing(bool enabled);
+  double communication_wait_seconds() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
