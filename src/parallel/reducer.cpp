@@ -215,12 +215,20 @@ void Reducer::arrive(std::size_t index) {
 }
 
 void Reducer::launch_ready_buckets() {
+  // A launch can block: the first collectives (and all under
+  // TANDEM_DEBUG=DETAIL) check that every rank issues the same one.
+  std::chrono::steady_clock::time_point launching;
+  if (time_waits_) launching = std::chrono::steady_clock::now();
   readiness_.launch_ready([this](std::size_t b) {
     Bucket& bucket = buckets_[b];
     // Named for traces (Accelerator::profile); costs nothing unprofiled.
     RECORD_USER_SCOPE("tandem::bucket " + std::to_string(b));
     bucket.work = hook_->start(*bucket.view);
   });
+  if (time_waits_) {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - launching).count();
+  }
 }
 
 void Reducer::finish_launched() {
@@ -347,10 +355,10 @@ void Reducer::finalize_backward() {
   // Buckets first: some ranks launched them during backward already, and
   // every rank must issue its collectives in the same order.
   launch_ready_buckets();
-  Work used_work;
-  if (search) used_work = pg_.all_reduce_async(used_flags, ReduceOp::kMax);
   std::chrono::steady_clock::time_point waiting;
   if (time_waits_) waiting = std::chrono::steady_clock::now();
+  Work used_work;
+  if (search) used_work = pg_.all_reduce_async(used_flags, ReduceOp::kMax);
   finish_launched();
   used_work.wait();
   std::vector<bool> used_somewhere(params_.size(), true);
