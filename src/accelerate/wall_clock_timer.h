@@ -5,7 +5,8 @@
 // it at the edges of each part of a step:
 //
 //   restart_forward   a prepared optimizer's zero_grad() before the first
-//                     backward: the first step's forward region starts here
+//                     backward (also construction and add_model): the first
+//                     step's forward region starts at the last of them
 //   before_backward   Accelerator::backward() begins (the forward region
 //                     ends)
 //   after_backward    it returns (the next micro-step's forward region

@@ -19,10 +19,12 @@
 //   step_ms           inside the prepared optimizer's synchronising step():
 //                     unscaling, clipping done there, the update and ZeRO's
 //                     parameter all-gather.
-//   communication_ms  the part of the three above this rank spent blocked
-//                     on gradient and parameter communication (DDP: the end
-//                     of backward waiting for its buckets; ZeRO: waits for
-//                     gathers, reductions and the update's all-gather).
+//   communication_ms  the time this rank spent blocked on gradient and
+//                     parameter communication during the step, mostly part
+//                     of the three above (DDP: launching its bucket
+//                     reductions and waiting for them at the end of
+//                     backward; ZeRO: waits for gathers, reductions and the
+//                     update's all-gather).
 // With gradient accumulation a step's forward and backward sum its
 // micro-steps. With several optimizers, the steps of one Accelerator step
 // (Accelerator::step()) add up; a step skipped for an overflow adds its
