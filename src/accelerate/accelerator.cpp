@@ -21,6 +21,7 @@
 #include "accelerate/model_strategy.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
+#include "accelerate/wall_clock_timer.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
@@ -57,7 +58,10 @@ Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config con
 
 // The prepared objects share what they need (the controller, the DDP
 // wrapper, the ZeRO optimizer); the join hooks hold the controller weakly.
-Accelerator::~Accelerator() = default;
+// The step timer they share stops reporting to this Accelerator's trackers.
+Accelerator::~Accelerator() {
+  if (step_timer_) step_timer_->set_sink(nullptr);
+}
 
 namespace accelerator_detail {
 
@@ -105,6 +109,8 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   overrides_.mixed_precision = options.mixed_precision;
   overrides_.gradient_accumulation_steps = options.gradient_accumulation_steps;
   overrides_.gradient_clipping = options.gradient_clipping;
+  overrides_.wall_clock_breakdown = options.wall_clock_breakdown;
+  overrides_.steps_per_print = options.steps_per_print;
   controller_ = std::make_shared<detail::StepController>();
   // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
   if (options.hidden_size) fill_hidden_size_auto(file_config_, *options.hidden_size);
@@ -159,6 +165,16 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
     ddp_options_ = ddp;
   }
   if (config_.seed) set_seed(*config_.seed);
+  if (config_.wall_clock_breakdown || config_.steps_per_print) {
+    detail::WallClockTimer::Settings timing;
+    timing.breakdown = config_.wall_clock_breakdown;
+    timing.steps_per_print = config_.steps_per_print.value_or(0);
+    timing.main_process = is_main_process();
+    timing.device = device_;
+    step_timer_ = std::make_shared<detail::WallClockTimer>(timing);
+    step_timer_->set_sink(
+        [this](const std::map<std::string, double>& values, int64_t step) { log(values, step); });
+  }
 }
 
 void Accelerator::resolve(int64_t micro_batch) {
@@ -211,6 +227,7 @@ void Accelerator::backward(const at::Tensor& loss) {
   TANDEM_CHECK_ARG(loss.defined() && loss.numel() == 1,
                    "Accelerator::backward: the loss must be a scalar tensor, got shape {}",
                    loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
+  if (step_timer_) step_timer_->before_backward();
   for (const auto& optimizer : optimizers_) optimizer->core_->check_wrapped(*optimizer);
   if (!models_checked_) check_models_synchronised();
   controller_->before_backward();
@@ -225,6 +242,7 @@ void Accelerator::backward(const at::Tensor& loss) {
   scaled.backward();
   controller_->after_backward();
   for (const auto& optimizer : optimizers_) optimizer->core_->note_backward(*optimizer);
+  if (step_timer_) step_timer_->after_backward();
 }
 
 Accelerator::AccumulateGuard::AccumulateGuard(std::shared_ptr<detail::StepController> controller)
@@ -306,6 +324,10 @@ void Accelerator::log(const std::map<std::string, double>& values, int64_t step)
   if (tensorboard_) {
     for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
   }
+}
+
+WallClockBreakdown Accelerator::wall_clock() const {
+  return step_timer_ ? step_timer_->last() : WallClockBreakdown{};
 }
 
 void Accelerator::end_training() {

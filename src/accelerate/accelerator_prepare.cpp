@@ -19,6 +19,7 @@
 #include "accelerate/model_strategy.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
+#include "accelerate/wall_clock_timer.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
@@ -85,6 +86,7 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   parts.zero = config_.zero;
   parts.ddp = *ddp_options_;
   prepared.strategy = detail::make_model_strategy(std::move(parts));
+  if (step_timer_) step_timer_->add_model(prepared.strategy);
   models_.push_back(std::move(prepared));
   models_checked_ = false;
   join_hooks_.reset();  // reinstalled over every model at the next joined backward
@@ -201,6 +203,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   parts.scaler = scaler_;
   parts.gradient_clipping = config_.gradient_clipping;
   parts.group = process_group_;
+  parts.timer = step_timer_;
   auto core = std::make_unique<detail::OptimizerCore>(std::move(parts));
   detail::OptimizerCore& core_ref = *core;
   auto prepared = std::shared_ptr<AcceleratedOptimizer>(

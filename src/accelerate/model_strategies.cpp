@@ -109,6 +109,12 @@ class ReplicatedModel final : public ModelStrategy {
   }
 
   const char* name() const override { return ddp_ ? "ddp" : "single"; }
+  void time_communication() override {
+    if (ddp_) ddp_->set_wait_timing(true);
+  }
+  double communication_wait_seconds() const override {
+    return ddp_ ? ddp_->communication_wait_seconds() : 0.0;
+  }
 
   std::unique_ptr<OptimizerUpdate> attach_optimizer(AcceleratedOptimizer& prepared) override {
     return make_replicated_update(prepared);
@@ -151,6 +157,10 @@ class ShardedModel : public ModelStrategy {
   const char* name() const override { return "zero"; }
   int zero_stage() const override { return config_.stage; }
   std::shared_ptr<ZeroOptimizer> zero() const override { return zero_; }
+  // ZeRO measures its waits always (ZeroOptimizer::comm_stats()).
+  double communication_wait_seconds() const override {
+    return zero_ ? zero_->communication_wait_seconds() : 0.0;
+  }
 
   std::unique_ptr<OptimizerUpdate> attach_optimizer(AcceleratedOptimizer& prepared) override {
     TANDEM_CHECK_ARG(zero_ == nullptr,

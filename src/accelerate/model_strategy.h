@@ -71,6 +71,14 @@ class ModelStrategy {
   virtual void enter_no_sync(std::size_t index) { (void)index; }
   virtual void leave_no_sync(bool sync) { (void)sync; }
 
+  // The Accelerator's wall_clock_breakdown: seconds the training thread has
+  // spent blocked on this model's gradient and parameter communication
+  // since it was prepared (0 when it communicates nothing), counted where
+  // the waits happen. time_communication() turns the measurement on where
+  // it costs a clock read per backward (DDP).
+  virtual void time_communication() {}
+  virtual double communication_wait_seconds() const { return 0.0; }
+
   // The parameters whose values are partitioned across ranks, by module
   // path (unique_named_parameters' names), in the order
   // for_each_partitioned_whole() visits them. Empty when replicated.

@@ -33,6 +33,7 @@ namespace detail {
 void refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device);
 
 class StepController;
+class WallClockTimer;
 
 // The prepared optimizer's machinery. `self` (the AcceleratedOptimizer)
 // holds the live param groups and state; `wrapped` (the optimizer the user
@@ -47,6 +48,8 @@ class OptimizerCore {
     double gradient_clipping = 0;
     // The ranks that must agree on skipping an overflowing step.
     std::shared_ptr<ProcessGroup> group;
+    // wall_clock_breakdown / steps_per_print (null when both are off).
+    std::shared_ptr<WallClockTimer> timer;
   };
   explicit OptimizerCore(Parts parts);
 
@@ -103,6 +106,7 @@ class OptimizerCore {
   std::unique_ptr<OptimizerUpdate> update_;
   double gradient_clipping_;
   std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<WallClockTimer> timer_;
   bool unscaled_ = false;
   bool found_inf_ = false;
   // Parameters holding a gradient after the last backward (note_backward).

@@ -11,6 +11,7 @@
 
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
+#include "accelerate/wall_clock_timer.h"
 #include "optim/fused_adam.h"
 #include "tandem/amp/unscale.h"
 #include "tandem/comm/process_group.h"
@@ -97,7 +98,8 @@ OptimizerCore::OptimizerCore(Parts parts)
       controller_(std::move(parts.controller)),
       scaler_(std::move(parts.scaler)),
       gradient_clipping_(parts.gradient_clipping),
-      group_(std::move(parts.group)) {
+      group_(std::move(parts.group)),
+      timer_(std::move(parts.timer)) {
   TANDEM_CHECK_ARG(wrapped_ != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
   id_ = controller_->add_optimizer();
 }
@@ -240,6 +242,8 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
     controller_->step_deferred(id_);
     return {};
   }
+  if (timer_) timer_->before_step();
+  const int64_t steps_before = state.optimizer_steps;
   TANDEM_CHECK_ARG(
       state.accumulation_steps == 1 || controller_->micro_steps_since_step(id_) > 0,
       "optimizer->step(): gradient_accumulation_steps is {} but no micro-step was begun since "
@@ -278,10 +282,23 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   controller_->optimizer_step(id_, !skip);
   // Last: a collapse error leaves the step already accounted for.
   if (scaler_ != nullptr) scaler_->update(skip);
+  if (timer_) {
+    const bool scaling = scaler_ != nullptr;
+    timer_->after_step(state.optimizer_steps, state.optimizer_steps > steps_before,
+                       scaling ? scaler_->skipped_steps() : 0, [&self] {
+                         std::vector<double> rates;
+                         for (const auto& group : self.param_groups()) {
+                           rates.push_back(learning_rate(group));
+                         }
+                         return rates;
+                       },
+                       scaling ? scaler_->scale() : 1.0);
+  }
   return loss;
 }
 
 void OptimizerCore::zero_grad(AcceleratedOptimizer& self) {
+  if (timer_) timer_->restart_forward();
   check_wrapped(self);
   if (!controller_->zero_grad(id_)) return;
   update_->zero_grad(self);

@@ -49,11 +49,6 @@ std::vector<KeyNote> warned_top_level_keys() {
   add({"zero_force_ds_cpu_optimizer"},
       "is not implemented: with offload tandem always steps its own CPU Adam; ignored",
       {"true"});
-  add({"steps_per_print"}, "is not implemented: it paces DeepSpeed's step report, and tandem "
-                           "prints none (log with Accelerator::log); ignored", {"10"}, check_whole(1));
-  add({"wall_clock_breakdown"}, "is not implemented: a LibTorch model's forward() is the "
-                                "program's own call, which tandem cannot time, so it logs no "
-                                "per-step breakdown; ignored", {"false"}, check_bool);
   return keys;
 }
 
@@ -154,6 +149,12 @@ bool read_shared_training_key(const std::string& key, const Value& v, Config& co
       config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
                                              "set it to 0 (no clipping) or a positive max norm");
     }
+  } else if (key == "wall_clock_breakdown") {
+    config.wall_clock_breakdown = v.as_bool();
+  } else if (key == "steps_per_print") {
+    // Not given, or null (DeepSpeed's default): no progress line. 0 would
+    // be a modulo by zero in DeepSpeed's engine.
+    config.steps_per_print = v.is_null() ? std::nullopt : std::optional<int64_t>(v.as_int(1));
   } else {
     return false;
   }
@@ -185,7 +186,8 @@ const KeyTable& deepspeed_top_level_keys() {
                                "gradient_accumulation_steps", "optimizer", "scheduler", "fp16",
                                "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
                                "tensor_parallel", "sequence_parallel_size",
-                               "activation_checkpointing", "zero_allow_untested_optimizer"},
+                               "activation_checkpointing", "zero_allow_untested_optimizer",
+                               "wall_clock_breakdown", "steps_per_print"},
                               warned_top_level_keys(), removed_keys()};
   return table;
 }

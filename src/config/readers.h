@@ -58,8 +58,9 @@ struct DistributedTypeLookup {
 };
 DistributedTypeLookup lookup_distributed_type(const std::string& text);
 
-// The DeepSpeed training key tandem YAML reads alike: gradient_clipping
-// ("auto" or a non-negative max norm). Returns false for any other key.
+// The DeepSpeed training keys tandem YAML reads alike: gradient_clipping
+// ("auto" or a non-negative max norm), wall_clock_breakdown and
+// steps_per_print (null or >= 1). Returns false for any other key.
 bool read_shared_training_key(const std::string& key, const Value& value, Config& config);
 
 // The launch keys Accelerate and tandem YAML share (num_processes,

@@ -153,6 +153,12 @@ void check_overrides(const ConfigOverrides& o) {
   if (o.zero_stage && (*o.zero_stage < 0 || *o.zero_stage > 3)) {
     TANDEM_THROW(UsageError, "zero_stage override is {}; pass 0, 1, 2 or 3", *o.zero_stage);
   }
+  if (o.steps_per_print && *o.steps_per_print < 1) {
+    TANDEM_THROW(UsageError,
+                 "steps_per_print override is {}; pass a number of optimizer steps >= 1 (leave "
+                 "it empty for no progress line)",
+                 *o.steps_per_print);
+  }
 }
 
 }  // namespace
@@ -189,6 +195,8 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   if (overrides.gradient_clipping) config.gradient_clipping = *overrides.gradient_clipping;
   if (overrides.zero_stage) config.zero.stage = *overrides.zero_stage;
   if (overrides.seed) config.seed = overrides.seed;
+  if (overrides.wall_clock_breakdown) config.wall_clock_breakdown = *overrides.wall_clock_breakdown;
+  if (overrides.steps_per_print) config.steps_per_print = overrides.steps_per_print;
 
   // The launcher's world is the real one; a file's num_processes is a
   // request that the launch may have changed.

@@ -112,6 +112,8 @@ std::string resolved_config_json(const Config& c, int world_size) {
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
   out["enable_cpu_affinity"] = c.enable_cpu_affinity;
   out["debug"] = c.debug;
+  out["wall_clock_breakdown"] = c.wall_clock_breakdown;
+  out["steps_per_print"] = or_null(c.steps_per_print);
   out["launch"] = {{"num_processes", or_null(c.num_processes)},
                    {"main_process_ip", c.main_process_ip.empty() ? ResolvedJson(nullptr)
                                                                  : ResolvedJson(c.main_process_ip)},

@@ -89,13 +89,8 @@ const KeyTable& tandem_top_level_keys() {
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
        "optimizer", "scheduler", "ddp", "activation_checkpointing", "enable_cpu_affinity",
-       "debug"},
-      {{"steps_per_print", "is not implemented: it paces DeepSpeed's step report, and tandem "
-                           "prints none (log with Accelerator::log); ignored", {"10"}, check_whole(1)},
-       {"wall_clock_breakdown", "is not implemented: a LibTorch model's forward() is the "
-                                "program's own call, which tandem cannot time, so it logs no "
-                                "per-step breakdown; ignored", {"false"}, check_bool},
-       {"same_network", "changes nothing in tandem launch: every machine must reach "
+       "debug", "wall_clock_breakdown", "steps_per_print"},
+      {{"same_network", "changes nothing in tandem launch: every machine must reach "
                         "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
   return table;

@@ -90,6 +90,8 @@ void write_training(Writer& w, const Config& c) {
                                      ? "auto"
                                      : fmt::format("{}", c.gradient_clipping));
   w.line(0, "seed", yaml_or_null(c.seed));
+  w.line(0, "wall_clock_breakdown", flag(c.wall_clock_breakdown));
+  w.line(0, "steps_per_print", yaml_or_null(c.steps_per_print));
 
   w.line(0, "fp16", "");
   w.line(1, "loss_scale", fmt::format("{}", c.fp16.loss_scale));

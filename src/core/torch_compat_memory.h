@@ -1,8 +1,10 @@
 #pragma once
-// LibTorch version differences around device memory (see torch_compat.h).
+// LibTorch version differences around devices: their memory and waiting for
+// their work (see torch_compat.h).
 // Private to the library: include only from src/.
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <torch/cuda.h>
 
@@ -15,6 +17,13 @@ namespace tandem::compat {
 inline void empty_cuda_cache() {
   if (!torch::cuda::is_available()) return;
   c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+}
+
+// Waits until every kernel queued on `device` has finished (Python's
+// torch.cuda.synchronize(device)); nothing for a CPU device. Reached
+// through LibTorch's CUDA hooks, so a CPU build of libtandem links it too.
+inline void synchronize_device(c10::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
 }  // namespace tandem::compat

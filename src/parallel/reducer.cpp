@@ -1,6 +1,7 @@
 #include "parallel/reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -214,12 +215,20 @@ void Reducer::arrive(std::size_t index) {
 }
 
 void Reducer::launch_ready_buckets() {
+  // A launch can block: the first collectives (and all under
+  // TANDEM_DEBUG=DETAIL) check that every rank issues the same one.
+  std::chrono::steady_clock::time_point launching;
+  if (time_waits_) launching = std::chrono::steady_clock::now();
   readiness_.launch_ready([this](std::size_t b) {
     Bucket& bucket = buckets_[b];
     // Named for traces (Accelerator::profile); costs nothing unprofiled.
     RECORD_USER_SCOPE("tandem::bucket " + std::to_string(b));
     bucket.work = hook_->start(*bucket.view);
   });
+  if (time_waits_) {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - launching).count();
+  }
 }
 
 void Reducer::finish_launched() {
@@ -346,6 +355,8 @@ void Reducer::finalize_backward() {
   // Buckets first: some ranks launched them during backward already, and
   // every rank must issue its collectives in the same order.
   launch_ready_buckets();
+  std::chrono::steady_clock::time_point waiting;
+  if (time_waits_) waiting = std::chrono::steady_clock::now();
   Work used_work;
   if (search) used_work = pg_.all_reduce_async(used_flags, ReduceOp::kMax);
   finish_launched();
@@ -367,6 +378,20 @@ void Reducer::finalize_backward() {
   ++sync_count_;
   if (!rebuilt_) rebuild_from_ready_order();
   if (after_sync_) after_sync_();
+  if (time_waits_) {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  }
+}
+
+void Reducer::set_wait_timing(bool enabled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  time_waits_ = enabled;
+}
+
+double Reducer::wait_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return wait_seconds_;
 }
 
 void Reducer::rebuild_from_ready_order() {

@@ -41,6 +41,10 @@ class Reducer {
   std::vector<std::vector<std::string>> bucket_names() const;
   bool rebuilt() const { return rebuilt_; }
   std::int64_t sync_count() const { return sync_count_; }
+  // DistributedDataParallel::communication_wait_seconds(): measured only
+  // while on.
+  void set_wait_timing(bool enabled);
+  double wait_seconds() const;
 
   // Replaces the built-in average; once, before the first synchronised
   // backward. Throws UsageError otherwise.
@@ -94,6 +98,8 @@ class Reducer {
   std::vector<std::size_t> ready_order_;
   bool rebuilt_ = false;
   std::int64_t sync_count_ = 0;
+  bool time_waits_ = false;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace tandem::detail

@@ -8,6 +8,11 @@ void CommClock::add_since(Field field, std::chrono::steady_clock::time_point sta
   stats_.*field += took.count();
   if (field == &ZeroOptimizer::CommStats::gather_seconds) ++stats_.gathers;
   if (field == &ZeroOptimizer::CommStats::reduce_scatter_seconds) ++stats_.reduce_scatters;
+  if (field == &ZeroOptimizer::CommStats::gather_wait_seconds ||
+      field == &ZeroOptimizer::CommStats::drain_wait_seconds ||
+      field == &ZeroOptimizer::CommStats::update_gather_seconds) {
+    blocked_seconds_ += took.count();
+  }
 }
 
 void CommClock::add_bytes(Count field, int64_t bytes) {
@@ -36,6 +41,11 @@ void CommClock::count(int64_t ZeroOptimizer::CommStats::*counter) {
 ZeroOptimizer::CommStats CommClock::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+double CommClock::blocked_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return blocked_seconds_;
 }
 
 void CommClock::reset() {

@@ -34,12 +34,16 @@ class CommClock {
   void count(int64_t ZeroOptimizer::CommStats::*counter);
 
   ZeroOptimizer::CommStats stats() const;
+  // The training thread's waits (gather_wait, drain_wait, update_gather)
+  // summed since construction; reset() leaves it alone.
+  double blocked_seconds() const;
   void reset();
 
  private:
   mutable std::mutex mutex_;
   ZeroOptimizer::CommStats stats_;
   int64_t replicate_bytes_at_step_ = 0;
+  double blocked_seconds_ = 0;
 };
 
 }  // namespace tandem::detail

@@ -109,7 +109,9 @@ void UnitGatherer::prefetch_from(std::size_t group, int direction) {
 }
 
 void UnitGatherer::all_gather_whole(at::Tensor& full, const at::Tensor& shard) {
+  const auto start = std::chrono::steady_clock::now();
   const int64_t calls = bucketed_all_gather(pg_, full, shard, options_.allgather_bucket_size);
+  clock_.add_since(&ZeroOptimizer::CommStats::update_gather_seconds, start);
   for (int64_t i = 0; i < calls; ++i) {
     clock_.count(&ZeroOptimizer::CommStats::parameter_all_gather_calls);
   }

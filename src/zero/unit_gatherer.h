@@ -67,7 +67,8 @@ class UnitGatherer {
 
   // Fills `full` from every rank's `shard` (a copy, not a view of `full`)
   // by all-gather, in calls of at most ZeroOptions::allgather_bucket_size
-  // elements, counted in the CommClock. Collective; on the calling thread.
+  // elements, counted (and timed: update_gather_seconds) in the CommClock.
+  // Collective; on the calling thread.
   void all_gather_whole(at::Tensor& full, const at::Tensor& shard);
 
   // Calls fn(name, parameter) for every parameter, each unit gathered for

@@ -56,6 +56,7 @@ class ZeroEngine {
   std::vector<std::vector<std::string>> group_names() const { return layout_.group_names(); }
   int64_t step_count() const { return state_.step_count(); }
   ZeroOptimizer::CommStats comm_stats() const { return clock_.stats(); }
+  double communication_wait_seconds() const { return clock_.blocked_seconds(); }
   void reset_stats();
 
   // Checkpoints.

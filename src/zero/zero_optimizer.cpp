@@ -39,6 +39,9 @@ std::vector<std::vector<std::string>> ZeroOptimizer::group_parameter_names() con
 int64_t ZeroOptimizer::step_count() const { return engine_->step_count(); }
 ZeroOptimizer::CommStats ZeroOptimizer::comm_stats() const { return engine_->comm_stats(); }
 void ZeroOptimizer::reset_stats() { engine_->reset_stats(); }
+double ZeroOptimizer::communication_wait_seconds() const {
+  return engine_->communication_wait_seconds();
+}
 std::vector<ZeroOptimizer::ShardFragment> ZeroOptimizer::shard_fragments() const {
   return engine_->shard_fragments();
 }

@@ -43,7 +43,7 @@ BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_ac
 # Compared for DeepSpeed JSON: the batch triple, ZeRO stage, precision,
 # offload devices and clipping.
 DS_FIELDS = BATCH_KEYS + ("zero_stage", "precision", "offload_optimizer", "offload_param",
-                          "gradient_clipping")
+                          "gradient_clipping", "steps_per_print")
 # What an HF-Trainer-style program puts where a file says "auto": the
 # per-device batch 4 and 2 accumulation steps (train = 4 * 2 * world).
 TRAINER_MICRO_BATCH = 4
@@ -126,6 +126,7 @@ def deepspeed_view(path_or_dict, world_size):
         "offload_optimizer": device(zero.offload_optimizer),
         "offload_param": device(zero.offload_param),
         "gradient_clipping": clipping_value(config.gradient_clipping),
+        "steps_per_print": config.steps_per_print,
     }
 
 
@@ -174,6 +175,7 @@ def tandem_ds_fields(resolved):
         "offload_param": zero["offload_param"]["device"],
         "gradient_clipping": ("auto" if "gradient_clipping" in resolved["auto"]
                               else float(resolved["gradient_clipping"])),
+        "steps_per_print": resolved["steps_per_print"],
     }
 
 

@@ -33,9 +33,9 @@ TEST(RealWorldConfigs, TrainerStyleZero3WithEveryValueAutoLoads) {
   // reads as true); the sizes the Trainer's template sets for what tandem
   // does not do warn.
   EXPECT_EQ(c.zero.gather_16bit_weights_on_model_save, std::optional<bool>(true));
+  EXPECT_EQ(c.steps_per_print, std::optional<int64_t>(100));
   EXPECT_EQ(warned_keys(c),
-            (std::vector<std::string>{"steps_per_print",
-                                      "zero_optimization.stage3_max_reuse_distance",
+            (std::vector<std::string>{"zero_optimization.stage3_max_reuse_distance",
                                       "zero_optimization.sub_group_size"}));
 
   Config r = resolve_config(c, {}, {}, 8);

@@ -58,6 +58,7 @@
 #include "tandem/accelerate/prepared.h"
 #include "tandem/accelerate/profiler.h"
 #include "tandem/accelerate/progress_bar.h"
+#include "tandem/accelerate/wall_clock.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/checkpoint/module_weights.h"
@@ -83,6 +84,7 @@ struct JoinHooks;
 class ModelStrategy;
 class StepController;
 struct StateHooks;
+class WallClockTimer;
 }  // namespace detail
 
 class LRScheduler;
@@ -667,6 +669,12 @@ class Accelerator {
   void init_trackers(const std::string& path,
                      const std::map<std::string, HParamValue>& config = {});
   void log(const std::map<std::string, double>& values, int64_t step);
+  // DeepSpeed's wall_clock_breakdown (the config key, or
+  // AcceleratorOptions::wall_clock_breakdown): this rank's averages over the
+  // last window of steps_per_print optimizer steps, which also go to the
+  // trackers (tandem/accelerate/wall_clock.h says what each covers). Zeros
+  // before the first window closes, and when the breakdown is off.
+  WallClockBreakdown wall_clock() const;
 
   // Profiles the block the returned session covers with LibTorch's
   // profiler (Kineto: CPU operators, CUDA kernels when training on CUDA)
@@ -774,6 +782,8 @@ class Accelerator {
   // register_for_checkpointing() objects, in order, and the state pre-hooks.
   std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
   std::shared_ptr<detail::StateHooks> state_hooks_;
+  // wall_clock_breakdown / steps_per_print; null when both are off.
+  std::shared_ptr<detail::WallClockTimer> step_timer_;
 };
 
 }  // namespace tandem

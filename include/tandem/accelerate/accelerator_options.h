@@ -72,6 +72,13 @@ struct AcceleratorOptions {
   // stage3_param_persistence_threshold 10*h; tandem::hidden_size_auto_sizes).
   // Empty: those keys keep tandem's defaults, with a warning naming them.
   std::optional<int64_t> hidden_size;
+  // DeepSpeed's wall_clock_breakdown and steps_per_print (>= 1), beating
+  // the config's keys: time each optimizer step's forward, backward, step
+  // and communication and report the averages every steps_per_print steps
+  // (Accelerator::wall_clock(), the trackers, the log); steps_per_print
+  // also logs a progress line. Empty: the config decides.
+  std::optional<bool> wall_clock_breakdown;
+  std::optional<int64_t> steps_per_print;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor

@@ -199,6 +199,14 @@ struct Config {
   // Accelerate's debug: `tandem launch` exports TANDEM_DEBUG=DETAIL, so that
   // every collective's fingerprint is checked.
   bool debug = false;
+  // DeepSpeed's wall_clock_breakdown: the Accelerator times each optimizer
+  // step's forward, backward, step and communication on every rank and
+  // reports the averages (docs/accelerator.md, "Step time breakdown").
+  bool wall_clock_breakdown = false;
+  // DeepSpeed's steps_per_print (>= 1); empty when not given. Given, the
+  // main process logs a progress line every this many optimizer steps. It
+  // is also the breakdown's window: 10 steps when empty.
+  std::optional<int64_t> steps_per_print;
 
   // One line per recognised key that tandem does not implement yet, e.g.
   // "deepspeed.json: 'zero_optimization.round_robin_gradients' is accepted
@@ -268,6 +276,8 @@ struct ConfigOverrides {
   std::optional<double> gradient_clipping;
   std::optional<int> zero_stage;
   std::optional<uint64_t> seed;
+  std::optional<bool> wall_clock_breakdown;
+  std::optional<int64_t> steps_per_print;  // >= 1
 };
 
 // Applies env then overrides on top of `file` (precedence as above), fills

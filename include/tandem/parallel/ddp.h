@@ -148,6 +148,16 @@ class DistributedDataParallel {
   bool buckets_rebuilt() const;
   // Number of synchronised backward passes so far.
   std::int64_t sync_count() const;
+  // Seconds synchronised backward passes have spent on communication while
+  // timing was on: launching bucket hooks (a launch waits for the other
+  // ranks while the first collectives, or all under TANDEM_DEBUG=DETAIL,
+  // are checked for desync; a compressing hook's own work counts too), and
+  // at the end of backward waiting for them, the unused-parameter search
+  // and the buffer broadcast. set_wait_timing(true) turns it on (off: no
+  // clock is read). For the Accelerator's wall_clock_breakdown. Call
+  // outside backward.
+  void set_wait_timing(bool enabled);
+  double communication_wait_seconds() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;

@@ -236,6 +236,9 @@ class ZeroOptimizer {
     double reduce_scatter_seconds = 0;  // gradient reduce-scatters (stages 2, 3)
     double gather_wait_seconds = 0;     // forward/backward blocked on a gather
     double drain_wait_seconds = 0;      // end of backward and step blocked on the queue
+    // Stages 1 and 2: the all-gathers of the updated partitions at the end
+    // of step() (and after a load), which the training thread runs itself.
+    double update_gather_seconds = 0;
     int64_t gathers = 0;
     int64_t reduce_scatters = 0;
     // Gradient packs all-reduced instead (reduce_scatter false).
@@ -260,6 +263,12 @@ class ZeroOptimizer {
   CommStats comm_stats() const;
   // Zeroes comm_stats() and restarts memory_stats()'s gathered peak.
   void reset_stats();
+  // Seconds the training thread has spent blocked on this optimizer's
+  // communication since construction: the sum of gather_wait_seconds,
+  // drain_wait_seconds and update_gather_seconds, which reset_stats() does
+  // not zero (the Accelerator's wall_clock_breakdown takes differences).
+  // Thread-safe.
+  double communication_wait_seconds() const;
 
   // ---- Checkpoints (what Accelerator::save_state and load_state use) ------
   // A stretch of this rank's shard that lies in one parameter, as views of
