@@ -57,7 +57,8 @@ std::string read_enum(const Value& v, const std::vector<std::string>& names, siz
   std::string guess = v.node().IsScalar() ? closest_candidate(v.node().Scalar(), names) : "";
   v.fail("expected " + join_alternatives(names) + " (any case" + numbers + "), got " +
              v.describe(),
-         guess.empty() ? "write one of " + join_alternatives(names) : "did you mean " + guess + "?");
+         guess.empty() ? "write one of " + join_alternatives(names)
+                       : "did you mean " + guess + "?");
 }
 
 std::string read_sharding(const Value& v) {
@@ -139,14 +140,15 @@ void read_fsdp2_sharding(FsdpRead& f, Config& config) {
 
 // FSDP2's HSDP: parallelism_config's dp_replicate_size R and dp_shard_size S
 // (Accelerate's ParallelismConfig: S ranks shard, R copies replicate).
-void read_data_parallel_sizes(const Value& parallelism, FsdpRead& f, Config& config) {
+void read_data_parallel_sizes(const Value& parallelism, const FsdpRead& f, Config& config) {
   if (parallelism.is_null() || !parallelism.is_map()) return;
   std::optional<Value> replicate, shard;
   for (auto it = parallelism.node().begin(); it != parallelism.node().end(); ++it) {
     if (!it->first.IsScalar()) continue;
     const std::string name = it->first.Scalar();
     auto ends = [&](const std::string& tail) {
-      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
     if (ends("dp_replicate_size")) replicate = parallelism.child(name);
     if (ends("dp_shard_size")) shard = parallelism.child(name);
@@ -343,7 +345,8 @@ void read_accelerate_fsdp(const Value& section, const Value& parallelism, Config
   // and refuses it with fsdp_sync_module_states false.
   const Value* efficient = find(f, "fsdp_cpu_ram_efficient_loading");
   const bool load_cut = efficient ? efficient->as_bool() : true;
-  if (const Value* sync = find(f, "fsdp_sync_module_states"); sync && load_cut && !sync->as_bool()) {
+  const Value* sync = find(f, "fsdp_sync_module_states");
+  if (sync && load_cut && !sync->as_bool()) {
     sync->fail("Accelerate's launcher refuses fsdp_sync_module_states: false while "
                "fsdp_cpu_ram_efficient_loading is true (its default)",
                "set fsdp_cpu_ram_efficient_loading: false, or remove fsdp_sync_module_states");
