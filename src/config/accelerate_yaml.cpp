@@ -1,5 +1,6 @@
 // HF Accelerate's default_config.yaml (what `accelerate config` writes),
-// with its deepspeed_config section and optional deepspeed_config_file.
+// with its deepspeed_config section and optional deepspeed_config_file, and
+// its fsdp_config section (accelerate_fsdp.cpp).
 
 #include <cerrno>
 #include <cstring>
@@ -256,12 +257,8 @@ const KeyTable& accelerate_top_level_keys() {
       {"compute_environment", "distributed_type", "num_processes", "num_machines",
        "machine_rank", "main_process_ip", "main_process_port", "mixed_precision", "gpu_ids",
        "use_cpu", "rdzv_backend", "deepspeed_config", "fp16", "tp_config",
-       "parallelism_config", "debug", "enable_cpu_affinity"},
-      {{"fsdp_config", "is ignored: its settings apply to distributed_type FSDP, which tandem "
-                       "does not run (ZeRO-3, distributed_type DEEPSPEED with zero_stage 3, "
-                       "shards the same way)",
-        {"{}", "null"}},
-       {"downcast_bf16", "applies to TPUs only: Accelerate turns it into XLA_DOWNCAST_BF16, "
+       "parallelism_config", "debug", "enable_cpu_affinity", "fsdp_config"},
+      {{"downcast_bf16", "applies to TPUs only: Accelerate turns it into XLA_DOWNCAST_BF16, "
                          "which makes torch_xla store float32 tensors as bfloat16; tandem does "
                          "not train on TPUs, and on CPUs and GPUs mixed_precision: bf16 is the "
                          "way to compute in bf16; ignored", {"no", "false"}},
@@ -293,7 +290,7 @@ const KeyTable& accelerate_top_level_keys() {
 }
 
 void read_accelerate_document(const Value& root, Config& config, const std::string& base_dir) {
-  std::optional<Value> type_value, section, precision, legacy_fp16;
+  std::optional<Value> type_value, section, fsdp_section, parallelism, precision, legacy_fp16;
   for_each_key(root, accelerate_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (key == "mixed_precision" && yaml11_boolean(v)) {
       // PyYAML hands `accelerate launch` a bool, and it fails on .lower().
@@ -321,6 +318,10 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
       legacy_fp16 = v;  // Accelerate's old spelling of mixed_precision: fp16
     } else if (key == "tp_config" || key == "parallelism_config") {
       read_accelerate_parallelism(v, key);
+      if (key == "parallelism_config") parallelism = v;
+    } else if (key == "fsdp_config") {
+      expect_map(v, "write its settings as `key: value` entries");
+      fsdp_section = v;
     } else if (key == "debug") {
       config.debug = v.as_bool();
     } else if (key == "enable_cpu_affinity") {
@@ -330,7 +331,7 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
 
   if (!type_value) {
     root.fail("distributed_type is missing",
-              "add `distributed_type: NO`, MULTI_CPU, MULTI_GPU or DEEPSPEED");
+              "add `distributed_type: NO`, MULTI_CPU, MULTI_GPU, DEEPSPEED or FSDP");
   }
   if (config.distributed_type == DistributedType::kNo) {
     // `accelerate launch` starts one process for NO whatever num_processes
@@ -366,6 +367,15 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
     config.warnings.push_back(fmt::format(
         "{}: 'deepspeed_config' is ignored because distributed_type is {}, not DEEPSPEED",
         section->where(), to_string(config.distributed_type)));
+  }
+  if (config.distributed_type == DistributedType::kFsdp) {
+    read_accelerate_fsdp(fsdp_section ? *fsdp_section : root.child("fsdp_config"),
+                         parallelism ? *parallelism : root.child("parallelism_config"), config);
+  } else if (fsdp_section && fsdp_section->is_map() && fsdp_section->node().size() > 0) {
+    // As Accelerate, which reads fsdp_config for FSDP only.
+    config.warnings.push_back(fmt::format(
+        "{}: 'fsdp_config' is ignored because distributed_type is {}, not FSDP",
+        fsdp_section->where(), to_string(config.distributed_type)));
   }
   check_launch_settings(config);
 }

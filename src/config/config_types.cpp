@@ -41,6 +41,7 @@ const char* to_string(DistributedType type) {
     case DistributedType::kMultiCpu: return "MULTI_CPU";
     case DistributedType::kMultiGpu: return "MULTI_GPU";
     case DistributedType::kDeepSpeed: return "DEEPSPEED";
+    case DistributedType::kFsdp: return "FSDP";
   }
   return "?";
 }
@@ -72,20 +73,14 @@ DistributedTypeLookup lookup_distributed_type(const std::string& text) {
       {"NO", DistributedType::kNo},
       {"MULTI_CPU", DistributedType::kMultiCpu},
       {"MULTI_GPU", DistributedType::kMultiGpu},
-      {"DEEPSPEED", DistributedType::kDeepSpeed}};
+      {"DEEPSPEED", DistributedType::kDeepSpeed},
+      {"FSDP", DistributedType::kFsdp}};
   std::vector<std::string> names;
   for (const auto& entry : supported) {
     if (entry.first == upper(text)) return {entry.second, "", ""};
     names.push_back(entry.first);
   }
   const std::string key = upper(text);
-  if (key == "FSDP") {
-    return {std::nullopt, "FSDP is not supported by tandem",
-            "use DEEPSPEED with zero_stage 3, which also shards parameters, gradients and "
-            "optimizer state (or MULTI_GPU for plain data parallel); for FSDP's HYBRID_SHARD "
-            "(HSDP), add zero_optimization.zero_hpz_partition_size: <ranks per host> to a "
-            "deepspeed_config_file (at stage 2 it is HYBRID_SHARD_ZERO2)"};
-  }
   if (key == "TP" || key == "MEGATRON_LM") {
     return {std::nullopt,
             "Accelerate's " + key + " is not supported by tandem, which trains data parallel "
@@ -129,7 +124,8 @@ bool same(const ZeroConfig& a, const ZeroConfig& b) {
          a.stage3_max_live_parameters == b.stage3_max_live_parameters &&
          a.zero3_init == b.zero3_init && a.allgather_bucket_size == b.allgather_bucket_size &&
          a.reduce_scatter == b.reduce_scatter && a.overlap_comm == b.overlap_comm &&
-         a.gather_16bit_weights_on_model_save == b.gather_16bit_weights_on_model_save;
+         a.gather_16bit_weights_on_model_save == b.gather_16bit_weights_on_model_save &&
+         a.hpz_partition_size == b.hpz_partition_size;
 }
 
 bool same(const OptimizerConfig& a, const OptimizerConfig& b) {

@@ -155,11 +155,20 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
     } else if (key == "cpu_offload_use_pin_memory") {
       zero.offload_pin_memory = v.as_bool();
     } else if (key == "zero_hpz_partition_size") {
-      // Whether it divides the world is known at resolve_config().
+      // Whether it divides the world is known at resolve_config(). tandem
+      // YAML also says `ranks_per_host` (what FSDP's HYBRID_SHARD maps to).
+      if (dialect == Dialect::kTandem && v.node().IsScalar() && !v.is_quoted() &&
+          v.node().Scalar() == "ranks_per_host") {
+        zero.hpz_partition_size = kHpzRanksPerHost;
+        return;
+      }
       zero.hpz_partition_size = static_cast<int>(
           v.as_int(1, std::numeric_limits<int>::max(),
-                   "1 turns HSDP off; a size P > 1 shards inside groups of P ranks (the ranks "
-                   "of one host, usually) and replicates across them"));
+                   dialect == Dialect::kTandem
+                       ? "1 turns HSDP off; a size P > 1 shards inside groups of P ranks and "
+                         "replicates across them; ranks_per_host takes P from the launcher"
+                       : "1 turns HSDP off; a size P > 1 shards inside groups of P ranks (the "
+                         "ranks of one host, usually) and replicates across them"));
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
     } else if (key == "allgather_bucket_size") {

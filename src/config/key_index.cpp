@@ -41,6 +41,7 @@ std::vector<KeyLevel> key_levels() {
   // A deepspeed_config_file is a DeepSpeed JSON, read as above.
   add(ConfigFormat::kAccelerateYaml, "", accelerate_top_level_keys());
   add(ConfigFormat::kAccelerateYaml, "deepspeed_config", accelerate_deepspeed_section_keys());
+  add(ConfigFormat::kAccelerateYaml, "fsdp_config", accelerate_fsdp_keys());
   return levels;
 }
 

@@ -24,7 +24,7 @@ struct KeyLevel {
 // Every level that has a key table, for the three formats. optimizer.params
 // and scheduler.params appear once per type, since the type picks the
 // table. Levels whose reader takes any key are absent: Accelerate's
-// fsdp_config, tp_config and parallelism_config, and DeepSpeed's
+// tp_config and parallelism_config, and DeepSpeed's
 // tensor_parallel, where only the parallel sizes are checked
 // (parallelism_keys.cpp). A reader that gains a table must add it here;
 // tests/docs/check_config_keys.sh fails on a for_each_key() call whose table

@@ -39,6 +39,13 @@ void read_scheduler(const Value& block, Config& config);
 // to `base_dir`.
 void read_accelerate_document(const Value& root, Config& config, const std::string& base_dir);
 
+// An Accelerate fsdp_config section (distributed_type: FSDP) onto
+// config.zero and config.activation_checkpointing (accelerate_fsdp.cpp;
+// docs/config.md, "FSDP"). `parallelism` is the file's parallelism_config
+// (null when absent): under FSDP2 its dp_replicate_size and dp_shard_size
+// ask for HSDP.
+void read_accelerate_fsdp(const Value& section, const Value& parallelism, Config& config);
+
 // Requests for model parallelism, which tandem does not do: Accelerate's
 // parallelism_config and tp_config sections (`key` names the section), and
 // DeepSpeed's tensor_parallel block and sequence_parallel_size (`key`). A
@@ -99,6 +106,7 @@ const KeyTable& scheduler_keys();
 const KeyTable& scheduler_params_keys(const std::string& type);
 const KeyTable& accelerate_top_level_keys();
 const KeyTable& accelerate_deepspeed_section_keys();
+const KeyTable& accelerate_fsdp_keys();  // fsdp_config, also its keys without fsdp_
 const KeyTable& tandem_top_level_keys();
 const KeyTable& tandem_fp16_keys();
 const KeyTable& ddp_keys();

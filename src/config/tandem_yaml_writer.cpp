@@ -132,9 +132,10 @@ void write_zero(Writer& w, const Config& c) {
     w.line(1, "stage3_gather_16bit_weights_on_model_save",
            flag(*z.gather_16bit_weights_on_model_save));
   }
-  // kHpzRanksPerHost has no number a file could hold (the launch decides
-  // it); no reader sets it yet.
-  w.line(1, "zero_hpz_partition_size", fmt::format("{}", std::max(1, z.hpz_partition_size)));
+  // kHpzRanksPerHost (FSDP's HYBRID_SHARD) has no number: the launch decides.
+  w.line(1, "zero_hpz_partition_size", z.hpz_partition_size == kHpzRanksPerHost
+                                           ? std::string("ranks_per_host")
+                                           : fmt::format("{}", z.hpz_partition_size));
 }
 
 // Only the parameters the type takes (the reader refuses the others).

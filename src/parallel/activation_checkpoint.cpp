@@ -200,7 +200,8 @@ std::size_t apply_activation_checkpointing(torch::nn::Module& model,
   if (!config.enabled) return 0;
   const std::size_t count = set_activation_checkpointing(model, true);
   if (count == 0) {
-    log_warn("the config's activation_checkpointing block is set, but the model marks no "
+    log_warn("the config turns activation checkpointing on (an activation_checkpointing "
+             "block, or Accelerate's fsdp_activation_checkpointing), but the model marks no "
              "block with tandem::Checkpointed<Impl> (or Sharded<CheckpointedImpl<Impl>>), so "
              "nothing is checkpointed; mark the blocks to recompute in the model's definition");
   }

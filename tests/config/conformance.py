@@ -10,9 +10,12 @@ it.
 
 Every Accelerate YAML (tests/config/data/accelerate_*.yaml) is read the way
 `accelerate launch` reads it: `load_config_from_file`, the launcher's checks
-(mixed precision, distributed type), and for DEEPSPEED the worker's
-`DeepSpeedPlugin` built from the environment the launcher would export. The
-fields both understand must agree, or both must refuse the file.
+(mixed precision, distributed type), for DEEPSPEED the worker's
+`DeepSpeedPlugin` built from the environment the launcher would export, and
+for FSDP the worker's `FullyShardedDataParallelPlugin` (and
+`ParallelismConfig`) built from the environment the launcher's own code
+exports. The fields both understand must agree, or both must refuse the
+file.
 
 A difference that tandem makes on purpose is listed in DELIBERATE below and in
 docs/config.md ("Conformance with DeepSpeed and Accelerate"); each rule names
@@ -225,7 +228,7 @@ def rule_unknown_top_level_key(peer, tandem, document, **_):
 
 def rule_unsupported_feature(peer, tandem, **_):
     # A setting tandem cannot honour (NVMe offload, Lamb, tensor parallelism,
-    # FSDP, ...) is refused rather than dropped.
+    # ...) is refused rather than dropped.
     return (peer[0] == "accept" and tandem[0] == "reject"
             and re.search(r"not supported by tandem|is not available in tandem", tandem[1]))
 
@@ -305,6 +308,28 @@ def rule_accelerate_ds_file_with_section_keys(peer, tandem, **_):
                 "will be ignored" in peer[1])
 
 
+def rule_fsdp1_reshard_after_forward(peer, tandem, document, differences, **_):
+    # `accelerate config` writes FSDP1's sharding strategy as
+    # fsdp_reshard_after_forward (the plugin's documented name for it), but
+    # Accelerate 1.15's launcher also exports FSDP_SHARDING_STRATEGY, its
+    # default FULL_SHARD, which the plugin prefers: the key is dropped.
+    # tandem shards as the key says.
+    return (peer[0] == "accept" and tandem[0] == "accept" and isinstance(document, dict)
+            and document.get("fsdp_version", 1) == 1
+            and "fsdp_reshard_after_forward" in document
+            and "fsdp_sharding_strategy" not in document
+            and peer[1].get("zero_stage") == 3 and peer[1].get("zero_hpz_partition_size") == 1
+            and differences and set(differences) <= {"zero_stage", "zero_hpz_partition_size"})
+
+
+def rule_fsdp_offload_without_sharding(peer, tandem, differences, **_):
+    # NO_SHARD with fsdp_offload_params: FSDP keeps the parameters on the
+    # CPU; tandem trains NO_SHARD as DDP, which offloads nothing (it warns).
+    return (peer[0] == "accept" and tandem[0] == "accept" and differences == ["offload"]
+            and peer[1]["zero_stage"] == 0
+            and peer[1]["offload"] and not tandem[1]["offload"])
+
+
 DELIBERATE = {
     "auto-batch": rule_auto_batch,
     "batch-from-program": rule_batch_from_program,
@@ -317,6 +342,8 @@ DELIBERATE = {
     "auto-only-where-filled": rule_auto_only_where_filled,
     "gradient-clipping-default": rule_gradient_clipping_default,
     "accelerate-ds-file-with-section-keys": rule_accelerate_ds_file_with_section_keys,
+    "fsdp1-reshard-after-forward": rule_fsdp1_reshard_after_forward,
+    "fsdp-offload-without-sharding": rule_fsdp_offload_without_sharding,
 }
 
 
@@ -398,6 +425,10 @@ ACCELERATE_FIELDS = ("distributed_type", "num_processes", "num_machines", "machi
                      "rdzv_backend", "precision")
 ACCELERATE_DS_FIELDS = ("zero_stage", "offload_optimizer", "offload_param",
                         "gradient_accumulation_steps", "gradient_clipping")
+# Under FSDP: the ZeRO stage and HSDP partition its sharding maps to, whether
+# anything is offloaded, and activation checkpointing.
+ACCELERATE_FSDP_FIELDS = ("zero_stage", "zero_hpz_partition_size", "offload",
+                          "activation_checkpointing")
 
 
 @contextlib.contextmanager
@@ -442,6 +473,67 @@ def deepspeed_worker_env(config):
             env[name] = str(section[key]).lower() if key != "deepspeed_config_file" else str(
                 section[key])
     return env
+
+
+def fsdp_worker_env(path):
+    """What `accelerate launch` exports to an FSDP worker for this config: its
+    own argument parsing, config merge and multi-GPU environment."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        args, _, _ = _validate_launch_command(args)
+        env = prepare_multi_gpu_env(args)
+    return {k: v for k, v in env.items()
+            if k.startswith(("FSDP_", "ACCELERATE_USE_", "PARALLELISM_CONFIG_"))}
+
+
+@contextlib.contextmanager
+def cuda_device_stand_in():
+    """sync_module_states makes the plugin ask for the current device, which a
+    CPU-only peer does not have; device 0 stands in while it is built."""
+    import torch
+    import accelerate.utils.dataclasses as plugin_module
+    saved = (plugin_module.is_cuda_available, torch.cuda.current_device)
+    plugin_module.is_cuda_available = lambda: True
+    torch.cuda.current_device = lambda: 0
+    try:
+        yield
+    finally:
+        plugin_module.is_cuda_available, torch.cuda.current_device = saved
+
+
+def fsdp_fields(path, num_processes):
+    """The worker's FullyShardedDataParallelPlugin (and ParallelismConfig),
+    built from the launcher's environment, as tandem's ZeRO settings."""
+    from types import SimpleNamespace
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy, ShardingStrategy
+
+    env = fsdp_worker_env(path)
+    with environment(env, os.path.dirname(path) or "."), cuda_device_stand_in():
+        plugin = FullyShardedDataParallelPlugin()
+        mesh = ParallelismConfig()
+        mesh._validate_accelerator(SimpleNamespace(
+            multi_device=False, is_fsdp2=plugin.fsdp_version == 2, num_processes=num_processes,
+            distributed_type=DistributedType.FSDP, is_main_process=True))
+    if plugin.fsdp_version == 1:
+        # The Accelerator hands FSDP `sharding_strategy or reshard_after_forward`.
+        strategy = plugin.sharding_strategy or plugin.reshard_after_forward
+        stages = {ShardingStrategy.FULL_SHARD: 3, ShardingStrategy.SHARD_GRAD_OP: 2,
+                  ShardingStrategy.NO_SHARD: 0, ShardingStrategy.HYBRID_SHARD: 3,
+                  ShardingStrategy._HYBRID_SHARD_ZERO2: 2}
+        hybrid = strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+        return {"zero_stage": stages[strategy],
+                "zero_hpz_partition_size": "ranks_per_host" if hybrid else 1,
+                "offload": bool(plugin.cpu_offload.offload_params),
+                "activation_checkpointing": bool(plugin.activation_checkpointing)}
+    return {"zero_stage": 3 if plugin.reshard_after_forward else 2,
+            "zero_hpz_partition_size": mesh.dp_shard_size if mesh.dp_replicate_size > 1 else 1,
+            "offload": isinstance(plugin.cpu_offload, CPUOffloadPolicy),
+            "activation_checkpointing": bool(plugin.activation_checkpointing)}
 
 
 def accelerate_view(path):
@@ -495,6 +587,8 @@ def accelerate_view(path):
             # fills 1.0 (its config_kwargs).
             clip = ds.get("gradient_clipping", deepspeed_clipping_default())
             fields["gradient_clipping"] = 1.0 if clip == "auto" else float(clip)
+        if kind == "FSDP":
+            fields.update(fsdp_fields(path, processes))
     except Exception as error:
         return "reject", f"{type(error).__name__}: {one_line(error, 400)}"
     return "accept", fields
@@ -524,7 +618,17 @@ def accelerate_ds_document(path):
     return document
 
 
-def tandem_accelerate_fields(resolved, deepspeed):
+def accelerate_fsdp_document(path):
+    """An Accelerate YAML's fsdp_config, for the rules; None if unreadable."""
+    import yaml
+    try:
+        with open(path) as f:
+            return (yaml.safe_load(f) or {}).get("fsdp_config") or {}
+    except Exception:
+        return None
+
+
+def tandem_accelerate_fields(resolved, deepspeed, fsdp=False):
     launch = resolved["launch"]
     fields = {
         "distributed_type": resolved["distributed_type"],
@@ -548,6 +652,14 @@ def tandem_accelerate_fields(resolved, deepspeed):
             # "auto" (the program may fill it) prints as the default, 0.
             "gradient_clipping": float(resolved["gradient_clipping"]),
         })
+    if fsdp:
+        zero = resolved["zero_optimization"]
+        fields.update({
+            "zero_stage": zero["stage"],
+            "zero_hpz_partition_size": zero["zero_hpz_partition_size"],
+            "offload": "cpu" in (zero["offload_optimizer"]["device"], zero["offload_param"]["device"]),
+            "activation_checkpointing": resolved["activation_checkpointing"]["enabled"],
+        })
     return fields
 
 
@@ -558,16 +670,19 @@ def accelerate_cases(tandem, files):
         peer = accelerate_view(path)
         mine = views[path]
         deepspeed = peer[0] == "accept" and peer[1]["distributed_type"] == "DEEPSPEED"
+        fsdp = peer[0] == "accept" and peer[1]["distributed_type"] == "FSDP"
         if mine[0] == "accept":
             given = mine[1]["launch"]["num_processes"]
-            mine = ("accept", tandem_accelerate_fields(mine[1], deepspeed))
+            mine = ("accept", tandem_accelerate_fields(mine[1], deepspeed, fsdp))
             if peer[0] == "accept" and peer[1]["num_processes"] is None:
                 mine[1]["num_processes"] = None  # both leave the count to the launch
             elif given is None:
                 mine[1]["num_processes"] = None
-        fields = ACCELERATE_FIELDS + (ACCELERATE_DS_FIELDS if deepspeed else ())
+        fields = (ACCELERATE_FIELDS + (ACCELERATE_DS_FIELDS if deepspeed else ())
+                  + (ACCELERATE_FSDP_FIELDS if fsdp else ()))
         differences = compare(peer, mine, fields)
-        document = accelerate_ds_document(path) if deepspeed else None
+        document = (accelerate_ds_document(path) if deepspeed else
+                    accelerate_fsdp_document(path) if fsdp else None)
         yield {"case": os.path.basename(path),
                "verdict": classify(peer, mine, differences, document),
                "accelerate": peer, "tandem": mine, "differences": differences}

@@ -126,8 +126,10 @@ TEST(ConfigNames, EnumsPrintAndParse) {
                        "use \"no\", \"bf16\" or \"fp16\""));
   EXPECT_STREQ(to_string(DistributedType::kMultiCpu), "MULTI_CPU");
   EXPECT_EQ(parse_distributed_type("deepspeed"), DistributedType::kDeepSpeed);
-  EXPECT_TRUE(contains(usage_error([] { parse_distributed_type("FSDP"); }),
-                       "FSDP is not supported by tandem"));
+  EXPECT_EQ(parse_distributed_type("fsdp"), DistributedType::kFsdp);
+  EXPECT_STREQ(to_string(DistributedType::kFsdp), "FSDP");
+  EXPECT_TRUE(contains(usage_error([] { parse_distributed_type("MEGATRON_LM"); }),
+                       "MEGATRON_LM is not supported by tandem"));
   EXPECT_STREQ(to_string(OffloadDevice::kCpu), "cpu");
   EXPECT_STREQ(to_string(ConfigFormat::kAccelerateYaml), "accelerate_yaml");
 }

@@ -206,10 +206,6 @@ TEST(ConfigErrors, UnsupportedButRealChoicesSaySo) {
       parse_error(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})", "ds.json"),
       "zero_optimization.offload_param.device: NVMe offload is not supported by tandem; use "
       "\"cpu\" or \"none\""));
-  EXPECT_TRUE(contains(parse_error("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n",
-                                   "a.yaml"),
-                       "a.yaml:1:19: distributed_type: FSDP is not supported by tandem; use "
-                       "DEEPSPEED with zero_stage 3"));
   EXPECT_TRUE(contains(parse_error("distributed_type: XLA\n", "a.yaml"),
                        "Accelerate's XLA is not supported by tandem"));
   EXPECT_TRUE(contains(parse_error("mixed_precision: fp8\n", "t.yaml"),

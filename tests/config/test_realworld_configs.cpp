@@ -110,10 +110,17 @@ TEST(RealWorldConfigs, NumProcessesMinusOneLeavesTheCountToTheLaunch) {
   EXPECT_EQ(c.key_locations.count("num_processes"), 0u);
 }
 
-TEST(RealWorldConfigs, FsdpConfigIsRefusedPointingAtZeroStage3) {
-  std::string message = load_error("accelerate_fsdp.yaml");
-  EXPECT_TRUE(contains(message, "accelerate_fsdp.yaml:2:19: distributed_type: FSDP is not "
-                                "supported by tandem; use DEEPSPEED with zero_stage 3"));
+// An FSDP2 file as `accelerate config` writes it trains as ZeRO-3; the keys
+// tandem does not follow (its wrap policy, its state dict type) say so.
+TEST(RealWorldConfigs, FsdpConfigTrainsAsZero3) {
+  Config c = load_config_file(config_data("accelerate_fsdp.yaml"));
+  EXPECT_EQ(c.distributed_type, DistributedType::kFsdp);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.zero.hpz_partition_size, 1);
+  EXPECT_EQ(c.zero.offload_param, OffloadDevice::kNone);
+  EXPECT_EQ(c.mixed_precision, MixedPrecision::kBf16);
+  EXPECT_EQ(warned_keys(c), (std::vector<std::string>{"fsdp_config.fsdp_auto_wrap_policy",
+                                                      "fsdp_config.fsdp_state_dict_type"}));
 }
 
 TEST(RealWorldConfigs, ContextParallelismIsRefusedNotSilentlyDropped) {
@@ -160,7 +167,7 @@ TEST(RealWorldConfigs, TensorParallelismIsRefusedInEachFormat) {
 TEST(RealWorldConfigs, OtherAcceleratorsAreRefusedSayingWhatTandemRunsOn) {
   EXPECT_TRUE(contains(parse_error("distributed_type: MULTI_XPU\nnum_processes: 2\n", "a.yaml"),
                        "Accelerate's MULTI_XPU is not supported by tandem, which runs on CPUs "
-                       "and CUDA GPUs; use NO, MULTI_CPU, MULTI_GPU or DEEPSPEED"));
+                       "and CUDA GPUs; use NO, MULTI_CPU, MULTI_GPU, DEEPSPEED or FSDP"));
 }
 
 // Changes the working directory for one test, and back.

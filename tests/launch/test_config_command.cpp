@@ -46,6 +46,29 @@ TEST(ConfigCheck, ValidFilePrintsTheResolvedConfigAsJson) {
   EXPECT_EQ(json["zero_optimization"]["stage"], 0);
 }
 
+// An Accelerate FSDP file: check prints the ZeRO settings it maps to.
+TEST(ConfigCheck, FsdpFilePrintsTheZeroSettingsItMapsTo) {
+  TempDir home;
+  const std::string path = home.path() + "/fsdp.yaml";
+  write_text(path,
+             "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nfsdp_config:\n"
+             "  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n  fsdp_offload_params: true\n"
+             "  fsdp_activation_checkpointing: true\n");
+  auto r = run_process(tandem_in(home.path(), {"config", "check", path}), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["distributed_type"], "FSDP");
+  EXPECT_EQ(json["zero_optimization"]["stage"], 2);
+  EXPECT_EQ(json["zero_optimization"]["zero_hpz_partition_size"], "ranks_per_host");
+  EXPECT_EQ(json["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_EQ(json["zero_optimization"]["offload_param"]["device"], "none");
+  EXPECT_EQ(json["activation_checkpointing"]["enabled"], true);
+  // ZeRO-2 keeps the parameters on the device, and says so.
+  ASSERT_EQ(json["warnings"].size(), 1u) << r.out;
+  EXPECT_NE(r.err.find("'fsdp_config.fsdp_offload_params' at ZeRO-2"), std::string::npos)
+      << r.err;
+}
+
 TEST(ConfigCheck, WorldSizeResolvesTheDeepSpeedBatchTriple) {
   TempDir home;
   const std::string path = home.path() + "/ds.json";

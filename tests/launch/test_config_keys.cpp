@@ -36,7 +36,20 @@ const std::vector<std::string> kCandidates = {
     "true", "false", "1", "2", "0", "0.5", "29500", "\"auto\"", "\"static\"", "\"none\"",
     "\"cpu\"", "\"AdamW\"", "\"WarmupLR\"", "\"linear\"", "\"bf16\"", "\"all\"", "\"MULTI_GPU\"",
     "\"LOCAL_MACHINE\"", "\"127.0.0.1\"", "\"pdsh\"", "\"ds.json\"", "[0.9, 0.99]", "{}",
-    "\"x\"", "{\"a\": 7}", "12345", "null"};
+    "\"x\"", "{\"a\": 7}", "12345", "\"TRANSFORMER_BASED_WRAP\"", "null"};
+
+// fsdp_config keys that Accelerate accepts only next to others: the others,
+// as entries to add to the key's own mapping.
+std::string fsdp_prerequisites(const std::string& key) {
+  auto ends = [&](const std::string& tail) {
+    return key.size() >= tail.size() && key.compare(key.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends("sync_module_states")) return ", \"fsdp_cpu_ram_efficient_loading\": false";
+  if (ends("activation_checkpointing_offload")) {
+    return ", \"fsdp_version\": 2, \"fsdp_activation_checkpointing\": true";
+  }
+  return "";
+}
 
 // The file text that sets `key` (a dotted path) to `value` in `dialect`.
 std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
@@ -48,8 +61,10 @@ std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
   // Innermost first: {"c": V}, then {"b": {"c": V}}; the optimizer and
   // scheduler params tables need their type.
   std::string inner = value;
+  const bool fsdp = key.dialect == "accelerate_yaml" && parts[0] == "fsdp_config";
   for (size_t i = parts.size(); i-- > 1;) {
     std::string entry = "\"" + parts[i] + "\": " + inner;
+    if (fsdp && i == parts.size() - 1) entry += fsdp_prerequisites(parts[i]);
     // optimizer and scheduler blocks need a type, which picks the params.
     const bool typed_block = parts[i - 1] == "optimizer" || parts[i - 1] == "scheduler";
     if (typed_block && parts[i] != "type") {
@@ -62,7 +77,8 @@ std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
   if (key.dialect == "deepspeed_json") return "{\"" + parts[0] + "\": " + inner + "}";
   std::string text = "\"" + parts[0] + "\": " + inner + "\n";
   if (key.dialect == "accelerate_yaml" && parts[0] != "distributed_type") {
-    text = "distributed_type: DEEPSPEED\n" + text;
+    // fsdp_config is read under FSDP only (and ignored with a warning else).
+    text = std::string("distributed_type: ") + (fsdp ? "FSDP" : "DEEPSPEED") + "\n" + text;
   }
   return text;
 }

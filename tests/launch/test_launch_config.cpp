@@ -269,6 +269,13 @@ TEST(LaunchConfigMerge, AGpuConfigWithoutACountRunsOneProcessPerGpu) {
   cli::apply_launch_config(deepspeed_on_cpu, 4, cpu);
   EXPECT_EQ(cpu.nproc_per_node, 1);
 
+  // FSDP, as `accelerate launch` runs it: one process per GPU.
+  Config fsdp;
+  fsdp.distributed_type = DistributedType::kFsdp;
+  auto per_gpu = parse({"prog"});
+  cli::apply_launch_config(fsdp, 4, per_gpu);
+  EXPECT_EQ(per_gpu.nproc_per_node, 4);
+
   auto flag = parse({"--nproc-per-node", "3", "prog"});
   cli::apply_launch_config(gpu, 4, flag);
   EXPECT_EQ(flag.nproc_per_node, 3);

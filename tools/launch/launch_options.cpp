@@ -412,7 +412,9 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
   // A GPU config without a count (or `num_processes: auto`) runs one
   // process per GPU of this node, as `accelerate launch` and `deepspeed` do.
   const bool gpu_job = config.distributed_type == DistributedType::kMultiGpu ||
-                       (config.distributed_type == DistributedType::kDeepSpeed && !config.use_cpu);
+                       ((config.distributed_type == DistributedType::kDeepSpeed ||
+                         config.distributed_type == DistributedType::kFsdp) &&
+                        !config.use_cpu);
   if (!opts.nproc_given && !filtered && !config.num_processes && gpu_job) {
     int gpus = local_gpus;
     if (listed) gpus = 1 + static_cast<int>(std::count(config.gpu_ids.begin(), config.gpu_ids.end(), ','));

@@ -32,12 +32,15 @@ const char* to_string(MixedPrecision mode);
 // accepted values otherwise.
 MixedPrecision parse_mixed_precision(const std::string& text);
 
-// Accelerate's distributed_type values that tandem runs.
-enum class DistributedType { kNo, kMultiCpu, kMultiGpu, kDeepSpeed };
-// "NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED".
+// Accelerate's distributed_type values that tandem runs. DEEPSPEED and FSDP
+// both train with the ZeRO settings of ZeroConfig (an Accelerate file's
+// fsdp_config maps onto them: docs/config.md, "FSDP"); the type itself only
+// tells the launcher that the job wants one process per GPU.
+enum class DistributedType { kNo, kMultiCpu, kMultiGpu, kDeepSpeed, kFsdp };
+// "NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP".
 const char* to_string(DistributedType type);
-// Accepts those four names (any case). Throws UsageError naming them, and
-// saying so for Accelerate types tandem does not run (FSDP, XLA, ...).
+// Accepts those five names (any case). Throws UsageError naming them, and
+// saying so for Accelerate types tandem does not run (XLA, TP, ...).
 DistributedType parse_distributed_type(const std::string& text);
 
 enum class OffloadDevice { kNone, kCpu };
@@ -92,7 +95,8 @@ struct ZeroConfig {
   // ranks and replicate across the groups (DeepSpeed's
   // zero_hpz_partition_size). 1: off, plain ZeRO over the world;
   // kHpzRanksPerHost: the launcher's ranks per host (Accelerate's
-  // fsdp_sharding_strategy HYBRID_SHARD).
+  // fsdp_sharding_strategy HYBRID_SHARD and HYBRID_SHARD_ZERO2; tandem
+  // YAML's `zero_hpz_partition_size: ranks_per_host`).
   int hpz_partition_size = 1;
 };
 inline constexpr int kHpzRanksPerHost = 0;
