@@ -138,11 +138,17 @@ void read_fsdp2_sharding(FsdpRead& f, Config& config) {
   }
 }
 
-// FSDP2's HSDP: parallelism_config's dp_replicate_size R and dp_shard_size S
-// (Accelerate's ParallelismConfig: S ranks shard, R copies replicate).
-void read_data_parallel_sizes(const Value& parallelism, const FsdpRead& f, Config& config) {
-  if (parallelism.is_null() || !parallelism.is_map()) return;
-  std::optional<Value> replicate, shard;
+// parallelism_config's data-parallel sizes (Accelerate's ParallelismConfig:
+// S ranks shard, R copies replicate; 1 when not given).
+struct DataParallelSizes {
+  int64_t replicate = 1, shard = 1;
+  std::optional<Value> replicate_value, shard_value;
+  const Value& where() const { return replicate > 1 ? *replicate_value : *shard_value; }
+};
+
+DataParallelSizes data_parallel_sizes(const Value& parallelism) {
+  DataParallelSizes out;
+  if (parallelism.is_null() || !parallelism.is_map()) return out;
   for (auto it = parallelism.node().begin(); it != parallelism.node().end(); ++it) {
     if (!it->first.IsScalar()) continue;
     const std::string name = it->first.Scalar();
@@ -150,15 +156,34 @@ void read_data_parallel_sizes(const Value& parallelism, const FsdpRead& f, Confi
       return name.size() >= tail.size() &&
              name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
     };
-    if (ends("dp_replicate_size")) replicate = parallelism.child(name);
-    if (ends("dp_shard_size")) shard = parallelism.child(name);
+    if (ends("dp_replicate_size")) out.replicate_value = parallelism.child(name);
+    if (ends("dp_shard_size")) out.shard_value = parallelism.child(name);
   }
   auto size = [](const std::optional<Value>& v) {
     return v && !v->is_null() ? v->as_int(1, 1 << 24) : int64_t{1};
   };
-  const int64_t r = size(replicate), s = size(shard);
+  out.replicate = size(out.replicate_value);
+  out.shard = size(out.shard_value);
+  return out;
+}
+
+// As Accelerate: the data-parallel sizes multiply to the world size.
+void check_world(const DataParallelSizes& d, const Config& config) {
+  const int64_t r = d.replicate, s = d.shard;
+  if (config.num_processes && r * s != *config.num_processes) {
+    d.where().fail(fmt::format("dp_replicate_size {} * dp_shard_size {} = {}, but num_processes "
+                               "is {} (Accelerate requires them equal)",
+                               r, s, r * s, *config.num_processes),
+                   "make dp_replicate_size * dp_shard_size equal num_processes");
+  }
+}
+
+// FSDP2's HSDP: R copies of shard groups of S ranks.
+void read_data_parallel_sizes(const Value& parallelism, const FsdpRead& f, Config& config) {
+  const DataParallelSizes d = data_parallel_sizes(parallelism);
+  const int64_t r = d.replicate, s = d.shard;
   if (r == 1 && s == 1) return;
-  const Value& at = r > 1 ? *replicate : *shard;
+  const Value& at = d.where();
   if (f.version == 1) {
     at.fail("parallelism_config's data-parallel sizes apply to FSDP2 only (Accelerate refuses "
             "them under fsdp_version 1)",
@@ -171,15 +196,10 @@ void read_data_parallel_sizes(const Value& parallelism, const FsdpRead& f, Confi
             "set dp_shard_size to the ranks that shard the model (HSDP), or use "
             "distributed_type MULTI_GPU for plain data parallel");
   }
-  if (config.num_processes && r * s != *config.num_processes) {
-    at.fail(fmt::format("dp_replicate_size {} * dp_shard_size {} = {}, but num_processes is {} "
-                        "(Accelerate requires them equal)",
-                        r, s, r * s, *config.num_processes),
-            "make dp_replicate_size * dp_shard_size equal num_processes");
-  }
+  check_world(d, config);
   if (r > 1) {
     config.zero.hpz_partition_size = static_cast<int>(s);
-    config.key_locations["zero_optimization.zero_hpz_partition_size"] = shard->where();
+    config.key_locations["zero_optimization.zero_hpz_partition_size"] = d.shard_value->where();
   }
 }
 
@@ -364,6 +384,20 @@ void read_accelerate_fsdp(const Value& section, const Value& parallelism, Config
       type->fail("FSDP2 has no LOCAL_STATE_DICT (Accelerate refuses it under fsdp_version 2)",
                  "write SHARDED_STATE_DICT or FULL_STATE_DICT");
     }
+  }
+}
+
+void read_accelerate_data_parallel_sizes(const Value& parallelism, Config& config) {
+  const DataParallelSizes d = data_parallel_sizes(parallelism);
+  if (d.replicate == 1 && d.shard == 1) return;
+  check_world(d, config);
+  if (d.shard > 1) {
+    warn(config, *d.shard_value,
+         fmt::format("shards only under distributed_type FSDP (version 2); under {} tandem "
+                     "trains every rank as a data-parallel replica, so "
+                     "the size has no effect (for HSDP use FSDP with dp_replicate_size, or "
+                     "zero_optimization.zero_hpz_partition_size in a DeepSpeed file)",
+                     to_string(config.distributed_type)));
   }
 }
 

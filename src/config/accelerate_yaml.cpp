@@ -371,7 +371,12 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
   if (config.distributed_type == DistributedType::kFsdp) {
     read_accelerate_fsdp(fsdp_section ? *fsdp_section : root.child("fsdp_config"),
                          parallelism ? *parallelism : root.child("parallelism_config"), config);
-  } else if (fsdp_section && fsdp_section->is_map() && fsdp_section->node().size() > 0) {
+  } else {
+    read_accelerate_data_parallel_sizes(parallelism ? *parallelism : root.child("parallelism_config"),
+                                        config);
+  }
+  if (config.distributed_type != DistributedType::kFsdp && fsdp_section &&
+      fsdp_section->is_map() && fsdp_section->node().size() > 0) {
     // As Accelerate, which reads fsdp_config for FSDP only.
     config.warnings.push_back(fmt::format(
         "{}: 'fsdp_config' is ignored because distributed_type is {}, not FSDP",

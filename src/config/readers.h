@@ -45,6 +45,10 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
 // (null when absent): under FSDP2 its dp_replicate_size and dp_shard_size
 // ask for HSDP.
 void read_accelerate_fsdp(const Value& section, const Value& parallelism, Config& config);
+// parallelism_config's dp_replicate_size / dp_shard_size under another
+// distributed type: their product must be num_processes, and a shard size
+// above 1 warns that it has no effect there (accelerate_fsdp.cpp).
+void read_accelerate_data_parallel_sizes(const Value& parallelism, Config& config);
 
 // Requests for model parallelism, which tandem does not do: Accelerate's
 // parallelism_config and tp_config sections (`key` names the section), and

@@ -313,6 +313,28 @@ TEST(AccelerateFsdp, UnderAnotherTypeFsdpConfigIsIgnoredWithAWarning) {
                   .warnings.empty());
 }
 
+TEST(AccelerateFsdp, UnderAnotherTypeTheDataParallelSizesAreCheckedAndAShardSizeWarns) {
+  const std::string head = "distributed_type: MULTI_GPU\nnum_processes: 4\nparallelism_config:\n";
+  // Replicas only: plain data parallel, what tandem does; nothing to say.
+  const Config replicate =
+      parse_config_text(head + "  parallelism_config_dp_replicate_size: 4\n", "a.yaml");
+  EXPECT_TRUE(replicate.warnings.empty());
+  EXPECT_EQ(replicate.zero.stage, 0);
+  // A shard size has no effect outside FSDP: one warning at its place.
+  const Config shard = parse_config_text(head + "  parallelism_config_dp_replicate_size: 2\n"
+                                                "  parallelism_config_dp_shard_size: 2\n",
+                                         "a.yaml");
+  ASSERT_EQ(shard.warnings.size(), 1u);
+  EXPECT_TRUE(contains(shard.warnings[0], "a.yaml:5:37: 'parallelism_config."
+                                          "parallelism_config_dp_shard_size' shards only under "
+                                          "distributed_type FSDP"))
+      << shard.warnings[0];
+  EXPECT_EQ(shard.zero.hpz_partition_size, 1);
+  // Sizes that do not multiply to num_processes are refused, as Accelerate does.
+  EXPECT_TRUE(contains(parse_error(head + "  parallelism_config_dp_replicate_size: 3\n", "a.yaml"),
+                       "dp_replicate_size 3 * dp_shard_size 1 = 3, but num_processes is 4"));
+}
+
 TEST(AccelerateFsdp, TopLevelSettingsApplyAsForTheOtherTypes) {
   const Config c = fsdp("  fsdp_sharding_strategy: FULL_SHARD\n",
                         "mixed_precision: fp16\ngpu_ids: 0,1,2,3\nuse_cpu: false\n");
