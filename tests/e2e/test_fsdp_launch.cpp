@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/demo_report.h"
 #include "support/reserved_port.h"
 #include "support/subprocess.h"
 #include "tandem/checkpoint/checkpoint.h"
@@ -31,20 +32,7 @@ const std::vector<std::string> kDemo = {"--max-steps", "30", "--train-size", "40
                                         "--test-size", "100", "--log-every", "10"};
 
 // The demo's final report ({"step": 30, "loss": ...}) in a job's output.
-nlohmann::json final_report(const std::string& out) {
-  std::istringstream lines(out);
-  nlohmann::json last;
-  for (std::string line; std::getline(lines, line);) {
-    const auto brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    auto parsed = nlohmann::json::parse(line.substr(brace), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object() && parsed.contains("loss") && parsed.value("step", 0) == 30) {
-      last = parsed;
-    }
-  }
-  EXPECT_FALSE(last.is_null()) << "no final report in:\n" << out;
-  return last;
-}
+nlohmann::json final_report(const std::string& out) { return testing::demo_report_at(out, 30); }
 
 std::vector<std::string> launch(const std::vector<std::string>& flags,
                                 const std::vector<std::string>& demo_flags = {}) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "multinode/static_job.h"
+#include "support/demo_report.h"
 #include "support/scratch_dir.h"
 
 namespace tandem {
@@ -26,20 +27,7 @@ using testing::ScratchDir;
 using testing::TestCluster;
 
 // The demo's final report ({"step": 30, "loss": ...}) in a job's output.
-nlohmann::json demo_final_report(const std::string& out) {
-  std::istringstream lines(out);
-  nlohmann::json last;
-  for (std::string line; std::getline(lines, line);) {
-    const auto brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    auto parsed = nlohmann::json::parse(line.substr(brace), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object() && parsed.contains("loss") && parsed.value("step", 0) == 30) {
-      last = parsed;
-    }
-  }
-  EXPECT_FALSE(last.is_null()) << "no final report in:\n" << out;
-  return last;
-}
+nlohmann::json demo_final_report(const std::string& out) { return testing::demo_report_at(out, 30); }
 
 TEST(MultiNodeHsdpDemo, Stage3AcrossTwoHostsTracksZero3) {
   TestCluster cluster(2);
