@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/Sleep.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -129,6 +130,41 @@ TEST(AcceleratorCuda, Fp16AutocastWithTheScalerTrains) {
     }
     EXPECT_LT(last, 0.5 * first);
     EXPECT_GT(accelerator.step(), 150);
+  });
+}
+
+// wall_clock_breakdown on CUDA synchronises the device before each reading
+// (as DeepSpeed's timers do): a kernel queued in the forward region counts
+// in forward_ms although its launch returns at once.
+TEST(AcceleratorCuda, WallClockBreakdownCountsAQueuedKernelInItsPart) {
+  TANDEM_REQUIRE_CUDA();
+  run_ranks(1, [&](ProcessGroup& pg) {
+    Config config;
+    config.wall_clock_breakdown = true;
+    config.steps_per_print = 2;
+    Accelerator accelerator(pg.shared_from_this(), config);
+    ASSERT_TRUE(accelerator.device().is_cuda());
+    torch::manual_seed(1);
+    Mlp model(kIn, kHidden, kOut);
+    auto adam = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                     torch::optim::AdamOptions(1e-3));
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(adam);
+    auto x = torch::randn({32, kIn}).to(accelerator.device());
+    auto y = x.narrow(1, 0, kOut).clone();
+    for (int s = 0; s < 2; ++s) {
+      optimizer->zero_grad();
+      at::cuda::sleep(int64_t{100} * 1000 * 1000);  // a spin kernel: ~50 ms at 2 GHz
+      accelerator.backward(torch::mse_loss(model->forward(x), y));
+      optimizer->step();
+    }
+    const WallClockBreakdown w = accelerator.wall_clock();
+    EXPECT_EQ(w.step, 2);
+    EXPECT_EQ(w.steps, 2);
+    // Without the synchronisation the spin would land in a later part (the
+    // first one whose reading waits for the device).
+    EXPECT_GE(w.forward_ms, 20.0);
+    EXPECT_LT(w.backward_ms, w.forward_ms);
   });
 }
 
