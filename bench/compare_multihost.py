@@ -11,7 +11,8 @@ side:
   Gloo under torchrun; with --forms also the leader and split hierarchical
   forms, each forced (leader_/split_allreduce_busbw_gbps);
 * a DDP step (bench_ddp / bench_ddp.py, both with --bucket-mb): tandem
-  against torch DDP;
+  against torch DDP, with tandem's phases, its compute alone and its
+  all-reduce alone (ddp_breakdown);
 * a ZeRO-3 step and an HSDP step (bench_zero --stage 3, with and without
   --hpz-partition-size = ranks per host): step time and inter-host bytes per
   step, counted on the links (the hosts' eth0 tx counters), as the difference
@@ -189,7 +190,13 @@ def step_sides(bench, a):
         order = ["ddp", "torch_ddp"] if rep % 2 == 0 else ["torch_ddp", "ddp"]
         for name in order:
             if name == "ddp":
-                out[name].append(bench.tandem("bench_ddp", ddp)["step_ms"])
+                result = bench.tandem("bench_ddp", ddp)
+                out[name].append(result["step_ms"])
+                # Where tandem's step goes (the last run's medians): its
+                # phases, the same steps without communication, and the
+                # all-reduce of the whole gradient alone.
+                out["ddp_breakdown"] = {key: result[key] for key in
+                                        ("ddp", "compute", "compute_ms", "allreduce_ms")}
             else:
                 out[name].append(bench.torch("bench_ddp.py", ddp)["step_ms"])
     return out
@@ -243,6 +250,7 @@ def main():
     a.iters = max(a.iters, 1)
 
     result = {"hosts": a.hosts, "nproc_per_host": a.nproc_per_host, "rate_gbit": a.rate_gbit,
+              "bucket_mb": a.bucket_mb,
               "delay_ms": a.delay_ms, "size_mb": a.size_mb}
     with NetnsCluster(a.hosts, a.rate_gbit, a.delay_ms) as cluster:
         result["delay_applied"] = cluster.delay_applied
@@ -267,6 +275,7 @@ def main():
             result["ddp_step_ms"] = statistics.median(steps["ddp"])
             result["torch_ddp_step_ms"] = statistics.median(steps["torch_ddp"])
             result["ddp_step_ratio"] = result["ddp_step_ms"] / result["torch_ddp_step_ms"]
+            result["ddp_breakdown"] = steps.pop("ddp_breakdown")
             result["ddp_runs"] = steps
         if "sharded" not in skip:
             result.update(sharded_sides(bench, a))
