@@ -1,7 +1,8 @@
 // ProcessGroup::all_to_all, with equal and with uneven splits along dim 0.
 //
-// Shared memory carries it when the group's ranks share a host (CPU tensors),
-// Gloo otherwise (NCCL for CUDA tensors). The uneven form first gathers every
+// The group's exchange route carries it (transport.h): shared memory when the
+// group's ranks share a host (CPU tensors), c10d otherwise (Gloo, NCCL for
+// CUDA tensors). The uneven form first gathers every
 // rank's split sizes: the transport needs the whole matrix to agree on its
 // rounds, and Gloo given sizes that disagree overruns a buffer or hangs, so
 // the ranks check them and name the pair that disagrees.
@@ -53,15 +54,6 @@ void check_all_to_all_splits(const SplitSizes& splits, std::int64_t rows, int wo
                    name, sum, rows);
 }
 
-// Offsets in bytes of each split, in order.
-SplitSizes all_to_all_offsets(const SplitSizes& splits, std::int64_t row_bytes) {
-  SplitSizes offsets(splits.size(), 0);
-  for (std::size_t r = 1; r < splits.size(); ++r) {
-    offsets[r] = offsets[r - 1] + splits[r - 1] * row_bytes;
-  }
-  return offsets;
-}
-
 // Rows sent from rank src to rank dst: sent[src * world + dst].
 SplitSizes exchange_splits(ProcessGroup::Impl& impl, const SplitSizes& output_splits,
                        const SplitSizes& input_splits, const ProcessGroup::Impl::Call& call) {
@@ -93,31 +85,11 @@ SplitSizes exchange_splits(ProcessGroup::Impl& impl, const SplitSizes& output_sp
 }
 
 // Moves the rows; every rank passes the same `sent` matrix.
-void run_all_to_all(ProcessGroup::Impl& impl, at::Tensor& output, const at::Tensor& input,
-                    const SplitSizes& output_splits, const SplitSizes& input_splits, const SplitSizes& sent,
-                    bool even, const ProcessGroup::Impl::Call& call) {
-  const std::int64_t row_bytes = all_to_all_row_bytes(input);
-  const std::int64_t total = std::accumulate(sent.begin(), sent.end(), std::int64_t{0});
-  if (total == 0 || row_bytes == 0) return;  // alike on every rank: nothing moves
-  if (impl.on_shm(input, /*reduces=*/false)) {
-    detail::ShmTransport::ExchangePlan plan;
-    for (std::int64_t rows : sent) plan.bytes.push_back(rows * row_bytes);
-    plan.send_offsets = all_to_all_offsets(input_splits, row_bytes);
-    plan.recv_offsets = all_to_all_offsets(output_splits, row_bytes);
-    impl.shm_work(impl.shm->exchange(output, input, std::move(plan), call.what), call).wait();
-    return;
-  }
-  auto& backend = impl.backend_for(input);
-  const bool nccl = impl.uses_nccl(input);
-  c10d::AllToAllOptions opts;
-  opts.timeout = impl.backend_timeout(input);
-  impl.launch(call, [&] {
-        SplitSizes out_splits = even ? SplitSizes{} : output_splits;
-        SplitSizes in_splits = even ? SplitSizes{} : input_splits;
-        at::Tensor into = detail::as_gloo_bytes(output, nccl);
-        at::Tensor from = detail::as_gloo_bytes(input, nccl);
-        return backend.alltoall_base(into, from, out_splits, in_splits, opts);
-      }).wait();
+void run_all_to_all(detail::Transport& transport, at::Tensor& output, const at::Tensor& input,
+                    detail::AllToAllPlan plan, const ProcessGroup::Impl::Call& call) {
+  const std::int64_t total = std::accumulate(plan.sent.begin(), plan.sent.end(), std::int64_t{0});
+  if (total == 0 || all_to_all_row_bytes(input) == 0) return;  // alike on every rank: nothing moves
+  transport.all_to_all(output, input, plan, call);
 }
 
 }  // namespace
@@ -136,11 +108,15 @@ void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
     output.copy_(input);
     return;
   }
+  auto& transport = *impl_->routes.exchange;
   auto call = impl_->begin(detail::CollectiveOp::kAllToAll, &input,
-                           impl_->transport_name(input, /*reduces=*/false));
-  const SplitSizes splits(static_cast<std::size_t>(world), input.size(0) / world);
-  const SplitSizes sent(static_cast<std::size_t>(world) * world, input.size(0) / world);
-  run_all_to_all(*impl_, output, input, splits, splits, sent, /*even=*/true, call);
+                           transport.name(input, /*reduces=*/false));
+  detail::AllToAllPlan plan;
+  plan.output_splits.assign(static_cast<std::size_t>(world), input.size(0) / world);
+  plan.input_splits = plan.output_splits;
+  plan.sent.assign(static_cast<std::size_t>(world) * world, input.size(0) / world);
+  plan.even = true;
+  run_all_to_all(transport, output, input, std::move(plan), call);
 }
 
 void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input,
@@ -160,11 +136,15 @@ void ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input,
     output.copy_(input);
     return;
   }
+  auto& transport = *impl_->routes.exchange;
   auto call = impl_->begin(detail::CollectiveOp::kAllToAllUneven, &input,
-                           impl_->transport_name(input, /*reduces=*/false), -1, -1,
+                           transport.name(input, /*reduces=*/false), -1, -1,
                            /*rows_vary=*/true);
-  const SplitSizes sent = exchange_splits(*impl_, output_splits, input_splits, call);
-  run_all_to_all(*impl_, output, input, output_splits, input_splits, sent, /*even=*/false, call);
+  detail::AllToAllPlan plan;
+  plan.sent = exchange_splits(*impl_, output_splits, input_splits, call);
+  plan.output_splits = output_splits;
+  plan.input_splits = input_splits;
+  run_all_to_all(transport, output, input, std::move(plan), call);
 }
 
 }  // namespace tandem

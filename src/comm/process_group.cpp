@@ -150,9 +150,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
       impl->store, impl->rank, world_size, options.progress_interval, impl->group);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(impl->device);
+  c10::intrusive_ptr<compat::BackendBase> gloo;
   try {
-    impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, impl->rank, world_size,
-                                                             gloo_options);
+    gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, impl->rank, world_size,
+                                                       gloo_options);
   } catch (...) {
     const std::string which = impl->group.is_world() ? std::string("the Gloo group")
                                                      : "the Gloo group of " + impl->group.label();
@@ -160,6 +161,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
                                   options.timeout);
   }
   log_debug("joined a Gloo group of {} ranks{}", world_size, impl->group.suffix());
+  impl->c10d = std::make_unique<detail::C10dTransport>(std::move(gloo), impl->store, impl->rank,
+                                                       world_size, options.timeout,
+                                                       options.cuda_backend);
+  impl->choose_transports();
   if (detail::flight_recorder_turned_off()) {
     log_debug("c10d's Flight Recorder is off: LibTorch before 2.13 can crash in it when two "
               "groups record at once (set TORCH_FR_BUFFER_SIZE to turn it on anyway)");
@@ -180,8 +185,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
       hosts.push_back(g.substr(cut + 1));
     }
     check_same_settings(settings, pg->impl_->group);
+    // Each step's mechanism carries the steps after it (choose_transports).
     if (opts.shared_memory) pg->setup_shared_memory(hosts);
+    pg->impl_->choose_transports();
     if (opts.shared_memory && opts.hierarchical != Hierarchical::kOff) pg->setup_hierarchy(hosts);
+    pg->impl_->choose_transports();
   }
   pg->impl_->sequence = 0;  // number, record and check only the caller's collectives
   pg->impl_->setting_up = false;

@@ -1,4 +1,4 @@
-// ProcessGroup::Impl: backend choice, collective numbering, the desync check
+// ProcessGroup::Impl: transport choice, collective numbering, the desync check
 // and the timeout explainer shared by every collective.
 
 #include "comm/process_group_impl.h"
@@ -8,18 +8,6 @@
 #include "tandem/core/error.h"
 
 namespace tandem {
-
-void ProcessGroup::Impl::rethrow_usage(const std::string& what) {
-  try {
-    throw;
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string reason = e.what();
-    reason.resize(std::min(reason.find('\n'), reason.size()));
-    TANDEM_THROW(UsageError, "{} was rejected: {}", what, reason);
-  }
-}
 
 std::string detail::tensor_text(const at::Tensor& tensor) {
   std::ostringstream shape;
@@ -31,40 +19,33 @@ void ProcessGroup::Impl::require_member(const char* op) const {
   if (!outside.empty()) TANDEM_THROW(UsageError, "{}: {}", op, outside);
 }
 
-bool ProcessGroup::Impl::uses_nccl(const at::Tensor& tensor) const {
-#if defined(TANDEM_WITH_NCCL)
-  return tensor.is_cuda() && options.cuda_backend != CudaBackend::kGloo;
-#else
-  (void)tensor;
-  return false;
-#endif
-}
-
-std::string ProcessGroup::Impl::backend_name_for(const at::Tensor& tensor) const {
-  return uses_nccl(tensor) ? "nccl" : "gloo";
-}
-
-compat::BackendBase& ProcessGroup::Impl::backend_for(const at::Tensor& tensor) {
-#if defined(TANDEM_WITH_NCCL)
-  if (uses_nccl(tensor)) {
-    if (!nccl) {
-      // Every rank reaches its first CUDA collective at the same point, so
-      // the lazy creation is itself collective.
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
-      // NCCL's watchdog gets a minute more than tandem's own deadline, so a
-      // stuck collective fails with tandem's TimeoutError naming it
-      // (work.cpp, wait_for_nccl) before the watchdog takes the process down.
-      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-      nccl_options->timeout = backend_timeout(tensor);
-      nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world_size,
-                                                         nccl_options);
-    }
-    return *nccl;
+void ProcessGroup::Impl::choose_transports() {
+  one_host.reset();
+  hierarchical.reset();
+  mailbox_transport.reset();
+  routes = {};
+  if (!c10d) return;
+  const auto timeout = options.timeout;
+  // shm and hier never coexist: one needs every rank on one host, the other
+  // several hosts.
+  detail::Transport* flat = c10d.get();
+  if (shm) {
+    one_host = std::make_unique<detail::OneHostTransport>(*shm, *c10d, rank, world_size, timeout);
+    flat = one_host.get();
   }
-#else
-  (void)tensor;
-#endif
-  return *gloo;
+  routes.reduce = flat;
+  if (hier) {
+    hierarchical = std::make_unique<detail::HierarchicalTransport>(*hier, *c10d, timeout);
+    routes.reduce = hierarchical.get();
+  }
+  routes.exchange = flat;
+  routes.broadcast = c10d.get();
+  routes.point_to_point = c10d.get();
+  if (mailbox) {
+    mailbox_transport = std::make_unique<detail::MailboxTransport>(*mailbox, *c10d, host_of_rank,
+                                                                   rank, timeout);
+    routes.point_to_point = mailbox_transport.get();
+  }
 }
 
 ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
@@ -74,6 +55,7 @@ ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
                                                    bool rows_vary) {
   Call call;
   call.sequence = sequence++;
+  call.explain = timeout_explainer(call.sequence);
   if (tensor != nullptr) {
     std::ostringstream shape;
     shape << tensor->sizes();
@@ -105,15 +87,7 @@ std::function<std::string()> ProcessGroup::Impl::timeout_explainer(std::uint64_t
 }
 
 void ProcessGroup::Impl::internal_all_reduce(at::Tensor& tensor, ReduceOp op, const Call& call) {
-  if (shm) {
-    shm_work(shm->all_reduce(tensor, op, call.what), call).wait();
-    return;
-  }
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-  opts.timeout = options.timeout;
-  std::vector<at::Tensor> tensors{tensor};
-  launch(call, [&] { return gloo->allreduce(tensors, opts); }).wait();
+  routes.exchange->all_reduce(tensor, op, call).wait();
 }
 
 void ProcessGroup::Impl::check_desync(const detail::Fingerprint& mine, const Call& call) {

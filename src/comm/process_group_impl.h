@@ -4,20 +4,22 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <future>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "comm/c10d_transport.h"
 #include "comm/collective_fingerprint.h"
 #include "comm/group_ranks.h"
 #include "comm/hierarchical.h"
+#include "comm/hierarchical_transport.h"
+#include "comm/mailbox_transport.h"
+#include "comm/one_host_transport.h"
 #include "comm/progress_monitor.h"
 #include "comm/shm_mailbox.h"
 #include "comm/shm_transport.h"
+#include "comm/transport.h"
 #include "core/torch_compat.h"
 #include "tandem/comm/process_group.h"
 
@@ -35,8 +37,8 @@ struct ProcessGroup::Impl {
   compat::StorePtr store;
   // Gloo's network device, shared with the subgroups made from this group.
   std::shared_ptr<::gloo::transport::Device> device;
-  c10::intrusive_ptr<compat::BackendBase> gloo;
-  c10::intrusive_ptr<compat::BackendBase> nccl;  // created on first CUDA collective
+  // Gloo and NCCL; null on a group of one rank (is_local()).
+  std::unique_ptr<detail::C10dTransport> c10d;
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
   // Host id of each rank, by group rank (empty when shared memory is off).
   std::vector<std::string> host_of_rank;
@@ -46,6 +48,12 @@ struct ProcessGroup::Impl {
   // Ranks on several hosts, some host holding more than one: the inner
   // groups and worker of the hierarchical collectives (hierarchical.h).
   std::unique_ptr<detail::Hierarchy> hier;
+  // The transports over shm, hier and mailbox (null where those are), and
+  // the one of each kind of traffic: set by choose_transports().
+  std::unique_ptr<detail::OneHostTransport> one_host;
+  std::unique_ptr<detail::HierarchicalTransport> hierarchical;
+  std::unique_ptr<detail::MailboxTransport> mailbox_transport;
+  detail::TransportRoutes routes;
   // Destroyed first (declared last): its thread writes to `store`.
   // Shared with Work handles, which ask it to explain a timeout.
   std::shared_ptr<detail::ProgressMonitor> monitor;
@@ -56,27 +64,20 @@ struct ProcessGroup::Impl {
   // Subgroups made so far: the next one's store prefix. Every rank of this
   // group counts them alike, since new_group is collective.
   std::uint64_t subgroups_made = 0;
-  // Point to point: for each (source rank, tag), when the last recv issued
-  // has posted its data receive. Data receives of one (source, tag) are
-  // posted in the order the recvs were issued (point_to_point.cpp).
-  std::mutex recv_order_mutex;
-  std::map<std::pair<int, int>, std::shared_future<void>> recv_posted;
 
-  // A collective being started: its number and its description.
-  struct Call {
-    std::uint64_t sequence = 0;
-    std::string what;
-  };
+  using Call = detail::Call;
 
-  bool is_local() const { return !gloo; }
+  bool is_local() const { return !c10d; }
 
   // Throws the UsageError of `outside` on a rank outside the group; `op`
   // names the call.
   void require_member(const char* op) const;
 
-  // Backend for collectives on `tensor`'s device.
-  compat::BackendBase& backend_for(const at::Tensor& tensor);
-  bool uses_nccl(const at::Tensor& tensor) const;
+  // Chooses the transport of each kind of traffic from the mechanisms
+  // connected so far (c10d, shm, hier, mailbox); connect() calls it after
+  // each step that adds one, so the group's own setup calls already use them.
+  // Every rank chooses alike: the mechanisms rest on gathered data.
+  void choose_transports();
 
   // Starts collective number `sequence` (and advances it): records it with
   // the progress monitor and, for the first options.desync_check_collectives
@@ -88,35 +89,9 @@ struct ProcessGroup::Impl {
   Call begin(detail::CollectiveOp op, const at::Tensor* tensor, const std::string& backend,
              std::int64_t reduce_op = -1, std::int64_t root = -1, bool rows_vary = false);
 
-  // Name of the backend that carries collectives on `tensor` ("gloo",
-  // "nccl"), without creating it.
-  std::string backend_name_for(const at::Tensor& tensor) const;
-
-  // The timeout c10d is given for a collective on `tensor`: tandem's, and a
-  // minute more for NCCL, whose watchdog must not end the process before
-  // tandem's own deadline reports the collective (work.cpp).
-  std::chrono::milliseconds backend_timeout(const at::Tensor& tensor) const {
-    return uses_nccl(tensor) ? options.timeout + std::chrono::minutes(1) : options.timeout;
-  }
-
   // What to say about the other ranks when collective `sequence` times out;
   // null while setting up.
   std::function<std::string()> timeout_explainer(std::uint64_t sequence) const;
-
-  // Wraps a c10d call that returns Work, translating synchronous errors.
-  template <typename Fn>
-  Work launch(const Call& call, Fn&& fn, std::function<void()> on_complete = nullptr) {
-    compat::WorkPtr work;
-    try {
-      work = fn();
-    } catch (...) {
-      rethrow_usage(call.what);
-    }
-    return Work(std::move(work), options.timeout, call.what, std::move(on_complete),
-                timeout_explainer(call.sequence));
-  }
-
-  [[noreturn]] static void rethrow_usage(const std::string& what);
 
   // Every rank's bytes, indexed by rank: the inner gathers of a collective
   // already begun as `call` (all_gather_bytes, new_group, the split sizes of
@@ -127,46 +102,10 @@ struct ProcessGroup::Impl {
   // collective begun as `call`; not counted or checked again.
   std::vector<at::Tensor> gather_tensor(const at::Tensor& tensor, const Call& call);
 
-  // True when the shared-memory transport carries this collective on
-  // `tensor` (see ShmTransport::supports); every rank decides alike, since
-  // the desync check holds them to one device, dtype and shape.
-  bool on_shm(const at::Tensor& tensor, bool reduces) const {
-    return shm && detail::ShmTransport::supports(tensor, reduces);
-  }
-
-  // True when send/recv between this rank and `peer` on `tensor` go
-  // through the shared-memory mailbox.
-  bool p2p_on_shm(const at::Tensor& tensor, int peer) const {
-    return mailbox && tensor.device().is_cpu() &&
-           host_of_rank[static_cast<std::size_t>(peer)] ==
-               host_of_rank[static_cast<std::size_t>(rank)];
-  }
-
-  // True when the hierarchical path carries this all-reduce, reduce-scatter
-  // or all-gather on `tensor`; every rank decides alike, as for on_shm().
-  bool on_hier(const at::Tensor& tensor, bool reduces) const {
-    return hier && detail::ShmTransport::supports(tensor, reduces);
-  }
-
-  // "shm" when on_shm(), "shm+gloo" when on_hier(`hierarchical`), else
-  // backend_name_for(tensor): the transport named in the collective's
-  // description.
-  std::string transport_name(const at::Tensor& tensor, bool reduces,
-                             bool hierarchical = false) const {
-    if (on_shm(tensor, reduces)) return "shm";
-    if (hierarchical && on_hier(tensor, reduces)) return "shm+gloo";
-    return backend_name_for(tensor);
-  }
-
-  // The Work of a collective queued on the shared-memory transport: its
-  // errors and timeouts read as those of a Gloo collective do.
-  Work shm_work(std::shared_future<void> done, const Call& call) const {
-    return Work(std::move(done), call.what, options.timeout, timeout_explainer(call.sequence));
-  }
-
  private:
-  // All-reduce of a small CPU int64 tensor through shm or Gloo, bypassing
-  // numbering and checks. Collective; `what` names the outer call.
+  // All-reduce of a small CPU int64 tensor on the exchange route (shm or
+  // Gloo), bypassing numbering and checks. Collective; `call` is the outer
+  // call's.
   void internal_all_reduce(at::Tensor& tensor, ReduceOp op, const Call& call);
   void check_desync(const detail::Fingerprint& mine, const Call& call);
 };
@@ -179,12 +118,6 @@ void check_dense(const at::Tensor& tensor, const char* op, const char* name);
 
 // "Float[7, 3]": a tensor's dtype and shape, for messages.
 std::string tensor_text(const at::Tensor& tensor);
-
-// Gloo has no bfloat16 type. Collectives that only move bytes send a bf16
-// tensor as fp16 with the same bits (same element size).
-inline at::Tensor as_gloo_bytes(const at::Tensor& tensor, bool nccl) {
-  return tensor.scalar_type() == at::kBFloat16 && !nccl ? tensor.view(at::kHalf) : tensor;
-}
 
 // ProcessGroups of more than one rank alive in this process (their store,
 // Gloo and shared-memory threads run). spawn() refuses to fork while any is.
