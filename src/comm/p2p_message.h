@@ -2,7 +2,7 @@
 // What travels before a point-to-point message's data, on every transport:
 // a magic number, the dtype and the element count, so that a recv whose
 // tensor disagrees with the send is reported instead of truncating or
-// overrunning it (point_to_point.cpp, shm_mailbox.cpp).
+// overrunning it (c10d_point_to_point.cpp, shm_mailbox.cpp).
 
 #include <cstdint>
 #include <string>

@@ -64,7 +64,7 @@ void rethrow_as_comm_error(const std::string& what, std::chrono::milliseconds ti
 // (docs/gpu.md) lost tandem's message that way. So tandem waits for an NCCL
 // collective itself, polling its completion against tandem's deadline, and
 // only then lets NCCL order the current stream after it (no timeout: no
-// abort). The NCCL group's own timeout is set longer (process_group_impl.cpp),
+// abort). The NCCL group's own timeout is set longer (c10d_transport.cpp),
 // so this one fires first.
 bool wait_for_nccl(c10d::Work& work, std::chrono::milliseconds timeout,
                    const std::string& description) {
