@@ -65,15 +65,14 @@ struct AllToAllPlan {
   bool even = false;
 };
 
-// Every method is called by every rank of the group in the same order with
-// matching arguments (the collective files check them first), after
-// ProcessGroup::Impl::begin numbered the call. Tensors are dense and
-// contiguous. The synchronous methods return once this rank's output holds
-// the result; errors are tandem::Error subclasses naming `call.what`. A
-// transport serves only the kinds it is routed; the others throw a logic
-// error (a routing bug, never a user's). Thread-safety: as ProcessGroup's,
-// one caller at a time per group, except that Work may be waited on from any
-// thread.
+// Every collective method is called by every rank of the group in the same
+// order with matching arguments (the collective files check them first),
+// after ProcessGroup::Impl::begin numbered the call; send and recv by the
+// two ranks involved. Tensors are dense and contiguous. The synchronous
+// methods return once this rank's output holds the result; errors are
+// tandem::Error subclasses naming `call.what`. A transport serves only the
+// kinds it is routed; the others throw tandem::Error (a routing bug, never a
+// user's). Thread-safety: as ProcessGroup's, one caller at a time per group.
 class Transport {
  public:
   virtual ~Transport() = default;
