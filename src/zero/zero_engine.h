@@ -9,9 +9,9 @@
 //   ShardState       the sharded update, gradient norm and checkpoint shards
 // The engine builds them, owns the communication queue and clock they
 // share, and forwards ZeroOptimizer's calls. The stage is read once, into
-// the StagePlan the layout keeps (stage_plan.h); the parts ask the plan, never
-// the stage. Lock order, where two nest:
-// reducer, then gatherer, then clock (the clock calls nothing).
+// the StagePlan the layout keeps (stage_plan.h); the parts ask the plan,
+// never the stage. Lock order, where two nest: reducer, then gatherer, then
+// clock (the clock calls nothing).
 
 #include <cstdint>
 #include <functional>
