@@ -3,7 +3,7 @@
 // groups are reduced strictly in group order, so every rank issues the same
 // collectives in the same sequence (with overlap_comm, as they complete
 // during backward; without it, once backward ends). How a group is reduced
-// is the ReductionPolicy's, chosen once from the layout's StagePlan:
+// is the ReductionPolicy's, chosen once from the layout's ShardingPlan:
 // FlatAllReduce (stage 1, DDP's in-place all-reduce of the flat gradient
 // buffer) or ShardedReduceScatter (stages 2 and 3, pack and reduce-scatter
 // into this rank's gradient shard, then all-reduce it across the replicas

@@ -1,5 +1,5 @@
 // The one place a ZeroOptimizer's reduction policy is chosen: from the
-// StagePlan, once, when the GradientReducer is built.
+// ShardingPlan, once, when the GradientReducer is built.
 
 #include "zero/reduction_policy.h"
 

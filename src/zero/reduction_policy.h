@@ -1,7 +1,7 @@
 #pragma once
 // How ZeRO reduces a group's gradients once the GradientReducer's shared
 // readiness machinery (parallel/grad_readiness.h) finds the group complete.
-// Two policies, chosen once from the StagePlan when the reducer is built:
+// Two policies, chosen once from the ShardingPlan when the reducer is built:
 //   FlatAllReduce         stage 1: gradients are views of a flat buffer per
 //                         group, all-reduced in place (DDP's scheme)
 //   ShardedReduceScatter  stages 2 and 3: gradients packed, freed and

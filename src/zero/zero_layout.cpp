@@ -28,7 +28,7 @@ constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 
 ZeroLayout::ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                        ProcessGroup& pg, ProcessGroup* replicate, const ZeroOptions& options,
-                       StagePlan plan, UpdateRule rule)
+                       ShardingPlan plan, UpdateRule rule)
     : options_(options), plan_(plan), world_(pg.world_size()), rank_(pg.rank()) {
   collect_parameters(model, optimizer);
   device_ = params_.front().device();

@@ -28,7 +28,7 @@
 #include "tandem/zero/zero_optimizer.h"
 #include "zero/flat_group.h"
 #include "zero/shard_update.h"
-#include "zero/stage_plan.h"
+#include "zero/sharding_plan.h"
 
 namespace tandem {
 class ShardedUnit;
@@ -46,13 +46,13 @@ class ZeroLayout {
   // counterpart's values in replicate rank 0's shard group, so that every
   // copy of the model starts equal.
   ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer, ProcessGroup& pg,
-             ProcessGroup* replicate, const ZeroOptions& options, StagePlan plan,
+             ProcessGroup* replicate, const ZeroOptions& options, ShardingPlan plan,
              UpdateRule rule);
   ZeroLayout(const ZeroLayout&) = delete;
   ZeroLayout& operator=(const ZeroLayout&) = delete;
 
   // What the stage shards; the other parts ask it, never the stage.
-  const StagePlan& plan() const { return plan_; }
+  const ShardingPlan& plan() const { return plan_; }
   // The trainable parameters, tied ones once, in registration order.
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::string& name(std::size_t param) const { return names_[param]; }
@@ -85,7 +85,7 @@ class ZeroLayout {
   at::Tensor empty_state(int64_t n) const;
 
   const ZeroOptions& options_;
-  const StagePlan plan_;
+  const ShardingPlan plan_;
   int world_ = 1;
   int rank_ = 0;
   c10::Device device_ = c10::Device(c10::kCPU);

@@ -9,7 +9,7 @@
 
 namespace tandem::detail {
 
-struct StagePlan {
+struct ShardingPlan {
   // Stages 2 and 3: each group's gradients are packed, reduce-scattered into
   // this rank's fp32 gradient shard and freed (ShardedReduceScatter).
   // Stage 1: they are views of one whole flat buffer per group, all-reduced
@@ -21,8 +21,8 @@ struct StagePlan {
 };
 
 // The plan of `stage`, which the caller has checked is 1, 2 or 3.
-inline StagePlan plan_for_stage(int stage) {
-  StagePlan plan;
+inline ShardingPlan plan_for_stage(int stage) {
+  ShardingPlan plan;
   plan.shard_gradients = stage >= 2;
   plan.partition_parameters = stage == 3;
   return plan;
