@@ -1,33 +1,35 @@
 #pragma once
-// ZeRO's backward: as each group's gradients complete, stage 1 all-reduces
-// the flat gradient buffer they are views of (DDP's scheme), and stages 2
-// and 3 pack them into one fp32 buffer, free them, and reduce-scatter the
-// pack into this rank's fp32 gradient shard on the communication thread
-// while backward goes on (with overlap_comm off, once backward ends; with
-// reduce_scatter off, by all-reduce; under HSDP, then all-reduce that shard
-// across the replicate group). Micro-steps accumulate there until
-// zero_grad().
+// ZeRO's backward: hooks count each group's gradients in, and complete
+// groups are reduced strictly in group order, so every rank issues the same
+// collectives in the same sequence (with overlap_comm, as they complete
+// during backward; without it, once backward ends). How a group is reduced
+// is the ReductionPolicy's, chosen once from the layout's ShardingPlan:
+// FlatAllReduce (stage 1, DDP's in-place all-reduce of the flat gradient
+// buffer) or ShardedReduceScatter (stages 2 and 3, pack and reduce-scatter
+// into this rank's gradient shard, then all-reduce it across the replicas
+// under HSDP).
 //
 // Owns the gradient hooks, the readiness of the backward in progress, the
-// packs waiting for their turn to launch, and the no-sync flag.
+// no-sync flag and the policy (with whatever the policy keeps, such as the
+// packs waiting for their turn to launch).
 //
 // Thread-safety: the gradient hooks and the end-of-backward callback (any
-// autograd thread) and the training thread's calls serialize on mutex_.
-// Lock order: mutex_, then the UnitGatherer's (packing a stage-3 unit's
-// gradients frees its parameters), then the CommClock's. Neither of those
-// calls back into the reducer.
+// autograd thread) and the training thread's calls serialize on mutex_; the
+// policy runs only under it. Lock order: mutex_, then the UnitGatherer's
+// (packing a stage-3 unit's gradients frees its parameters), then the
+// CommClock's. Neither of those calls back into the reducer.
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "core/torch_internals.h"
 #include "parallel/grad_readiness.h"
 #include "tandem/comm/process_group.h"
 #include "zero/comm_clock.h"
 #include "zero/comm_queue.h"
+#include "zero/reduction_policy.h"
 #include "zero/unit_gatherer.h"
 #include "zero/zero_layout.h"
 
@@ -47,8 +49,9 @@ class GradientReducer {
 
   // Whether a backward is running (its gradients are being reduced).
   bool in_backward() const;
-  // Off: stage 1 accumulates gradients locally, as DDP's no_sync (stages 2
-  // and 3 reduce every backward). Between backwards.
+  // Off: the flat all-reduce (stage 1) accumulates gradients locally, as
+  // DDP's no_sync; the sharded reduction (stages 2 and 3) reduces every
+  // backward. Between backwards.
   void set_gradient_sync(bool enabled);
   bool gradient_sync() const { return sync_enabled_; }
   // Waits for reductions in flight, zeroes the gradient buffers and shards,
@@ -58,26 +61,19 @@ class GradientReducer {
  private:
   void on_grad_ready(std::size_t index);
   void finalize_backward();
-  void adopt_grad(std::size_t index);
-  void prepare(std::size_t group);
   void launch_ready_groups();
-  void launch(std::size_t group);
 
   const ZeroLayout& layout_;
-  UnitGatherer& gatherer_;
-  ProcessGroup& pg_;
-  ProcessGroup* replicate_;
   CommQueue& queue_;
   CommClock& clock_;
-  const int stage_;
-  const bool reduce_scatter_;  // ZeroOptions::reduce_scatter
-  const bool overlap_comm_;    // ZeroOptions::overlap_comm
+  const bool overlap_comm_;  // ZeroOptions::overlap_comm
+  // Declared before the hooks, so that it outlives them.
+  const std::unique_ptr<ReductionPolicy> policy_;
   std::vector<internals::GradHook> grad_hooks_;  // removed when the reducer goes
 
   mutable std::mutex mutex_;
   bool sync_enabled_ = true;
   GradReadiness readiness_;  // which gradients of this backward arrived
-  std::vector<at::Tensor> wire_;  // per group: the packed fp32 gradients to launch
 };
 
 }  // namespace tandem::detail

@@ -185,6 +185,7 @@ void UnitGatherer::settle_forward_order() {
 }
 
 void UnitGatherer::end_backward() {
+  if (!layout_.plan().partition_parameters) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!hold_gathered_) {
     for (std::size_t g = 0; g < units_.size(); ++g) {
@@ -209,7 +210,7 @@ void UnitGatherer::write_back_shard(std::size_t g) {
 
 void UnitGatherer::gather_all() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (options_.stage != 3) return;
+  if (!layout_.plan().partition_parameters) return;
   TANDEM_CHECK(!hold_gathered_, "ZeroOptimizer: GatheredParameters guards do not nest");
   queue_.drain();
   for (std::size_t g = 0; g < units_.size(); ++g) gather(g, /*wait=*/false);
@@ -219,7 +220,7 @@ void UnitGatherer::gather_all() {
 
 void UnitGatherer::release_all() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (options_.stage != 3) return;
+  if (!layout_.plan().partition_parameters) return;
   hold_gathered_ = false;
   for (std::size_t g = 0; g < units_.size(); ++g) {
     if (!layout_.groups()[g].partitioned_params || units_[g].state == State::kReleased) continue;

@@ -47,7 +47,8 @@ class UnitGatherer {
   UnitGatherer& operator=(const UnitGatherer&) = delete;
 
   // GatheredParameters: every unit whole until release_all(), which keeps
-  // what the caller changed in them. Do not nest.
+  // what the caller changed in them. Do not nest. Both do nothing unless
+  // the plan partitions parameters.
   void gather_all();
   void release_all();
   bool holding() const;
@@ -55,7 +56,8 @@ class UnitGatherer {
   // Fixes the forward order prefetch follows, once a pass has recorded one
   // (at the end of a backward or at a step).
   void settle_forward_order();
-  // End of a backward: releases every unit (unless held) and settles the order.
+  // End of a backward: releases every unit (unless held) and settles the
+  // order. Does nothing unless the plan partitions parameters (stage 3).
   void end_backward();
 
   // For the reducer packing group `group`'s gradients: if the unit's fp32

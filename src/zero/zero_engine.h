@@ -5,10 +5,13 @@
 //                    after construction)
 //   UnitGatherer     stage 3's gather, release and prefetch of Sharded units
 //   GradientReducer  the gradient hooks and the reduction of each group
+//                    (by the ReductionPolicy the ShardingPlan calls for)
 //   ShardState       the sharded update, gradient norm and checkpoint shards
 // The engine builds them, owns the communication queue and clock they
-// share, and forwards ZeroOptimizer's calls. Lock order, where two nest:
-// reducer, then gatherer, then clock (the clock calls nothing).
+// share, and forwards ZeroOptimizer's calls. The stage is read once, into
+// the ShardingPlan the layout keeps (sharding_plan.h); the parts ask the plan,
+// never the stage. Lock order, where two nest: reducer, then gatherer, then
+// clock (the clock calls nothing).
 
 #include <cstdint>
 #include <functional>
@@ -82,7 +85,7 @@ class ZeroEngine {
   std::shared_ptr<ProcessGroup> replicate_;
   UpdateRule rule_;
   ZeroOptions options_;
-  ZeroLayout layout_;
+  ZeroLayout layout_;  // keeps the ShardingPlan, built once from options_.stage
   CommClock clock_;
   CommQueue queue_;
   UnitGatherer gatherer_;

@@ -28,12 +28,12 @@ constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 
 ZeroLayout::ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                        ProcessGroup& pg, ProcessGroup* replicate, const ZeroOptions& options,
-                       UpdateRule rule)
-    : options_(options), world_(pg.world_size()), rank_(pg.rank()) {
+                       ShardingPlan plan, UpdateRule rule)
+    : options_(options), plan_(plan), world_(pg.world_size()), rank_(pg.rank()) {
   collect_parameters(model, optimizer);
   device_ = params_.front().device();
   state_device_ = options_.offload_optimizer ? c10::Device(c10::kCPU) : device_;
-  if (options_.stage == 3) {
+  if (plan_.partition_parameters) {
     build_unit_groups(model, pg);
   } else {
     refuse_memoryless_parameters();
@@ -240,7 +240,7 @@ void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg, ProcessGroup* 
     group.master = empty_state(group.shard_numel);
     group.master.copy_(group.partitioned_params ? group.param_shard : my_slice);
   }
-  if (options_.stage == 1) {
+  if (!plan_.shard_gradients) {  // FlatAllReduce: .grad views one whole buffer
     group.grad_full = at::zeros({group.padded}, first.options().requires_grad(false));
     group.grad_shard_is_view = fp32_params && !options_.offload_optimizer;
     group.grad_shard = group.grad_shard_is_view

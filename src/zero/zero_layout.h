@@ -28,6 +28,7 @@
 #include "tandem/zero/zero_optimizer.h"
 #include "zero/flat_group.h"
 #include "zero/shard_update.h"
+#include "zero/sharding_plan.h"
 
 namespace tandem {
 class ShardedUnit;
@@ -37,17 +38,21 @@ namespace tandem::detail {
 
 class ZeroLayout {
  public:
-  // Lays `model` out for `pg`'s ranks, rebinding its parameters to views of
-  // the flat buffers, with every rank starting from rank 0's values (or
+  // Lays `model` out for `pg`'s ranks as `plan` says (units or buckets, a
+  // flat gradient buffer or not), rebinding its parameters to views of the
+  // flat buffers, with every rank starting from rank 0's values (or
   // adopting the shards zero::Init cut); `rule` sizes the optimizer state.
   // With a `replicate` group (HSDP; may be null) each rank then takes its
   // counterpart's values in replicate rank 0's shard group, so that every
   // copy of the model starts equal.
   ZeroLayout(torch::nn::Module& model, torch::optim::Optimizer& optimizer, ProcessGroup& pg,
-             ProcessGroup* replicate, const ZeroOptions& options, UpdateRule rule);
+             ProcessGroup* replicate, const ZeroOptions& options, ShardingPlan plan,
+             UpdateRule rule);
   ZeroLayout(const ZeroLayout&) = delete;
   ZeroLayout& operator=(const ZeroLayout&) = delete;
 
+  // What the stage shards; the other parts ask it, never the stage.
+  const ShardingPlan& plan() const { return plan_; }
   // The trainable parameters, tied ones once, in registration order.
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::string& name(std::size_t param) const { return names_[param]; }
@@ -80,6 +85,7 @@ class ZeroLayout {
   at::Tensor empty_state(int64_t n) const;
 
   const ZeroOptions& options_;
+  const ShardingPlan plan_;
   int world_ = 1;
   int rank_ = 0;
   c10::Device device_ = c10::Device(c10::kCPU);

@@ -11,7 +11,7 @@
 
 #include <torch/torch.h>
 
-#include "accelerate/accelerator_testing.h"
+#include "support/accelerator_testing.h"
 #include "support/parity.h"
 #include "support/thread_ranks.h"
 #include "support/usage_error.h"

@@ -14,9 +14,9 @@
 #include <torch/torch.h>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/parallel/activation_checkpoint.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace accelerator_fsdp_test {

@@ -10,12 +10,12 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint/checkpoint_testing.h"
+#include "support/checkpoint_testing.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "support/usage_error.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace accelerator_hsdp_test {

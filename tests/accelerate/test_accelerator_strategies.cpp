@@ -13,8 +13,8 @@
 
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace accelerator_strategies {

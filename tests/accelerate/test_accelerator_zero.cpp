@@ -10,8 +10,8 @@
 #include <torch/torch.h>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

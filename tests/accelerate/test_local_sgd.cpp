@@ -6,8 +6,8 @@
 
 #include <torch/torch.h>
 
-#include "accelerate/accelerator_testing.h"
-#include "parallel/ddp_test_models.h"
+#include "support/accelerator_testing.h"
+#include "support/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/local_sgd.h"
 #include "tandem/core/error.h"

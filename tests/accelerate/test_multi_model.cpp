@@ -15,10 +15,10 @@
 
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/optim/lr_scheduler.h"
 #include "tandem/zero/sharded.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

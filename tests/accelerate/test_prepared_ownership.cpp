@@ -7,12 +7,12 @@
 
 #include <torch/torch.h>
 
-#include "accelerate/accelerator_testing.h"
-#include "parallel/ddp_test_models.h"
+#include "support/accelerator_testing.h"
+#include "support/ddp_test_models.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/error.h"
-#include "support/usage_error.h"
 
 using tandem::testing::usage_error_message;
 

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "accelerate/accelerator_testing.h"
+#include "support/accelerator_testing.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"

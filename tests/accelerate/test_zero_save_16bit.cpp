@@ -14,9 +14,9 @@
 
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint/checkpoint_testing.h"
+#include "support/checkpoint_testing.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/process_group.h"

@@ -9,10 +9,10 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint/checkpoint_testing.h"
+#include "support/checkpoint_testing.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -10,14 +10,14 @@
 
 #include <torch/torch.h>
 
-#include "checkpoint/checkpoint_testing.h"
 #include "checkpoint/safetensors_test_util.h"
+#include "support/checkpoint_testing.h"
 #include "support/subprocess.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors_set.h"
 #include "tandem/core/file_system.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -11,7 +11,7 @@
 #include <ATen/Functions.h>
 #include <gtest/gtest.h>
 
-#include "data/loader_testing.h"
+#include "support/loader_testing.h"
 #include "support/thread_ranks.h"
 #include "tandem/core/error.h"
 #include "tandem/data/collate.h"

@@ -16,11 +16,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "data/loader_testing.h"
+#include "support/loader_testing.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "tandem/core/error.h"
 #include "tandem/data/distributed_loader.h"
-#include "support/usage_error.h"
 
 using tandem::testing::usage_error_message;
 

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/data/datasets/base.h>
 
-#include "data/loader_testing.h"
+#include "support/loader_testing.h"
 #include "tandem/core/error.h"
 #include "tandem/data/distributed_loader.h"
 

@@ -16,7 +16,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
-#include "data/loader_testing.h"
+#include "support/loader_testing.h"
 #include "tandem/core/error.h"
 #include "tandem/data/distributed_loader.h"
 

@@ -14,16 +14,16 @@
 
 #include <limits>
 
-#include "accelerate/accelerator_testing.h"
-#include "data/loader_testing.h"
 #include "gpu/gpu_testing.h"
-#include "parallel/ddp_test_models.h"
+#include "support/accelerator_testing.h"
+#include "support/ddp_test_models.h"
+#include "support/loader_testing.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/unscale.h"
 #include "tandem/core/rank_env.h"
-#include "zero/zero_test_models.h"
 #include "tandem/data/distributed_loader.h"
 
 namespace tandem {

@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 
 #include "gpu/gpu_testing.h"
-#include "parallel/ddp_test_models.h"
+#include "support/ddp_test_models.h"
 #include "support/subprocess.h"
 #include "support/thread_ranks.h"
 #include "tandem/comm/process_group.h"

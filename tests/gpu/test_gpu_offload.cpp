@@ -14,9 +14,9 @@
 #include "gpu/gpu_testing.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/optim/cpu_adam.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace gpu_offload_test {

@@ -12,10 +12,10 @@
 
 #include "gpu/gpu_testing.h"
 #include "support/scratch_dir.h"
+#include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/parameters.h"
 #include "tandem/core/rank_env.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace gpu_zero_init_test {

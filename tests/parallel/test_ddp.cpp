@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "parallel/ddp_test_models.h"
+#include "support/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "tandem/core/cpu_allocator.h"
 #include "tandem/core/error.h"

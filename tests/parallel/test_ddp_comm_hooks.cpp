@@ -12,7 +12,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "parallel/ddp_test_models.h"
+#include "support/ddp_test_models.h"
 #include "support/thread_ranks.h"
 #include "support/usage_error.h"
 #include "tandem/parallel/ddp.h"

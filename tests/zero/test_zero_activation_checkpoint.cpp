@@ -21,8 +21,8 @@
 #include "core/torch_internals.h"
 #include "parallel/backward_callbacks.h"
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/parallel/activation_checkpoint.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/core/error.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

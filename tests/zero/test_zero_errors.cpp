@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 #include "zero/comm_queue.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -13,11 +13,11 @@
 #include "support/thread_ranks.h"
 #include "support/tied_model.h"
 #include "support/usage_error.h"
-#include "tandem/comm/mesh.h"
+#include "support/zero_test_models.h"
 #include "tandem/checkpoint/module_weights.h"
+#include "tandem/comm/mesh.h"
 #include "tandem/core/parameters.h"
 #include "tandem/zero/zero_weights.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem {
 namespace hsdp_test {

@@ -8,10 +8,10 @@
 #include <optional>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 #include "tandem/parallel/ddp.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem::testing {
 namespace {

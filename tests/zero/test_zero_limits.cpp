@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include "support/thread_ranks.h"
+#include "support/zero_test_models.h"
 #include "tandem/core/parameters.h"
-#include "zero/zero_test_models.h"
 
 namespace tandem::testing {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/thread_ranks.h"
-#include "zero/zero_test_models.h"
+#include "support/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "support/thread_ranks.h"
-#include "zero/zero_test_models.h"
+#include "support/zero_test_models.h"
 
 namespace tandem {
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// Small models and helpers shared by the DDP tests.
+// Small models and helpers shared by the DDP, Accelerator and GPU tests.
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #pragma once
-// Shared by the checkpoint tests: a temporary directory, and the state of a
-// checkpoint read back as plain tensors.
+// Shared by the checkpoint and Accelerator tests: a temporary directory,
+// and the state of a checkpoint read back as plain tensors.
 
 #include <cstdlib>
 #include <map>

@@ -1,6 +1,7 @@
 #pragma once
 // A small model with tandem::Sharded blocks, and the two training loops the
 // ZeRO tests compare: DDP with a torch::optim optimizer, and ZeroOptimizer.
+// The Accelerator, checkpoint and GPU tests train the same models.
 
 #include <functional>
 #include <map>

@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by the DistributedLoader tests: read batches back as plain
-// index lists, which is what the specifications compare.
+// Helpers shared by the DistributedLoader tests (data, GPU): read batches
+// back as plain index lists, which is what the specifications compare.
 
 #include <algorithm>
 #include <cstddef>

@@ -1,9 +1,10 @@
 #pragma once
-// The MLP shape, initial values and data that the Accelerator tests share.
+// The MLP shape, initial values and data that the Accelerator tests (and the
+// GPU kit's Accelerator checks) share.
 
 #include <torch/torch.h>
 
-#include "parallel/ddp_test_models.h"
+#include "support/ddp_test_models.h"
 #include "tandem/config/config.h"
 
 namespace tandem::testing {
