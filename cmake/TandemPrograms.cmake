@@ -1,19 +1,25 @@
 # Programs built on libtandem (tests, examples, benchmarks, workers): the
 # warnings, the optimisation level, and one precompiled <torch/torch.h>.
 #
-# Parsing <torch/torch.h> costs about 12 s per translation unit on the 2-core
-# CI machine; the precompiled header loads in about 4. It is built once, in
-# tandem_torch_pch, with the compile flags every program gets from linking
-# tandem::tandem and from TANDEM_PROGRAM_COMPILE_OPTIONS, and reused
-# (REUSE_FROM) by each program. GCC checks that the flags match and says so
-# with -Winvalid-pch when they do not.
+# Parsing <torch/torch.h> costs about 36 s of CPU per translation unit on the
+# slowest 2-core machine (AVX2, no AVX-512); the precompiled header loads in
+# a few. It is built once per optimisation level and reused (REUSE_FROM) by
+# each program of that level. GCC refuses a header built at another level
+# ("not used because `__OPTIMIZE__' not defined") and says so with
+# -Winvalid-pch.
 #
-# Release builds compile these programs at -O1 (about a quarter faster to
-# compile than -O2): their own code only drives libtandem and LibTorch, which
-# are built at -O2 (tandem's kernels at -O3). docs/performance.md has the
-# benchmark figures taken on this build.
+# Release builds compile examples and benchmarks at -O1 (about a quarter
+# faster to compile than -O2): their own code only drives libtandem and
+# LibTorch, which are built at -O2 (tandem's kernels at -O3).
+# docs/performance.md has the benchmark figures taken on this build.
+#
+# Tests and the worker programs they drive compile at -O0: at -O1 code
+# generation took more than half of a test batch's compile (48 s of CPU of
+# which 23 s were parsing, docs/development.md), and what they run is
+# libtandem's and LibTorch's code, not their own.
 
 set(TANDEM_PROGRAM_COMPILE_OPTIONS $<$<CONFIG:Release>:-O1>)
+set(TANDEM_TEST_COMPILE_OPTIONS $<$<CONFIG:Release>:-O0>)
 
 # Only when this build makes programs: inside another project (add_subdirectory)
 # tests, examples and benchmarks are off and nothing would use it.
@@ -21,18 +27,40 @@ set(TANDEM_USE_PCH OFF)
 if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_BENCH))
   set(TANDEM_USE_PCH ON)
 endif()
+
+# tandem_program_pch(<pch target> <options>): the precompiled <torch/torch.h>
+# for programs compiled with <options>.
+function(tandem_program_pch pch_target options)
+  add_library(${pch_target} OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
+  target_link_libraries(${pch_target} PRIVATE tandem::tandem)
+  target_compile_options(${pch_target} PRIVATE ${options})
+  target_precompile_headers(${pch_target} PRIVATE <torch/torch.h>)
+endfunction()
+
 if(TANDEM_USE_PCH)
-  add_library(tandem_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cpp)
-  target_link_libraries(tandem_torch_pch PRIVATE tandem::tandem)
-  target_compile_options(tandem_torch_pch PRIVATE ${TANDEM_PROGRAM_COMPILE_OPTIONS})
-  target_precompile_headers(tandem_torch_pch PRIVATE <torch/torch.h>)
+  # Also the CLI's (tools/CMakeLists.txt).
+  tandem_program_pch(tandem_torch_pch "${TANDEM_PROGRAM_COMPILE_OPTIONS}")
+  if(TANDEM_BUILD_TESTS)
+    tandem_program_pch(tandem_test_pch "${TANDEM_TEST_COMPILE_OPTIONS}")
+  endif()
 endif()
 
-# tandem_program(<target>): the settings every program built on tandem gets.
+# tandem_program(<target>): the settings every example and benchmark built on
+# tandem gets.
 function(tandem_program target)
   target_link_libraries(${target} PRIVATE tandem::tandem)
   target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${TANDEM_PROGRAM_COMPILE_OPTIONS})
   if(TANDEM_USE_PCH)
     target_precompile_headers(${target} REUSE_FROM tandem_torch_pch)
+  endif()
+endfunction()
+
+# tandem_test_program(<target>): the same for test binaries and the worker
+# programs tests drive, at the tests' optimisation level.
+function(tandem_test_program target)
+  target_link_libraries(${target} PRIVATE tandem::tandem)
+  target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${TANDEM_TEST_COMPILE_OPTIONS})
+  if(TANDEM_USE_PCH)
+    target_precompile_headers(${target} REUSE_FROM tandem_test_pch)
   endif()
 endfunction()
