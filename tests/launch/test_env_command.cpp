@@ -57,6 +57,24 @@ TEST(EnvCommand, JsonNamesTheLoadedLibTorchItsBuildAndAbi) {
 #endif
 }
 
+TEST(EnvCommand, SaysWhenBf16IsEmulatedOnThisCpuWithTheFactorAndTheRemedy) {
+  // A cap below bf16 makes any CPU emulate it, as an AVX2-only one does.
+  auto report = env_json({"ONEDNN_MAX_CPU_ISA=AVX2"});
+  const auto& bf16 = report["cpu"]["bf16"];
+  ASSERT_TRUE(bf16.is_object()) << report["cpu"].dump();
+  EXPECT_FALSE(bf16["native"].get<bool>());
+  EXPECT_GT(bf16["bf16_over_fp32_matmul_time"].get<double>(), 0.0);
+  bool warned = false;
+  for (const auto& warning : report["warnings"]) {
+    const auto text = warning.get<std::string>();
+    if (text.find("without native bf16") == std::string::npos) continue;
+    warned = true;
+    EXPECT_NE(text.find("x its fp32 time here"), std::string::npos) << text;
+    EXPECT_NE(text.find("Train in fp32 on this CPU"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(warned) << report["warnings"].dump();
+}
+
 TEST(EnvCommand, WarnsWhenTheLoadedLibTorchIsNotTheOneTandemWasBuiltAgainst) {
   cli::SystemReport report;
   report.torch_built_against = "2.13.0";

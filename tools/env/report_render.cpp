@@ -21,6 +21,12 @@ nlohmann::json to_json(const SystemReport& report) {
   }
   json flags = json::object();
   for (const auto& [flag, present] : report.cpu_flags) flags[flag] = present;
+  json bf16;  // null when not probed
+  if (report.cpu_bf16) {
+    bf16 = {{"native", report.cpu_bf16->native},
+            {"reason", report.cpu_bf16->reason},
+            {"bf16_over_fp32_matmul_time", report.cpu_bf16->slowdown}};
+  }
   json settings = json::object();
   for (const auto& [key, value] : report.torch_build_settings) settings[key] = value;
   const BlasInfo& blas = report.blas;
@@ -51,7 +57,8 @@ nlohmann::json to_json(const SystemReport& report) {
        {{"model", report.cpu_model},
         {"logical_cpus", report.logical_cpus},
         {"usable_cpus", report.usable_cpus},
-        {"flags", flags}}},
+        {"flags", flags},
+        {"bf16", bf16}}},
       {"threads",
        {{"intra_op", report.intra_op_threads},
         {"inter_op", report.inter_op_threads},
@@ -144,6 +151,12 @@ std::string to_text(const SystemReport& report) {
   }
   line("cpu flags present", or_text(present, "none"));
   line("cpu flags missing", or_text(missing, "none"));
+  if (report.cpu_bf16) {
+    const auto& bf16 = *report.cpu_bf16;
+    line("bf16 matmul", fmt::format("{} ({}; {:.1f}x the fp32 time of 64x128 by 128x128)",
+                                    bf16.native ? "native" : "emulated", bf16.reason,
+                                    bf16.slowdown));
+  }
   line("aten cpu capability", or_text(report.aten_cpu_capability, "unknown"));
   for (const auto& [key, value] : report.torch_build_settings) line(key, value);
 

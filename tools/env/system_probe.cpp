@@ -333,6 +333,9 @@ std::vector<std::string> report_warnings(const SystemReport& report) {
                                    report.cxx_abi, report.torch_cxx_abi));
   }
   if (!report.blas.warning.empty()) warnings.push_back(report.blas.warning);
+  if (report.cpu_bf16 && !report.cpu_bf16->native) {
+    warnings.push_back(tandem::cpu_bf16_warning(*report.cpu_bf16));
+  }
   if (!report.rank_env_error.empty()) {
     warnings.push_back("the rank environment is malformed: " + report.rank_env_error);
   }
@@ -366,6 +369,7 @@ SystemReport probe_system(const tandem::RankEnv& env) {
   probe_torch_config(report);
   probe_cpu(report);
   probe_blas(report);
+  report.cpu_bf16 = tandem::cpu_bf16_support(/*measure=*/true);
   report.intra_op_threads = at::get_num_threads();
   report.inter_op_threads = at::get_num_interop_threads();
   report.omp_num_threads = env_or_empty("OMP_NUM_THREADS");

@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tandem/amp/cpu_bf16.h"
 #include "tandem/core/rank_env.h"
 
 namespace tandem::cli {
@@ -78,6 +80,9 @@ struct SystemReport {
   int usable_cpus = 0;   // CPUs in this process's affinity mask
   // Flag name -> present in /proc/cpuinfo, in a fixed order.
   std::vector<std::pair<std::string, bool>> cpu_flags;
+  // Native bf16 matmuls, and the measured bf16/fp32 time when emulated;
+  // empty when not probed.
+  std::optional<tandem::CpuBf16Support> cpu_bf16;
 
   int intra_op_threads = 0;
   int inter_op_threads = 0;
