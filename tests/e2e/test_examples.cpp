@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
+#include "tandem/amp/cpu_bf16.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 
@@ -145,24 +146,43 @@ TEST(GptAddition, RunsAloneWithoutALauncher) {
 // without AVX-512 BF16 (the CI box since 2026-11-24) LibTorch emulates bf16
 // matmuls, about 90x slower than fp32: the bf16 run then takes about 220 s,
 // hence the generous limit.
-TEST(AmpAutocastDemo, Bf16TrainingTracksFp32After300Steps) {
+// bf16 autocast through `tandem launch --mixed-precision bf16` tracks fp32,
+// and on a CPU that emulates bf16 matmuls (no AVX512_BF16 or AMX) the main
+// process says so, with the measured factor and the remedy; where bf16 is
+// native it says nothing. Sized to the machine: 300 steps where bf16 is
+// native; where it is emulated a bf16 step costs tens of fp32 steps, so 60,
+// by which the loss has fallen to under 0.6x its first logged value (checked
+// below), so the two runs still compare trained models.
+TEST(AmpAutocastDemo, Bf16TrainingTracksFp32AndSaysWhenTheCpuEmulatesBf16) {
+  const bool native = cpu_bf16_support(/*measure=*/false).native;
+  const int steps = native ? 300 : 60;
   TempDir dir;
   auto run = [&](const std::string& precision) {
     const std::string metrics = dir.path() + "/" + precision + ".jsonl";
     std::vector<std::string> argv = {bin("tandem"), "launch", "--standalone", "--nproc-per-node",
                                      "2", "--mixed-precision", precision, bin("gpt_addition"),
-                                     "--max-steps", "300", "--train-size", "32768",
-                                     "--test-size", "200", "--log-every", "50",
+                                     "--max-steps", std::to_string(steps), "--train-size",
+                                     "32768", "--test-size", "200", "--log-every", "10",
                                      "--metrics-file", metrics};
     auto r = run_process(argv, 900);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("mixed precision " + precision), std::string::npos) << r.out;
-    return last_json_line(r.out);
+    const bool warned = (r.out + r.err).find("without native bf16") != std::string::npos;
+    EXPECT_EQ(warned, precision == "bf16" && !native) << r.out << r.err;
+    std::ifstream lines(metrics);
+    nlohmann::json first;  // the first logged loss
+    for (std::string line; first.is_null() && std::getline(lines, line);) {
+      auto row = nlohmann::json::parse(line);
+      if (row.contains("loss")) first = row;
+    }
+    EXPECT_FALSE(first.is_null()) << "no loss in " << metrics;
+    return std::make_pair(last_json_line(r.out), first);
   };
-  const auto fp32 = run("no");
-  const auto bf16 = run("bf16");
+  const auto [fp32, fp32_first] = run("no");
+  const auto [bf16, bf16_first] = run("bf16");
   const double reference = fp32["loss"].get<double>();
-  EXPECT_EQ(bf16["step"], 300);
+  EXPECT_EQ(bf16["step"], steps);
+  EXPECT_LT(reference, 0.6 * fp32_first["loss"].get<double>()) << fp32_first << " -> " << fp32;
   EXPECT_LT(std::abs(bf16["loss"].get<double>() - reference), 0.1 * reference)
       << "bf16 " << bf16 << " vs fp32 " << fp32;
 }
