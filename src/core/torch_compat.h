@@ -1,5 +1,5 @@
 #pragma once
-// The one place where LibTorch version differences live (STYLE.md).
+// The one place where LibTorch version differences live (CONTRIBUTING.md, "Layers").
 //
 // Supported: PyTorch's LibTorch 2.11 and newer (CI builds 2.13 CPU and runs
 // the suite on it, and compiles and links 2.14 CUDA; the GPU kit builds 2.11
