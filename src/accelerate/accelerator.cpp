@@ -19,6 +19,7 @@
 
 #include "accelerate/consistency_check.h"
 #include "accelerate/model_strategy.h"
+#include "accelerate/strategy_factory.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "accelerate/wall_clock_timer.h"
@@ -63,39 +64,6 @@ Accelerator::~Accelerator() {
   if (step_timer_) step_timer_->set_sink(nullptr);
 }
 
-namespace accelerator_detail {
-
-// Accelerate refuses "auto" sizes it cannot fill; tandem keeps its defaults
-// and says so.
-void warn_unfilled_auto_sizes(const Config& config) {
-  if (config.zero.stage == 0) return;
-  const int64_t values[] = {config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
-                            config.zero.stage3_param_persistence_threshold};
-  // DeepSpeed's short names stand for the same keys.
-  const char* short_keys[] = {"zero_optimization.reduce_bucket_size",
-                              "zero_optimization.prefetch_bucket_size",
-                              "zero_optimization.param_persistence_threshold"};
-  std::vector<std::string> unfilled;
-  std::vector<std::string> defaults;
-  for (std::size_t i = 0; i < hidden_size_auto_keys().size(); ++i) {
-    const std::string& key = hidden_size_auto_keys()[i];
-    if (!config.auto_keys.count(key) && !config.auto_keys.count(short_keys[i])) continue;
-    unfilled.push_back(key);
-    defaults.push_back(fmt::format("{}={}", key.substr(key.find('.') + 1), values[i]));
-  }
-  if (unfilled.empty()) return;
-  log_warn("{}: {} {} \"auto\", which Accelerate fills from model.config.hidden_size, and a C++ "
-           "model has no config: tandem keeps its defaults {}. Set AcceleratorOptions::hidden_size "
-           "to fill them as Accelerate does, or write numbers in the config",
-           config.source_path.empty() ? "the config" : config.source_path,
-           fmt::join(unfilled, ", "), unfilled.size() == 1 ? "is" : "are",
-           fmt::join(defaults, ", "));
-}
-
-}  // namespace accelerator_detail
-
-using accelerator_detail::warn_unfilled_auto_sizes;
-
 void Accelerator::init_state(const AcceleratorOptions& options) {
   for (const auto& tracker : options.log_with) {
     TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "all",
@@ -116,12 +84,12 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
   if (options.hidden_size) fill_hidden_size_auto(file_config_, *options.hidden_size);
   resolve(0);
   detail::check_config_consistency(*process_group_, config_);
-  // Every rank, in the same order: splitting the world is collective.
-  hybrid_ = std::make_shared<const detail::HybridGroups>(
-      detail::make_hybrid_groups(config_.zero, process_group_, local_world_size_));
+  // Every rank, in the same order: HSDP's split of the world is collective.
+  strategies_ = std::make_shared<const detail::StrategyFactory>(config_, options.ddp,
+                                                                process_group_, local_world_size_);
   if (is_main_process()) {
     for (const auto& warning : config_.warnings) log_warn("{}", warning);
-    warn_unfilled_auto_sizes(config_);
+    strategies_->warn_unfilled_auto_sizes(config_);
   }
   const bool want_cuda = !options.cpu && !config_.use_cpu;
   if (want_cuda && torch::cuda::is_available()) {
@@ -139,30 +107,6 @@ void Accelerator::init_state(const AcceleratorOptions& options) {
     scaler_ = make_loss_scaler(*options.loss_scaling, MixedPrecision::kFp16);
   } else {
     scaler_ = make_loss_scaler(config_.fp16, config_.mixed_precision);
-  }
-  if (options.ddp) {
-    ddp_options_ = options.ddp;
-  } else {
-    DDPOptions ddp;
-    ddp.bucket_cap_mb = config_.ddp.bucket_cap_mb;
-    ddp.first_bucket_cap_mb = config_.ddp.first_bucket_cap_mb;
-    ddp.find_unused_parameters = config_.ddp.find_unused_parameters;
-    ddp.broadcast_buffers = config_.ddp.broadcast_buffers;
-    ddp.cache_cpu_allocations = config_.ddp.cache_cpu_allocations;
-    ddp.static_graph = config_.ddp.static_graph;
-    ddp.comm_hook = config_.ddp.comm_hook == "bf16"       ? CommHook::kBf16Compress
-                    : config_.ddp.comm_hook == "fp16"     ? CommHook::kFp16Compress
-                    : config_.ddp.comm_hook == "powersgd" ? CommHook::kPowerSGD
-                                                          : CommHook::kAverage;
-    const PowerSGDConfig& p = config_.ddp.powersgd;
-    ddp.powersgd.matrix_approximation_rank = p.matrix_approximation_rank;
-    ddp.powersgd.start_powerSGD_iter = p.start_powerSGD_iter;
-    ddp.powersgd.min_compression_rate = p.min_compression_rate;
-    ddp.powersgd.use_error_feedback = p.use_error_feedback;
-    ddp.powersgd.warm_start = p.warm_start;
-    ddp.powersgd.orthogonalization_epsilon = p.orthogonalization_epsilon;
-    ddp.powersgd.random_seed = p.random_seed;
-    ddp_options_ = ddp;
   }
   if (config_.seed) set_seed(*config_.seed);
   if (config_.wall_clock_breakdown || config_.steps_per_print) {

@@ -114,11 +114,11 @@ TensorNames Accelerator::tensor_names() const {
 
 nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
   nlohmann::json meta;
-  const detail::ModelStrategy& first = *models_.front().strategy;
+  const detail::StrategyRecord first = models_.front().strategy->record();
   meta["step"] = step();
-  meta["strategy"] = first.name();
-  meta["zero_stage"] = first.zero_stage();
-  meta["hpz_partition_size"] = first.hpz_partition_size();
+  meta["strategy"] = first.name;
+  meta["zero_stage"] = first.zero_stage;
+  meta["hpz_partition_size"] = first.hpz_partition_size;
   meta["mixed_precision"] = precision_name(config_.mixed_precision);
   meta["tandem_version"] = version();
   meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
@@ -136,10 +136,11 @@ nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
     for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
       buffers.push_back(describe(name, b));
     }
+    const detail::StrategyRecord record = model.strategy->record();
     models.push_back({{"prefix", model.prefix},
-                      {"strategy", model.strategy->name()},
-                      {"zero_stage", model.strategy->zero_stage()},
-                      {"hpz_partition_size", model.strategy->hpz_partition_size()}});
+                      {"strategy", record.name},
+                      {"zero_stage", record.zero_stage},
+                      {"hpz_partition_size", record.hpz_partition_size}});
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
@@ -183,11 +184,12 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
   const bool rank0 = is_main_process();
   for (const auto& model : models_) {
     // Partitioned parameters: every rank its fragments; the rest: rank 0.
-    model.strategy->append_shard_tensors(model.prefix, out);
+    const detail::PartitionedParameters* shards = model.strategy->partitioned();
+    if (shards != nullptr) shards->append_shard_tensors(model.prefix, out);
     if (!rank0) continue;
     std::unordered_map<std::string, bool> partitioned;
-    for (const auto& name : model.strategy->partitioned_names()) {
-      partitioned[model.prefix + name] = true;
+    if (shards != nullptr) {
+      for (const auto& name : shards->partitioned_names()) partitioned[model.prefix + name] = true;
     }
     for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       if (!partitioned.count(name)) out.emplace_back(fragment_key(kModelSection, name, 0), flat(p));
@@ -292,10 +294,10 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
         step = saved->value("step", int64_t{0});
       }
     }
-    model.strategy->restore_shards(checkpoint, model.prefix, optimizer_states, step);
     std::unordered_map<std::string, bool> partitioned;
-    for (const auto& name : model.strategy->partitioned_names()) {
-      partitioned[model.prefix + name] = true;
+    if (detail::PartitionedParameters* shards = model.strategy->partitioned()) {
+      shards->restore_shards(checkpoint, model.prefix, optimizer_states, step);
+      for (const auto& name : shards->partitioned_names()) partitioned[model.prefix + name] = true;
     }
     for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       if (partitioned.count(name)) continue;

@@ -142,11 +142,12 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict(
   // A partitioned parameter (ZeRO-3) holds only this rank's shard between
   // uses: read its whole value while the strategy holds it gathered.
   std::unordered_map<const void*, at::Tensor> whole;
-  models_[index].strategy->for_each_partitioned_whole(
-      [&](const std::string&, const at::Tensor& p) {
-        whole.emplace(p.unsafeGetTensorImpl(), p.detach().to(at::kCPU, /*non_blocking=*/false,
-                                                              /*copy=*/true));
-      });
+  if (detail::PartitionedParameters* partitioned = models_[index].strategy->partitioned()) {
+    partitioned->for_each_partitioned_whole([&](const std::string&, const at::Tensor& p) {
+      whole.emplace(p.unsafeGetTensorImpl(),
+                    p.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    });
+  }
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
     auto it = whole.find(item.value().unsafeGetTensorImpl());

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "accelerate/model_strategy.h"
+#include "accelerate/strategy_factory.h"
 #include "accelerate/prepared_internals.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/error.h"
@@ -15,9 +16,7 @@
 namespace tandem {
 
 zero::Init Accelerator::zero_init() const {
-  // Under HSDP the units are cut for the shard group they are sharded over.
-  return detail::make_zero_init(config_.zero, hybrid_->enabled() ? *hybrid_->shard : *process_group_,
-                                device_);
+  return strategies_->zero_init(device_);
 }
 
 void detail::refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device) {

@@ -17,6 +17,7 @@
 
 #include "accelerate/consistency_check.h"
 #include "accelerate/model_strategy.h"
+#include "accelerate/strategy_factory.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "accelerate/wall_clock_timer.h"
@@ -78,14 +79,7 @@ std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
   PreparedModel prepared;
   prepared.module = model;
   prepared.prefix = detail::model_prefix(models_.size());
-  detail::ModelStrategyParts parts;
-  parts.module = model;
-  parts.group = process_group_;
-  parts.hybrid = *hybrid_;
-  parts.controller = controller_;
-  parts.zero = config_.zero;
-  parts.ddp = *ddp_options_;
-  prepared.strategy = detail::make_model_strategy(std::move(parts));
+  prepared.strategy = strategies_->make(model, controller_);
   if (step_timer_) step_timer_->add_model(prepared.strategy);
   models_.push_back(std::move(prepared));
   models_checked_ = false;
@@ -121,12 +115,14 @@ std::shared_ptr<torch::nn::Module> Accelerator::unwrap_model() const {
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer() const {
-  return models_.empty() ? nullptr : models_.front().strategy->zero();
+  return models_.empty() ? nullptr : zero_optimizer(models_.front().module);
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer(
     const std::shared_ptr<torch::nn::Module>& model) const {
-  return models_[check_prepared(model, "zero_optimizer")].strategy->zero();
+  const detail::PartitionedParameters* partitioned =
+      models_[check_prepared(model, "zero_optimizer")].strategy->partitioned();
+  return partitioned != nullptr ? partitioned->zero() : nullptr;
 }
 
 namespace {
@@ -182,12 +178,10 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   }
   // Under ZeRO an optimizer belongs to the one model it shards, prepared
   // before it; otherwise it stands alone and may span models.
-  const bool bound = detail::binds_optimizers(config_.zero);
+  const bool bound = strategies_->binds_optimizers();
   TANDEM_CHECK_ARG(!bound || !models_.empty(),
-                   "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
-                   "with its optimizer; prepare the model first (or use prepare(model, "
-                   "optimizer, data))",
-                   config_.zero.stage);
+                   "Accelerator::prepare_optimizer: ZeRO shards the model together with its "
+                   "optimizer; prepare the model first (or use prepare(model, optimizer, data))");
   std::optional<std::size_t> owner;
   if (bound) {
     std::vector<std::shared_ptr<torch::nn::Module>> modules;

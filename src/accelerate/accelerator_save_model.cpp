@@ -35,8 +35,9 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   // stage3_gather_16bit_weights_on_model_save (zero3_save_16bit_model):
   // every rank has the same config, so every rank refuses alike.
   const std::optional<bool> gather16 = config_.zero.gather_16bit_weights_on_model_save;
-  const bool zero3 = strategy.zero_stage() == 3;
-  TANDEM_CHECK_ARG(!zero3 || gather16.value_or(true),
+  detail::PartitionedParameters* partitioned = strategy.partitioned();
+  const bool gathers = partitioned != nullptr && partitioned->gathers_parameters_to_save();
+  TANDEM_CHECK_ARG(!gathers || gather16.value_or(true),
                    "save_model('{}'): the model is sharded by ZeRO-3 and the config sets "
                    "stage3_gather_16bit_weights_on_model_save (Accelerate: "
                    "zero3_save_16bit_model) to false, so, as in Accelerate, there are no "
@@ -47,7 +48,7 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   // True: parameters are written in the training dtype (bf16/fp16 under
   // mixed precision), as DeepSpeed's _zero3_consolidated_16bit_state_dict.
   std::optional<at::ScalarType> param_dtype;
-  if (zero3 && gather16.value_or(false)) {
+  if (gathers && gather16.value_or(false)) {
     if (config_.mixed_precision == MixedPrecision::kBf16) param_dtype = at::kBFloat16;
     if (config_.mixed_precision == MixedPrecision::kFp16) param_dtype = at::kHalf;
   }
@@ -64,7 +65,9 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   for (auto& item : unique_named_parameters(model)) params.emplace_back(item.name, item.tensor);
   std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
   // Partitioned parameters first, in the order the strategy gathers them.
-  for (const auto& name : strategy.partitioned_names()) {
+  const std::vector<std::string> partitioned_names =
+      partitioned != nullptr ? partitioned->partitioned_names() : std::vector<std::string>();
+  for (const auto& name : partitioned_names) {
     const at::Tensor& p = by_name.at(name);
     specs.push_back({name, saved_dtype(p), p.sizes().vec()});
     sharded[name] = true;
@@ -93,9 +96,11 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
     writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
   });
   // Collective even after a rank-0 failure, so no rank is left waiting.
-  strategy.for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
-    guarded([&] { writer->write(name, saved_value(p)); });
-  });
+  if (partitioned != nullptr) {
+    partitioned->for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
+      guarded([&] { writer->write(name, saved_value(p)); });
+    });
+  }
   guarded([&] {
     for (const auto& [name, t] : rest) writer->write(name, t);
     writer->finish(/*sync=*/true);

@@ -77,11 +77,13 @@ LocalSGD::LocalSGD(Accelerator& accelerator, std::shared_ptr<torch::nn::Module> 
       enabled_(enabled) {
   TANDEM_CHECK_ARG(local_sgd_steps >= 1, "LocalSGD: local_sgd_steps must be >= 1, got {}",
                    local_sgd_steps);
-  TANDEM_CHECK_ARG(accelerator.models_.at(index_).strategy->zero_stage() == 0,
-                   "LocalSGD: [rank {}] the model is sharded with ZeRO stage {}, whose shards "
+  // Only replicas can drift apart and be averaged back.
+  const detail::ModelStrategy& strategy = *accelerator.models_.at(index_).strategy;
+  TANDEM_CHECK_ARG(strategy.partitioned() == nullptr,
+                   "LocalSGD: [rank {}] the model is sharded with {}, whose shards "
                    "cannot drift apart to be averaged; LocalSGD works with DDP (as Accelerate's "
                    "refuses DeepSpeed). Turn ZeRO off or drop LocalSGD",
-                   accelerator.process_index(), accelerator.models_.at(index_).strategy->zero_stage());
+                   accelerator.process_index(), strategy.describe());
   if (enabled_) no_sync_.emplace(accelerator.no_sync_at(index_));
 }
 

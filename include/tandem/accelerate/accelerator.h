@@ -79,10 +79,10 @@ struct Node;
 namespace tandem {
 
 namespace detail {
-struct HybridGroups;
 struct JoinHooks;
 class ModelStrategy;
 class StepController;
+class StrategyFactory;
 struct StateHooks;
 class WallClockTimer;
 }  // namespace detail
@@ -757,12 +757,11 @@ class Accelerator {
   ConfigOverrides overrides_;
   Config config_;
   std::shared_ptr<ProcessGroup> process_group_;
-  // HSDP's shard and replicate groups (none unless the config asks for it).
-  std::shared_ptr<const detail::HybridGroups> hybrid_;
   int local_rank_ = 0;
   int local_world_size_ = 1;
   c10::Device device_ = c10::Device(c10::kCPU);
-  std::optional<DDPOptions> ddp_options_;
+  // Decides, once, how every prepared model is held (strategy_factory.h).
+  std::shared_ptr<const detail::StrategyFactory> strategies_;
   bool training_data_prepared_ = false;
   std::shared_ptr<detail::StepController> controller_;
   std::vector<PreparedModel> models_;
