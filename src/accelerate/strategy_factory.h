@@ -58,9 +58,6 @@ class StrategyFactory {
   // main process only.
   void warn_unfilled_auto_sizes(const Config& config) const;
 
-  // HSDP's groups (disabled unless the config asks for HSDP).
-  const HybridGroups& hybrid() const { return hybrid_; }
-
  private:
   std::shared_ptr<ProcessGroup> world_;
   DDPOptions ddp_;
