@@ -1,292 +1,253 @@
-// Accelerator: construction and configuration, backward and gradient
-// accumulation, clipping, seeding and logging. Preparing objects is in
-// accelerator_prepare.cpp, the collective helpers (gather, reduce, ...) in
-// accelerator_collectives.cpp, checkpoints in accelerator_checkpoint.cpp.
+// Accelerator: construction and the job's configuration, and the methods
+// that forward to its parts (accelerator_impl.h). Stepping is in
+// accelerator_step.cpp, preparing models, optimizers and schedulers in
+// accelerator_prepare.cpp, the collective helpers in
+// accelerator_collectives.cpp.
 
 #include "tandem/accelerate/accelerator.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <limits>
-#include <optional>
-#include <unordered_map>
 
-#include <ATen/ATen.h>
-#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/consistency_check.h"
-#include "accelerate/model_strategy.h"
-#include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
-#include "accelerate/wall_clock_timer.h"
-#include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
-#include "tandem/core/parameters.h"
 #include "tandem/core/logging.h"
-#include "tandem/optim/optimizer_factory.h"
-#include "tandem/optim/lr_scheduler.h"
-#include "tandem/parallel/activation_checkpoint.h"
 
 namespace tandem {
 
-
-Accelerator::Accelerator(AcceleratorOptions options) {
-  const RankEnv rank_env = RankEnv::from_environment();
-  env_ = ConfigEnv::from_environment();
-  const std::string& path = options.config_file.empty() ? env_.config_file : options.config_file;
-  if (!path.empty()) file_config_ = load_config_file(path);
-  local_rank_ = rank_env.local_rank;
-  local_world_size_ = rank_env.local_world_size;
-  // A bad config fails on every rank before anyone joins, so nobody hangs.
-  process_group_ = ProcessGroup::init(rank_env, options.process_group);
-  init_state(options);
-}
-
-Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config config,
-                         AcceleratorOptions options, LauncherEnv launcher)
-    : file_config_(std::move(config)), env_(std::move(launcher.config)),
-      process_group_(std::move(process_group)) {
-  TANDEM_CHECK_ARG(process_group_ != nullptr, "Accelerator: the process group is null");
-  local_rank_ = launcher.local_rank >= 0 ? launcher.local_rank : process_group_->rank();
-  local_world_size_ = launcher.local_world_size > 0 ? launcher.local_world_size
-                                                    : process_group_->world_size();
-  init_state(options);
-}
-
-// The prepared objects share what they need (the controller, the DDP
-// wrapper, the ZeRO optimizer); the join hooks hold the controller weakly.
-// The step timer they share stops reporting to this Accelerator's trackers.
-Accelerator::~Accelerator() {
-  if (step_timer_) step_timer_->set_sink(nullptr);
-}
-
-namespace accelerator_detail {
-
-// Accelerate refuses "auto" sizes it cannot fill; tandem keeps its defaults
-// and says so.
-void warn_unfilled_auto_sizes(const Config& config) {
-  if (config.zero.stage == 0) return;
-  const int64_t values[] = {config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
-                            config.zero.stage3_param_persistence_threshold};
-  // DeepSpeed's short names stand for the same keys.
-  const char* short_keys[] = {"zero_optimization.reduce_bucket_size",
-                              "zero_optimization.prefetch_bucket_size",
-                              "zero_optimization.param_persistence_threshold"};
-  std::vector<std::string> unfilled;
-  std::vector<std::string> defaults;
-  for (std::size_t i = 0; i < hidden_size_auto_keys().size(); ++i) {
-    const std::string& key = hidden_size_auto_keys()[i];
-    if (!config.auto_keys.count(key) && !config.auto_keys.count(short_keys[i])) continue;
-    unfilled.push_back(key);
-    defaults.push_back(fmt::format("{}={}", key.substr(key.find('.') + 1), values[i]));
-  }
-  if (unfilled.empty()) return;
-  log_warn("{}: {} {} \"auto\", which Accelerate fills from model.config.hidden_size, and a C++ "
-           "model has no config: tandem keeps its defaults {}. Set AcceleratorOptions::hidden_size "
-           "to fill them as Accelerate does, or write numbers in the config",
-           config.source_path.empty() ? "the config" : config.source_path,
-           fmt::join(unfilled, ", "), unfilled.size() == 1 ? "is" : "are",
-           fmt::join(defaults, ", "));
-}
-
-}  // namespace accelerator_detail
-
-using accelerator_detail::warn_unfilled_auto_sizes;
-
-void Accelerator::init_state(const AcceleratorOptions& options) {
-  for (const auto& tracker : options.log_with) {
-    TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "all",
-                     "Accelerator: log_with '{}' is not available. tandem writes JSON lines "
-                     "always and TensorBoard event files with log_with \"tensorboard\" (or "
-                     "\"all\"); other trackers can read either",
-                     tracker);
-    log_tensorboard_ = true;
-  }
-  project_dir_ = options.project_dir;
-  overrides_.mixed_precision = options.mixed_precision;
-  overrides_.gradient_accumulation_steps = options.gradient_accumulation_steps;
-  overrides_.gradient_clipping = options.gradient_clipping;
-  overrides_.wall_clock_breakdown = options.wall_clock_breakdown;
-  overrides_.steps_per_print = options.steps_per_print;
-  controller_ = std::make_shared<detail::StepController>();
+Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
+                        std::shared_ptr<ProcessGroup> group_in, int local_rank_in,
+                        int local_world_size_in, const AcceleratorOptions& options)
+    : file_config(std::move(file_config_in)),
+      env(std::move(env_in)),
+      group(std::move(group_in)),
+      local_rank(local_rank_in),
+      local_world_size(local_world_size_in) {
+  detail::Trackers::Settings tracking;
+  tracking.log_with = options.log_with;
+  tracking.project_dir = options.project_dir;
+  tracking.main_process = main_process();
+  tracking.local_main_process = local_rank == 0;
+  trackers = std::make_unique<detail::Trackers>(std::move(tracking));
+  overrides.mixed_precision = options.mixed_precision;
+  overrides.gradient_accumulation_steps = options.gradient_accumulation_steps;
+  overrides.gradient_clipping = options.gradient_clipping;
+  overrides.wall_clock_breakdown = options.wall_clock_breakdown;
+  overrides.steps_per_print = options.steps_per_print;
   // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
-  if (options.hidden_size) fill_hidden_size_auto(file_config_, *options.hidden_size);
+  if (options.hidden_size) fill_hidden_size_auto(file_config, *options.hidden_size);
   resolve(0);
-  detail::check_config_consistency(*process_group_, config_);
-  // Every rank, in the same order: splitting the world is collective.
-  hybrid_ = std::make_shared<const detail::HybridGroups>(
-      detail::make_hybrid_groups(config_.zero, process_group_, local_world_size_));
-  if (is_main_process()) {
-    for (const auto& warning : config_.warnings) log_warn("{}", warning);
-    warn_unfilled_auto_sizes(config_);
+  detail::check_config_consistency(*group, config);
+  // Every rank, in the same order: HSDP's split of the world is collective.
+  strategies =
+      std::make_unique<const detail::StrategyFactory>(config, options.ddp, group, local_world_size);
+  if (main_process()) {
+    for (const auto& warning : config.warnings) log_warn("{}", warning);
+    strategies->warn_unfilled_auto_sizes(config);
   }
-  const bool want_cuda = !options.cpu && !config_.use_cpu;
+  const bool want_cuda = !options.cpu && !config.use_cpu;
   if (want_cuda && torch::cuda::is_available()) {
-    device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
-                                          local_rank_ % std::max<int>(1, torch::cuda::device_count())));
-  } else if (config_.distributed_type == DistributedType::kMultiGpu && want_cuda &&
-             is_main_process()) {
+    const int devices = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+    device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % devices));
+  } else if (config.distributed_type == DistributedType::kMultiGpu && want_cuda &&
+             main_process()) {
     log_warn("the config asks for MULTI_GPU but CUDA is not available here; training on the CPU");
   }
-  TANDEM_CHECK_ARG(config_.mixed_precision != MixedPrecision::kFp16 || device_.is_cuda(),
+  TANDEM_CHECK_ARG(config.mixed_precision != MixedPrecision::kFp16 || device.is_cuda(),
                    "Accelerator: mixed_precision fp16 needs a CUDA device, and this run trains "
                    "on the CPU. Use bf16 on the CPU (mixed_precision: bf16, or "
                    "--mixed-precision bf16), or no");
-  if (options.loss_scaling) {
-    scaler_ = make_loss_scaler(*options.loss_scaling, MixedPrecision::kFp16);
-  } else {
-    scaler_ = make_loss_scaler(config_.fp16, config_.mixed_precision);
-  }
-  if (options.ddp) {
-    ddp_options_ = options.ddp;
-  } else {
-    DDPOptions ddp;
-    ddp.bucket_cap_mb = config_.ddp.bucket_cap_mb;
-    ddp.first_bucket_cap_mb = config_.ddp.first_bucket_cap_mb;
-    ddp.find_unused_parameters = config_.ddp.find_unused_parameters;
-    ddp.broadcast_buffers = config_.ddp.broadcast_buffers;
-    ddp.cache_cpu_allocations = config_.ddp.cache_cpu_allocations;
-    ddp.static_graph = config_.ddp.static_graph;
-    ddp.comm_hook = config_.ddp.comm_hook == "bf16"       ? CommHook::kBf16Compress
-                    : config_.ddp.comm_hook == "fp16"     ? CommHook::kFp16Compress
-                    : config_.ddp.comm_hook == "powersgd" ? CommHook::kPowerSGD
-                                                          : CommHook::kAverage;
-    const PowerSGDConfig& p = config_.ddp.powersgd;
-    ddp.powersgd.matrix_approximation_rank = p.matrix_approximation_rank;
-    ddp.powersgd.start_powerSGD_iter = p.start_powerSGD_iter;
-    ddp.powersgd.min_compression_rate = p.min_compression_rate;
-    ddp.powersgd.use_error_feedback = p.use_error_feedback;
-    ddp.powersgd.warm_start = p.warm_start;
-    ddp.powersgd.orthogonalization_epsilon = p.orthogonalization_epsilon;
-    ddp.powersgd.random_seed = p.random_seed;
-    ddp_options_ = ddp;
-  }
-  if (config_.seed) set_seed(*config_.seed);
-  if (config_.wall_clock_breakdown || config_.steps_per_print) {
-    detail::WallClockTimer::Settings timing;
-    timing.breakdown = config_.wall_clock_breakdown;
-    timing.steps_per_print = config_.steps_per_print.value_or(0);
-    timing.main_process = is_main_process();
-    timing.device = device_;
-    step_timer_ = std::make_shared<detail::WallClockTimer>(timing);
-    step_timer_->set_sink(
-        [this](const std::map<std::string, double>& values, int64_t step) { log(values, step); });
-  }
+  scaler = options.loss_scaling ? make_loss_scaler(*options.loss_scaling, MixedPrecision::kFp16)
+                                : make_loss_scaler(config.fp16, config.mixed_precision);
+  if (config.seed) torch::manual_seed(*config.seed);
+  trackers->start_timer(config, device);
+  data = std::make_unique<detail::DataPreparation>(
+      group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); });
+  checkpointer = std::make_unique<detail::Checkpointer>(group, config, scaler, prepared, *data);
 }
 
-void Accelerator::resolve(int64_t micro_batch) {
+void Accelerator::Impl::resolve(int64_t micro_batch) {
   if (micro_batch > 0) {
     // The program's loader and the config must agree on the per-process
     // batch; one given in only one place is used.
-    const std::optional<int64_t>& file_micro = file_config_.train_micro_batch_size_per_gpu;
+    const std::optional<int64_t>& file_micro = file_config.train_micro_batch_size_per_gpu;
     if (file_micro && *file_micro != micro_batch) {
-      auto where = file_config_.key_locations.find("train_micro_batch_size_per_gpu");
+      auto where = file_config.key_locations.find("train_micro_batch_size_per_gpu");
       TANDEM_THROW(UsageError,
                    "train_micro_batch_size_per_gpu {} (from {}) disagrees with the data loader's "
                    "batch size {} (the program's prepare_data_loader): each process would train "
                    "on {}, not on {}. Make them agree: change one, or set the config's value to "
                    "\"auto\" so the loader decides",
                    *file_micro,
-                   where != file_config_.key_locations.end() ? where->second
-                   : file_config_.source_path.empty()         ? std::string("the config")
-                                                              : file_config_.source_path,
+                   where != file_config.key_locations.end() ? where->second
+                   : file_config.source_path.empty()         ? std::string("the config")
+                                                             : file_config.source_path,
                    micro_batch, micro_batch, *file_micro);
     }
-    overrides_.train_micro_batch_size_per_gpu = micro_batch;
-    overrides_.train_micro_batch_size_source = "the data loader's batch size";
+    overrides.train_micro_batch_size_per_gpu = micro_batch;
+    overrides.train_micro_batch_size_source = "the data loader's batch size";
   }
-  config_ = resolve_config(file_config_, env_, overrides_, process_group_->world_size());
-  controller_->set_accumulation_steps(config_.gradient_accumulation_steps.value_or(1));
+  config = resolve_config(file_config, env, overrides, group->world_size());
+  prepared.controller()->set_accumulation_steps(config.gradient_accumulation_steps.value_or(1));
 }
 
-int64_t Accelerator::gradient_accumulation_steps() const {
-  return controller_->state().accumulation_steps;
+Accelerator::Accelerator(AcceleratorOptions options) {
+  const RankEnv rank_env = RankEnv::from_environment();
+  ConfigEnv env = ConfigEnv::from_environment();
+  const std::string& path = options.config_file.empty() ? env.config_file : options.config_file;
+  Config file_config;
+  if (!path.empty()) file_config = load_config_file(path);
+  // A bad config fails on every rank before anyone joins, so nobody hangs.
+  std::shared_ptr<ProcessGroup> group = ProcessGroup::init(rank_env, options.process_group);
+  impl_ = std::make_unique<Impl>(std::move(file_config), std::move(env), std::move(group),
+                                 rank_env.local_rank, rank_env.local_world_size, options);
 }
 
-GradientState Accelerator::gradient_state() const { return controller_->state(); }
-
-bool Accelerator::sync_gradients() const { return controller_->state().sync_gradients; }
-
-int64_t Accelerator::step() const { return controller_->state().optimizer_steps; }
-
-bool Accelerator::is_shadow_batch() const { return controller_->state().shadow_batch; }
-
-int64_t Accelerator::ranks_with_data() const {
-  const GradientState& state = controller_->state();
-  return state.joining ? state.ranks_with_data : num_processes();
+Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config config,
+                         AcceleratorOptions options, LauncherEnv launcher) {
+  TANDEM_CHECK_ARG(process_group != nullptr, "Accelerator: the process group is null");
+  const int local_rank = launcher.local_rank >= 0 ? launcher.local_rank : process_group->rank();
+  const int local_world_size =
+      launcher.local_world_size > 0 ? launcher.local_world_size : process_group->world_size();
+  impl_ = std::make_unique<Impl>(std::move(config), std::move(launcher.config),
+                                 std::move(process_group), local_rank, local_world_size, options);
 }
 
-int Accelerator::process_index() const { return process_group_->rank(); }
-int Accelerator::local_process_index() const { return local_rank_; }
-int Accelerator::num_processes() const { return process_group_->world_size(); }
+// The prepared objects share what they need (the controller, the DDP
+// wrapper, the ZeRO optimizer, the step timer, which stops reporting here).
+Accelerator::~Accelerator() = default;
 
-void Accelerator::backward(const at::Tensor& loss) {
-  TANDEM_CHECK_ARG(loss.defined() && loss.numel() == 1,
-                   "Accelerator::backward: the loss must be a scalar tensor, got shape {}",
-                   loss.defined() ? c10::str(loss.sizes()) : std::string("undefined"));
-  if (step_timer_) step_timer_->before_backward();
-  for (const auto& optimizer : optimizers_) optimizer->core_->check_wrapped(*optimizer);
-  if (!models_checked_) check_models_synchronised();
-  controller_->before_backward();
-  // A loss computed under autocast may be bf16/fp16; backward starts in fp32
-  // (Accelerate casts model outputs back to fp32 for the same reason).
-  at::Tensor scaled = to_fp32(loss);
-  const GradientState& state = controller_->state();
-  double factor = 1.0 / static_cast<double>(state.accumulation_steps);
-  if (state.joining) factor *= join_gradient_weight();
-  if (scaler_->enabled()) factor *= scaler_->scale();
-  if (factor != 1.0) scaled = scaled * factor;
-  scaled.backward();
-  controller_->after_backward();
-  for (const auto& optimizer : optimizers_) optimizer->core_->note_backward(*optimizer);
-  if (step_timer_) step_timer_->after_backward();
+const Config& Accelerator::config() const { return impl_->config; }
+const std::shared_ptr<ProcessGroup>& Accelerator::process_group() const { return impl_->group; }
+c10::Device Accelerator::device() const { return impl_->device; }
+MixedPrecision Accelerator::mixed_precision() const { return impl_->config.mixed_precision; }
+int Accelerator::process_index() const { return impl_->group->rank(); }
+int Accelerator::local_process_index() const { return impl_->local_rank; }
+int Accelerator::num_processes() const { return impl_->group->world_size(); }
+
+std::size_t Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model,
+                                        const char* caller) const {
+  return impl_->index_of(model, caller);
 }
 
-Accelerator::AccumulateGuard::AccumulateGuard(std::shared_ptr<detail::StepController> controller)
-    : controller_(std::move(controller)), outer_was_open_(controller_->enter_accumulate_guard()) {}
+zero::Init Accelerator::zero_init() const { return impl_->strategies->zero_init(impl_->device); }
 
-Accelerator::AccumulateGuard::~AccumulateGuard() {
-  controller_->leave_accumulate_guard(outer_was_open_);
+// ---- Data (DataPreparation) --------------------------------------------------
+
+std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at::Tensor> tensors,
+                                                                 DistributedLoaderOptions options) {
+  return impl_->data->prepare(std::move(tensors), options);
 }
 
-void Accelerator::check_models_synchronised() {
-  for (std::size_t i = 0; i < models_.size(); ++i) models_[i].strategy->check_ready(i);
-  models_checked_ = true;
+std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at::Tensor> tensors,
+                                                                 int64_t batch_size) {
+  DistributedLoaderOptions options;
+  options.batch_size = batch_size;
+  return impl_->data->prepare(std::move(tensors), options);
 }
 
-double Accelerator::clip_grad_norm(double max_norm, double norm_type) {
-  AcceleratedOptimizer& optimizer = only_optimizer("clip_grad_norm");
-  if (!controller_->state().sync_gradients) return std::numeric_limits<double>::quiet_NaN();
-  // DDP gradients are identical on every rank after the all-reduce, so the
-  // local norm is the global one.
-  return optimizer.core_->clip(optimizer, max_norm, norm_type);
+std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(DistributedLoader::Fetch fetch,
+                                                                 int64_t dataset_size,
+                                                                 DistributedLoaderOptions options) {
+  return impl_->data->prepare(std::move(fetch), dataset_size, options);
 }
 
-double Accelerator::clip_grad_norm(const std::shared_ptr<AcceleratedOptimizer>& optimizer,
-                                   double max_norm, double norm_type) {
-  TANDEM_CHECK_ARG(optimizer != nullptr &&
-                       std::find(optimizers_.begin(), optimizers_.end(), optimizer) !=
-                           optimizers_.end(),
-                   "Accelerator::clip_grad_norm: the optimizer given was not prepared by this "
-                   "Accelerator");
-  if (!controller_->state().sync_gradients) return std::numeric_limits<double>::quiet_NaN();
-  return optimizer->core_->clip(*optimizer, max_norm, norm_type);
+std::shared_ptr<PreparedLoader> Accelerator::prepare_local_loader(DistributedLoader loader) {
+  return impl_->data->wrap(std::move(loader));
 }
 
-void Accelerator::clip_grad_value(double clip_value) {
-  TANDEM_CHECK_ARG(clip_value > 0 && std::isfinite(clip_value),
-                   "Accelerator::clip_grad_value: clip_value must be a positive finite number, "
-                   "got {}",
-                   clip_value);
-  TANDEM_CHECK_ARG(!optimizers_.empty(),
-                   "Accelerator::clip_grad_value: no optimizer is prepared; it clamps the "
-                   "gradients of the prepared optimizers' parameters");
-  if (!controller_->state().sync_gradients) return;
-  for (const auto& optimizer : optimizers_) optimizer->core_->clip_value(*optimizer, clip_value);
+// ---- Checkpoints (Checkpointer) ----------------------------------------------
+
+bool Accelerator::has_checkpoint(const std::string& dir) {
+  return detail::Checkpointer::has_checkpoint(dir);
 }
+
+void Accelerator::save_state(const std::string& dir, const SaveStateOptions& options) {
+  impl_->checkpointer->save_state(dir, options);
+}
+
+nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
+  return impl_->checkpointer->load_state(dir, options);
+}
+
+void Accelerator::register_for_checkpointing(std::shared_ptr<Checkpointable> object) {
+  impl_->checkpointer->register_object(std::move(object));
+}
+
+void Accelerator::register_for_checkpointing(
+    std::function<CustomState()> state_dict,
+    std::function<void(const CustomState&)> load_state_dict) {
+  impl_->checkpointer->register_object(
+      detail::function_checkpointable(std::move(state_dict), std::move(load_state_dict)));
+}
+
+Accelerator::HookHandle Accelerator::register_save_state_pre_hook(StatePreHook hook) {
+  return HookHandle(impl_->checkpointer->hooks(), true,
+                    impl_->checkpointer->register_pre_hook(true, std::move(hook)));
+}
+
+Accelerator::HookHandle Accelerator::register_load_state_pre_hook(StatePreHook hook) {
+  return HookHandle(impl_->checkpointer->hooks(), false,
+                    impl_->checkpointer->register_pre_hook(false, std::move(hook)));
+}
+
+void Accelerator::HookHandle::remove() {
+  const std::shared_ptr<detail::StateHooks> hooks = hooks_.lock();
+  if (hooks) (save_ ? hooks->save : hooks->load).erase(id_);
+}
+
+void Accelerator::save_model(const std::string& dir) {
+  TANDEM_CHECK_ARG(!impl_->prepared.models().empty(), "save_model: prepare the model first");
+  impl_->checkpointer->save_model(0, dir);
+}
+
+void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
+                             const std::string& dir) {
+  impl_->checkpointer->save_model(impl_->index_of(model, "save_model"), dir);
+}
+
+LoadSafetensorsResult Accelerator::load_model_weights(const std::string& path,
+                                                      const LoadSafetensorsOptions& options) {
+  TANDEM_CHECK_ARG(!impl_->prepared.models().empty(),
+                   "load_model_weights: prepare the model first");
+  return impl_->checkpointer->load_model_weights(0, path, options);
+}
+
+LoadSafetensorsResult Accelerator::load_model_weights(
+    const std::shared_ptr<torch::nn::Module>& model, const std::string& path,
+    const LoadSafetensorsOptions& options) {
+  return impl_->checkpointer->load_model_weights(impl_->index_of(model, "load_model_weights"),
+                                                 path, options);
+}
+
+// ---- Trackers and timing (Trackers) ------------------------------------------
+
+ProgressBar Accelerator::progress_bar(int64_t total, std::string description) const {
+  return impl_->trackers->progress_bar(total, std::move(description));
+}
+
+void Accelerator::init_trackers(const std::string& path,
+                                const std::map<std::string, HParamValue>& config) {
+  impl_->trackers->init(path, config);
+}
+
+void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
+  impl_->trackers->log(values, step);
+}
+
+WallClockBreakdown Accelerator::wall_clock() const { return impl_->trackers->wall_clock(); }
+
+void Accelerator::end_training() {
+  impl_->trackers->close();
+  wait_for_everyone();
+}
+
+// ---- Helpers -----------------------------------------------------------------
 
 void Accelerator::print_line(const std::string& line) const {
   if (!is_main_process()) return;
@@ -300,40 +261,6 @@ void Accelerator::set_seed(uint64_t seed, bool device_specific) {
   torch::manual_seed(value);  // CPU and, when present, every CUDA device
 }
 
-ProgressBar Accelerator::progress_bar(int64_t total, std::string description) const {
-  return ProgressBar(total, std::move(description), is_local_main_process());
-}
-
-void Accelerator::init_trackers(const std::string& path,
-                                const std::map<std::string, HParamValue>& config) {
-  metrics_.open(path, is_main_process());
-  tensorboard_.reset();
-  if (log_tensorboard_ && is_main_process()) {
-    std::string dir = project_dir_;
-    if (dir.empty()) {
-      const auto slash = path.rfind('/');
-      dir = slash == std::string::npos ? "." : path.substr(0, slash);
-    }
-    tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
-    if (!config.empty()) tensorboard_->add_hparams(config);
-  }
-}
-
-void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
-  metrics_.log(values, step);
-  if (tensorboard_) {
-    for (const auto& [tag, value] : values) tensorboard_->add_scalar(tag, value, step);
-  }
-}
-
-WallClockBreakdown Accelerator::wall_clock() const {
-  return step_timer_ ? step_timer_->last() : WallClockBreakdown{};
-}
-
-void Accelerator::end_training() {
-  metrics_.close();
-  tensorboard_.reset();
-  wait_for_everyone();
-}
+void Accelerator::set_trigger() { impl_->trigger = true; }
 
 }  // namespace tandem

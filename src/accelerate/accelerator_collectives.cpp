@@ -9,6 +9,7 @@
 
 #include "tandem/accelerate/accelerator.h"
 
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/model_strategy.h"
 #include "accelerate/step_controller.h"
 #include "tandem/core/error.h"
@@ -28,7 +29,7 @@ std::vector<int64_t> sizes_across(ProcessGroup& pg, const at::Tensor& tensor, in
 
 }  // namespace
 
-void Accelerator::wait_for_everyone() { process_group_->barrier(); }
+void Accelerator::wait_for_everyone() { impl_->group->barrier(); }
 
 namespace {
 
@@ -69,7 +70,7 @@ at::Tensor Accelerator::pad_across_processes(const at::Tensor& tensor, int64_t d
                    "pad_across_processes: dim {} is out of range for a {}-d tensor", dim,
                    tensor.dim());
   if (num_processes() == 1) return tensor;
-  const auto sizes = sizes_across(*process_group_, tensor, dim);
+  const auto sizes = sizes_across(*impl_->group, tensor, dim);
   const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   const int64_t mine = tensor.size(dim);
   if (mine == longest) return tensor;
@@ -83,13 +84,13 @@ at::Tensor Accelerator::pad_across_processes(const at::Tensor& tensor, int64_t d
 at::Tensor Accelerator::gather(const at::Tensor& tensor) {
   TANDEM_CHECK_ARG(tensor.defined(), "gather: the tensor is undefined");
   torch::NoGradGuard no_grad;
-  if (tensor.dim() == 0) return at::stack(process_group_->all_gather(tensor.contiguous()));
+  if (tensor.dim() == 0) return at::stack(impl_->group->all_gather(tensor.contiguous()));
   if (num_processes() == 1) return tensor.clone();
-  const auto sizes = sizes_across(*process_group_, tensor, 0);
+  const auto sizes = sizes_across(*impl_->group, tensor, 0);
   const bool uneven = std::adjacent_find(sizes.begin(), sizes.end(), std::not_equal_to<>()) !=
                       sizes.end();
   at::Tensor mine = uneven ? pad_across_processes(tensor, 0) : tensor;
-  auto parts = process_group_->all_gather(mine.contiguous());
+  auto parts = impl_->group->all_gather(mine.contiguous());
   if (uneven) {
     for (size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, sizes[r]);
   }
@@ -100,16 +101,16 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) {
   TANDEM_CHECK_ARG(tensor.defined() && tensor.dim() > 0,
                    "gather_for_metrics: needs per-sample rows in dim 0");
   torch::NoGradGuard no_grad;
-  const auto sizes = sizes_across(*process_group_, tensor, 0);
+  const auto sizes = sizes_across(*impl_->group, tensor, 0);
   // Rows are the current batch's samples when the row count matches it on
   // this rank; every rank sees the same loader state, so all agree.
-  const detail::BatchReport& batch = controller_->batch();
+  const detail::BatchReport& batch = impl_->prepared.controller()->batch();
   const bool from_batch = !batch.real_rows_per_rank.empty() &&
                           static_cast<int>(batch.real_rows_per_rank.size()) == num_processes() &&
                           tensor.size(0) == batch.rows;
   at::Tensor mine = pad_across_processes(tensor, 0);
   auto parts = num_processes() == 1 ? std::vector<at::Tensor>{mine}
-                                    : process_group_->all_gather(mine.contiguous());
+                                    : impl_->group->all_gather(mine.contiguous());
   // In a joined pass a shadow rank's outputs are repeats of its last batch:
   // every rank knows which ranks those are, so all drop the same rows.
   const bool joined = static_cast<int>(batch.shadow_ranks.size()) == num_processes();
@@ -126,27 +127,29 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, ReduceOp op) {
   TANDEM_CHECK_ARG(tensor.defined(), "reduce: the tensor is undefined");
   torch::NoGradGuard no_grad;
   at::Tensor result = tensor.clone();
-  process_group_->all_reduce(result, op);
+  impl_->group->all_reduce(result, op);
   return result;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() const {
-  TANDEM_CHECK_ARG(!models_.empty(), "get_state_dict: prepare a model first");
-  return get_state_dict(models_.front().module);
+  TANDEM_CHECK_ARG(!impl_->prepared.models().empty(), "get_state_dict: prepare a model first");
+  return get_state_dict(impl_->prepared.models().front().module);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict(
     const std::shared_ptr<torch::nn::Module>& model) const {
-  const std::size_t index = check_prepared(model, "get_state_dict");
+  const std::size_t index = impl_->index_of(model, "get_state_dict");
   torch::NoGradGuard no_grad;
   // A partitioned parameter (ZeRO-3) holds only this rank's shard between
   // uses: read its whole value while the strategy holds it gathered.
   std::unordered_map<const void*, at::Tensor> whole;
-  models_[index].strategy->for_each_partitioned_whole(
-      [&](const std::string&, const at::Tensor& p) {
-        whole.emplace(p.unsafeGetTensorImpl(), p.detach().to(at::kCPU, /*non_blocking=*/false,
-                                                              /*copy=*/true));
-      });
+  detail::ModelStrategy& strategy = *impl_->prepared.models()[index].strategy;
+  if (detail::PartitionedParameters* partitioned = strategy.partitioned()) {
+    partitioned->for_each_partitioned_whole([&](const std::string&, const at::Tensor& p) {
+      whole.emplace(p.unsafeGetTensorImpl(),
+                    p.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    });
+  }
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
     auto it = whole.find(item.value().unsafeGetTensorImpl());

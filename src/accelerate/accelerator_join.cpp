@@ -16,6 +16,7 @@
 
 #include "tandem/accelerate/accelerator.h"
 
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "core/torch_internals.h"
@@ -31,21 +32,23 @@ Accelerator::JoinGuard::JoinGuard(std::shared_ptr<detail::StepController> contro
 
 Accelerator::JoinGuard::~JoinGuard() { controller_->end_join(); }
 
-Accelerator::JoinGuard Accelerator::join_uneven_inputs() { return JoinGuard(controller_); }
+Accelerator::JoinGuard Accelerator::join_uneven_inputs() {
+  return JoinGuard(impl_->prepared.controller());
+}
 
-void Accelerator::install_shadow_hooks() {
+void Accelerator::Impl::install_shadow_hooks() {
   // Installed once, after DDP/ZeRO took hold of the same accumulators. Each
   // runs before AccumulateGrad: on a shadow step the incoming gradient is
   // replaced by zeros, so the reducer hooks that fire after accumulation
   // still run (and launch the same collectives) with a zero contribution.
   // The controller is held weakly: DDP's reducer keeps these accumulators
   // alive, and the controller keeps the reducer alive.
-  join_hooks_ = std::make_unique<detail::JoinHooks>();
-  const std::weak_ptr<const detail::StepController> weak = controller_;
-  for (const auto& model : models_) {
+  join_hooks = std::make_unique<detail::JoinHooks>();
+  const std::weak_ptr<const detail::StepController> weak = prepared.controller();
+  for (const auto& model : prepared.models()) {
     for (const auto& param : unique_parameters(*model.module)) {
       if (!param.requires_grad()) continue;
-      join_hooks_->hooks.push_back(
+      join_hooks->hooks.push_back(
           internals::add_grad_pre_hook(param, [weak](const at::Tensor& grad) {
             const auto controller = weak.lock();
             const bool shadow = controller != nullptr && controller->state().shadow_batch;
@@ -55,19 +58,19 @@ void Accelerator::install_shadow_hooks() {
   }
 }
 
-double Accelerator::join_gradient_weight() {
-  TANDEM_CHECK_ARG(!models_.empty(),
+double Accelerator::Impl::join_gradient_weight() {
+  TANDEM_CHECK_ARG(!prepared.models().empty(),
                    "Accelerator::backward in a joined pass: no model was prepared, so shadow "
                    "steps cannot be made to contribute zero gradient. Prepare the model "
                    "(prepare() or prepare_model()) before training under "
                    "join_uneven_inputs()");
-  if (join_hooks_ == nullptr) install_shadow_hooks();
-  const GradientState& state = controller_->state();
+  if (join_hooks == nullptr) install_shadow_hooks();
+  const GradientState& state = prepared.controller()->state();
   if (state.shadow_batch) return 1.0;  // the hooks zero it anyway
   const int64_t k = state.ranks_with_data;
-  TANDEM_CHECK(k >= 1 && k <= num_processes(), "join: {} ranks with data out of {}", k,
-               num_processes());
-  return static_cast<double>(num_processes()) / static_cast<double>(k);
+  const int world = group->world_size();
+  TANDEM_CHECK(k >= 1 && k <= world, "join: {} ranks with data out of {}", k, world);
+  return static_cast<double>(world) / static_cast<double>(k);
 }
 
 }  // namespace tandem

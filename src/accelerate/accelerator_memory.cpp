@@ -10,7 +10,7 @@
 #include <c10/util/Exception.h>
 #include <fmt/ranges.h>
 
-#include "accelerate/model_strategy.h"
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "core/torch_compat_memory.h"
@@ -21,19 +21,13 @@
 namespace tandem {
 
 void Accelerator::free_memory() {
+  Impl& s = *impl_;
   // The join hooks sit on the models' parameters: off first.
-  join_hooks_.reset();
-  models_.clear();
-  optimizers_.clear();
-  schedulers_.clear();
-  train_cursor_.reset();
-  models_checked_ = false;
-  training_data_prepared_ = false;
-  // A fresh micro-step schedule at step 0 (Accelerate resets its step): the
-  // released objects keep the old controller, shared with them, so nothing
-  // they do reaches what is prepared next.
-  controller_ = std::make_shared<detail::StepController>(
-      config_.gradient_accumulation_steps.value_or(1));
+  s.join_hooks.reset();
+  // A fresh micro-step schedule at step 0 (Accelerate resets its step).
+  s.prepared.clear(s.config.gradient_accumulation_steps.value_or(1));
+  s.data->reset();
+  s.models_checked = false;
   compat::empty_cuda_cache();
 }
 
@@ -78,7 +72,7 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
     }
     // Agree, so that a rank whose attempt ran while another ran out of
     // memory retries too: fn runs with the same sizes everywhere.
-    const std::vector<std::string> outcomes = process_group_->all_gather_strings(outcome);
+    const std::vector<std::string> outcomes = impl_->group->all_gather_strings(outcome);
     std::vector<int> out_of_memory;
     for (int r = 0; r < world; ++r) {
       const std::string& o = outcomes[static_cast<std::size_t>(r)];

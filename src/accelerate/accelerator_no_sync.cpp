@@ -4,6 +4,7 @@
 // and the strategy ANDs that with "no guard alive", so a backward begun
 // inside the guard never communicates.
 
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/model_strategy.h"
 #include "accelerate/step_controller.h"
 #include "tandem/accelerate/accelerator.h"
@@ -24,9 +25,10 @@ Accelerator::NoSyncGuard::~NoSyncGuard() {
 }
 
 Accelerator::NoSyncGuard Accelerator::no_sync_at(std::size_t index) {
-  const std::shared_ptr<detail::ModelStrategy>& strategy = models_.at(index).strategy;
+  const std::shared_ptr<detail::ModelStrategy>& strategy =
+      impl_->prepared.models().at(index).strategy;
   strategy->enter_no_sync(index);
-  return NoSyncGuard(strategy, controller_);
+  return NoSyncGuard(strategy, impl_->prepared.controller());
 }
 
 }  // namespace tandem

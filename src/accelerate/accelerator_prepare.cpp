@@ -1,5 +1,7 @@
-// Accelerator::prepare_*: models (each held by its strategy), optimizers,
-// schedulers and data loaders, and looking prepared objects up again.
+// Accelerator::prepare_model, prepare_optimizer and prepare_scheduler:
+// models (each held by the strategy StrategyFactory picks), the optimizers
+// over them and their schedulers, registered in PreparedObjects. Data
+// loaders are DataPreparation's (data_preparation.h).
 
 #include "tandem/accelerate/accelerator.h"
 
@@ -16,7 +18,9 @@
 #include <torch/utils.h>
 
 #include "accelerate/consistency_check.h"
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/model_strategy.h"
+#include "accelerate/strategy_factory.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "accelerate/wall_clock_timer.h"
@@ -61,72 +65,60 @@ void warn_if_listed_twice(torch::optim::Optimizer& optimizer, const torch::nn::M
 
 }  // namespace
 
+void detail::refuse_cut_model_off_host(const torch::nn::Module& model, c10::Device device) {
+  for (const auto& p : model.parameters()) {
+    TANDEM_CHECK_ARG(holds_memory(p) || p.device() == device,
+                     "Accelerator::prepare_model: the model was built under a zero::Init that "
+                     "cut its units on {}, and it trains on {}; cut units cannot move. Build it "
+                     "under accelerator.zero_init(), which cuts on the training device, or pass "
+                     "that device to zero::Init",
+                     p.device().str(), device.str());
+  }
+}
+
 std::shared_ptr<torch::nn::Module> Accelerator::prepare_model(
     std::shared_ptr<torch::nn::Module> model) {
+  Impl& s = *impl_;
   TANDEM_CHECK_ARG(model != nullptr, "Accelerator::prepare_model: the model is null");
-  for (const auto& prepared : models_) {
+  for (const auto& prepared : s.prepared.models()) {
     TANDEM_CHECK_ARG(prepared.module != model,
                      "Accelerator::prepare_model: this model was already prepared; prepare "
                      "each model once and keep using the same object");
   }
-  detail::check_model_consistency(*process_group_, *model);
-  detail::refuse_cut_model_off_host(*model, device_);
+  detail::check_model_consistency(*s.group, *model);
+  detail::refuse_cut_model_off_host(*model, s.device);
   // In place: parameters keep their identity, so an optimizer built before
   // prepare() still holds the right tensors.
-  model->to(device_);
-  apply_activation_checkpointing(*model, config_.activation_checkpointing);
-  PreparedModel prepared;
+  model->to(s.device);
+  apply_activation_checkpointing(*model, s.config.activation_checkpointing);
+  detail::PreparedModel prepared;
   prepared.module = model;
-  prepared.prefix = detail::model_prefix(models_.size());
-  detail::ModelStrategyParts parts;
-  parts.module = model;
-  parts.group = process_group_;
-  parts.hybrid = *hybrid_;
-  parts.controller = controller_;
-  parts.zero = config_.zero;
-  parts.ddp = *ddp_options_;
-  prepared.strategy = detail::make_model_strategy(std::move(parts));
-  if (step_timer_) step_timer_->add_model(prepared.strategy);
-  models_.push_back(std::move(prepared));
-  models_checked_ = false;
-  join_hooks_.reset();  // reinstalled over every model at the next joined backward
+  prepared.prefix = detail::model_prefix(s.prepared.models().size());
+  prepared.strategy = s.strategies->make(model, s.prepared.controller());
+  if (s.trackers->timer()) s.trackers->timer()->add_model(prepared.strategy);
+  s.prepared.models().push_back(std::move(prepared));
+  s.models_checked = false;
+  s.join_hooks.reset();  // reinstalled over every model at the next joined backward
   return model;
 }
 
-std::size_t Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model,
-                                        const char* caller) const {
-  for (std::size_t i = 0; i < models_.size(); ++i) {
-    if (model != nullptr && models_[i].module == model) return i;
-  }
-  TANDEM_THROW(UsageError,
-               "Accelerator::{}: {} is not a model this Accelerator prepared ({} prepared); pass "
-               "the object prepare_model() returned",
-               caller, model == nullptr ? "a null model" : "the model given", models_.size());
-}
-
-AcceleratedOptimizer& Accelerator::only_optimizer(const char* caller) const {
-  TANDEM_CHECK_ARG(!optimizers_.empty(),
-                   "Accelerator::{}: prepare the optimizer first (prepare() or "
-                   "prepare_optimizer())",
-                   caller);
-  TANDEM_CHECK_ARG(optimizers_.size() == 1,
-                   "Accelerator::{}: {} optimizers are prepared; name the one to act on "
-                   "(the overload that takes the prepared optimizer)",
-                   caller, optimizers_.size());
-  return *optimizers_.front();
-}
-
 std::shared_ptr<torch::nn::Module> Accelerator::unwrap_model() const {
-  return models_.empty() ? nullptr : models_.front().module;
+  Impl& s = *impl_;
+  return s.prepared.models().empty() ? nullptr : s.prepared.models().front().module;
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer() const {
-  return models_.empty() ? nullptr : models_.front().strategy->zero();
+  Impl& s = *impl_;
+  return s.prepared.models().empty() ? nullptr
+                                     : zero_optimizer(s.prepared.models().front().module);
 }
 
 std::shared_ptr<ZeroOptimizer> Accelerator::zero_optimizer(
     const std::shared_ptr<torch::nn::Module>& model) const {
-  return models_[check_prepared(model, "zero_optimizer")].strategy->zero();
+  Impl& s = *impl_;
+  const detail::PartitionedParameters* partitioned =
+      s.prepared.models()[s.index_of(model, "zero_optimizer")].strategy->partitioned();
+  return partitioned != nullptr ? partitioned->zero() : nullptr;
 }
 
 namespace {
@@ -163,15 +155,18 @@ std::size_t model_of_optimizer(torch::optim::Optimizer& optimizer,
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  Impl& s = *impl_;
   TANDEM_CHECK_ARG(optimizer != nullptr, "Accelerator::prepare_optimizer: the optimizer is null");
   TANDEM_CHECK_ARG(dynamic_cast<AcceleratedOptimizer*>(optimizer.get()) == nullptr,
                    "Accelerator::prepare_optimizer: the optimizer is already prepared");
-  for (const auto& prepared : optimizers_) {
-    TANDEM_CHECK_ARG(&prepared->core_->wrapped() != optimizer.get(),
+  for (const auto& prepared : s.prepared.optimizers()) {
+    TANDEM_CHECK_ARG(&detail::PreparedAccess::core(*prepared).wrapped() != optimizer.get(),
                      "Accelerator::prepare_optimizer: this optimizer was already prepared; use "
                      "the object prepare_optimizer() returned");
     std::unordered_map<const void*, bool> held;
-    for (const auto& p : unique_optimizer_parameters(*prepared)) held[p.unsafeGetTensorImpl()] = true;
+    for (const auto& p : unique_optimizer_parameters(*prepared)) {
+      held[p.unsafeGetTensorImpl()] = true;
+    }
     for (const auto& p : unique_optimizer_parameters(*optimizer)) {
       TANDEM_CHECK_ARG(!held.count(p.unsafeGetTensorImpl()),
                        "Accelerator::prepare_optimizer: a parameter of shape [{}] is already "
@@ -182,57 +177,55 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   }
   // Under ZeRO an optimizer belongs to the one model it shards, prepared
   // before it; otherwise it stands alone and may span models.
-  const bool bound = detail::binds_optimizers(config_.zero);
-  TANDEM_CHECK_ARG(!bound || !models_.empty(),
-                   "Accelerator::prepare_optimizer: ZeRO stage {} shards the model together "
-                   "with its optimizer; prepare the model first (or use prepare(model, "
-                   "optimizer, data))",
-                   config_.zero.stage);
+  const bool bound = s.strategies->binds_optimizers();
+  TANDEM_CHECK_ARG(!bound || !s.prepared.models().empty(),
+                   "Accelerator::prepare_optimizer: ZeRO shards the model together with its "
+                   "optimizer; prepare the model first (or use prepare(model, optimizer, data))");
   std::optional<std::size_t> owner;
   if (bound) {
-    std::vector<std::shared_ptr<torch::nn::Module>> modules;
-    for (const auto& m : models_) modules.push_back(m.module);
-    owner = model_of_optimizer(*optimizer, modules);
+    owner = model_of_optimizer(*optimizer, s.prepared.modules());
   }
   std::shared_ptr<torch::nn::Module> model =
-      owner ? models_[*owner].module : (models_.empty() ? nullptr : models_.front().module);
+      owner ? s.prepared.models()[*owner].module : unwrap_model();
   warn_if_listed_twice(*optimizer, model.get(), bound);
   detail::OptimizerCore::Parts parts;
   parts.wrapped = optimizer;
-  parts.controller = controller_;
-  parts.scaler = scaler_;
-  parts.gradient_clipping = config_.gradient_clipping;
-  parts.group = process_group_;
-  parts.timer = step_timer_;
+  parts.controller = s.prepared.controller();
+  parts.scaler = s.scaler;
+  parts.gradient_clipping = s.config.gradient_clipping;
+  parts.group = s.group;
+  parts.timer = s.trackers->timer();
   auto core = std::make_unique<detail::OptimizerCore>(std::move(parts));
   detail::OptimizerCore& core_ref = *core;
-  auto prepared = std::shared_ptr<AcceleratedOptimizer>(
-      new AcceleratedOptimizer(std::move(optimizer), std::move(core)));
-  core_ref.set_update(owner ? models_[*owner].strategy->attach_optimizer(*prepared)
+  auto prepared = detail::PreparedAccess::make_optimizer(std::move(optimizer), std::move(core));
+  core_ref.set_update(owner ? s.prepared.models()[*owner].strategy->attach_optimizer(*prepared)
                             : detail::make_replicated_update(*prepared));
-  if (owner) models_[*owner].optimizers.push_back(optimizers_.size());
-  optimizers_.push_back(prepared);
-  models_checked_ = false;
+  if (owner) s.prepared.models()[*owner].optimizers.push_back(s.prepared.optimizers().size());
+  s.prepared.optimizers().push_back(prepared);
+  s.models_checked = false;
   return prepared;
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config(
     double default_lr) {
-  TANDEM_CHECK_ARG(models_.size() == 1,
+  Impl& s = *impl_;
+  TANDEM_CHECK_ARG(s.prepared.models().size() == 1,
                    "Accelerator::prepare_optimizer_from_config: {}; the optimizer is built over "
                    "the model's parameters",
-                   models_.empty() ? "prepare the model first"
-                                   : "several models are prepared, so name the model");
-  return prepare_optimizer_from_config(models_.front().module, default_lr);
+                   s.prepared.models().empty()
+                       ? "prepare the model first"
+                       : "several models are prepared, so name the model");
+  return prepare_optimizer_from_config(s.prepared.models().front().module, default_lr);
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config(
     const std::shared_ptr<torch::nn::Module>& model, double default_lr) {
-  const std::size_t index = check_prepared(model, "prepare_optimizer_from_config");
+  Impl& s = *impl_;
+  const std::size_t index = s.index_of(model, "prepare_optimizer_from_config");
   // Over each tensor once, as Python's parameters() gives them: a tied
   // weight listed twice would be stepped twice.
-  std::shared_ptr<torch::optim::Optimizer> optimizer =
-      make_optimizer(config_.optimizer, unique_parameters(*models_[index].module), default_lr);
+  std::shared_ptr<torch::optim::Optimizer> optimizer = make_optimizer(
+      s.config.optimizer, unique_parameters(*s.prepared.models()[index].module), default_lr);
   return prepare_optimizer(std::move(optimizer));
 }
 
@@ -251,59 +244,64 @@ std::shared_ptr<detail::SchedulerCore> scheduler_core(
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
     std::shared_ptr<LRScheduler> scheduler) {
+  Impl& s = *impl_;
   TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
   // It names its optimizer: the prepared one, or the one passed to prepare.
   std::shared_ptr<AcceleratedOptimizer> optimizer;
-  for (const auto& prepared : optimizers_) {
+  for (const auto& prepared : s.prepared.optimizers()) {
     if (&scheduler->optimizer() == prepared.get() ||
-        &scheduler->optimizer() == &prepared->core_->wrapped()) {
+        &scheduler->optimizer() == &detail::PreparedAccess::core(*prepared).wrapped()) {
       optimizer = prepared;
     }
   }
-  TANDEM_CHECK_ARG(optimizer != nullptr || optimizers_.size() <= 1,
+  TANDEM_CHECK_ARG(optimizer != nullptr || s.prepared.optimizers().size() <= 1,
                    "Accelerator::prepare_scheduler: the scheduler drives an optimizer that was "
                    "not prepared; build it over a prepared optimizer");
-  if (optimizer == nullptr && !optimizers_.empty()) optimizer = optimizers_.front();
-  auto core = scheduler_core(optimizer, controller_);
-  LRScheduler* s = scheduler.get();
+  if (optimizer == nullptr && !s.prepared.optimizers().empty()) {
+    optimizer = s.prepared.optimizers().front();
+  }
+  auto core = scheduler_core(optimizer, s.prepared.controller());
+  LRScheduler* raw = scheduler.get();
   core->owned = std::move(scheduler);
-  core->step_fn = [s] { s->step(); };
-  core->state_dict = [s] { return s->state_dict(); };
-  core->load_state_dict = [s](const std::map<std::string, double>& state) {
-    s->load_state_dict(state);
+  core->step_fn = [raw] { raw->step(); };
+  core->state_dict = [raw] { return raw->state_dict(); };
+  core->load_state_dict = [raw](const std::map<std::string, double>& state) {
+    raw->load_state_dict(state);
   };
-  schedulers_.push_back(core);
-  return std::shared_ptr<AcceleratedScheduler>(new AcceleratedScheduler(core));
+  s.prepared.schedulers().push_back(core);
+  return detail::PreparedAccess::make_scheduler(core);
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
     std::shared_ptr<torch::optim::LRScheduler> scheduler,
     std::shared_ptr<AcceleratedOptimizer> optimizer) {
+  Impl& s = *impl_;
   TANDEM_CHECK_ARG(scheduler != nullptr, "Accelerator::prepare_scheduler: the scheduler is null");
   if (optimizer == nullptr) {
-    TANDEM_CHECK_ARG(optimizers_.size() <= 1,
+    TANDEM_CHECK_ARG(s.prepared.optimizers().size() <= 1,
                      "Accelerator::prepare_scheduler: {} optimizers are prepared and a LibTorch "
                      "scheduler does not say which one it drives; pass it: "
                      "prepare_scheduler(scheduler, optimizer)",
-                     optimizers_.size());
-    if (!optimizers_.empty()) optimizer = optimizers_.front();
+                     s.prepared.optimizers().size());
+    if (!s.prepared.optimizers().empty()) optimizer = s.prepared.optimizers().front();
   } else {
-    TANDEM_CHECK_ARG(std::find(optimizers_.begin(), optimizers_.end(), optimizer) !=
-                         optimizers_.end(),
+    const auto& optimizers = s.prepared.optimizers();
+    TANDEM_CHECK_ARG(std::find(optimizers.begin(), optimizers.end(), optimizer) != optimizers.end(),
                      "Accelerator::prepare_scheduler: the optimizer given was not prepared by "
                      "this Accelerator");
   }
-  auto core = scheduler_core(std::move(optimizer), controller_);
-  torch::optim::LRScheduler* s = scheduler.get();
+  auto core = scheduler_core(std::move(optimizer), s.prepared.controller());
+  torch::optim::LRScheduler* raw = scheduler.get();
   core->owned = std::move(scheduler);
-  core->step_fn = [s] { s->step(); };
-  schedulers_.push_back(core);
-  return std::shared_ptr<AcceleratedScheduler>(new AcceleratedScheduler(core));
+  core->step_fn = [raw] { raw->step(); };
+  s.prepared.schedulers().push_back(core);
+  return detail::PreparedAccess::make_scheduler(core);
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config(
     const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps) {
-  TANDEM_CHECK_ARG(!config_.scheduler.type.empty(),
+  Impl& s = *impl_;
+  TANDEM_CHECK_ARG(!s.config.scheduler.type.empty(),
                    "Accelerator::prepare_scheduler_from_config: the config has no `scheduler` "
                    "block. Add one (e.g. {{\"type\": \"WarmupLR\", \"params\": {{...}}}}) or build "
                    "a scheduler in code and pass it to prepare_scheduler()");
@@ -314,44 +312,7 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config
   const double lr = groups.front().options().get_lr();
   std::map<std::string, double> auto_values = {{"warmup_max_lr", lr}, {"cycle_max_lr", lr}};
   if (total_num_steps > 0) auto_values["total_num_steps"] = static_cast<double>(total_num_steps);
-  return prepare_scheduler(make_lr_scheduler(config_.scheduler, *optimizer, auto_values));
-}
-
-DistributedLoaderOptions Accelerator::data_options(DistributedLoaderOptions options) const {
-  // Batches go to the training device unless the caller named one.
-  if (options.device.is_cpu()) options.device = device_;
-  return options;
-}
-
-// The loaders validate their options (once, in DistributedLoader's
-// constructor) before wrap_loader() lets the first one set the batch size.
-std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(std::vector<at::Tensor> tensors,
-                                                                 DistributedLoaderOptions options) {
-  return wrap_loader(DistributedLoader(std::move(tensors), *process_group_, data_options(options)));
-}
-
-std::shared_ptr<PreparedLoader> Accelerator::prepare_data_loader(DistributedLoader::Fetch fetch,
-                                                                 int64_t dataset_size,
-                                                                 DistributedLoaderOptions options) {
-  return wrap_loader(DistributedLoader(std::move(fetch), dataset_size, *process_group_,
-                                       data_options(options)));
-}
-
-std::shared_ptr<PreparedLoader> Accelerator::wrap_loader(DistributedLoader loader) {
-  // The first loader is the training data: its batch is the micro batch of
-  // the config's batch triple. Later ones (evaluation) change nothing.
-  if (!training_data_prepared_) resolve(loader.options().batch_size);
-  training_data_prepared_ = true;
-  auto cursor = std::make_shared<detail::LoaderCursor>();
-  // The first loader prepared is the training data: checkpoints keep its
-  // position (evaluation loaders restart every pass anyway).
-  if (train_cursor_ == nullptr) train_cursor_ = cursor;
-  return std::shared_ptr<PreparedLoader>(
-      new PreparedLoader(std::move(loader), controller_, std::move(cursor), process_group_));
-}
-
-std::shared_ptr<PreparedLoader> Accelerator::prepare_local_loader(DistributedLoader loader) {
-  return wrap_loader(std::move(loader));
+  return prepare_scheduler(make_lr_scheduler(s.config.scheduler, *optimizer, auto_values));
 }
 
 }  // namespace tandem

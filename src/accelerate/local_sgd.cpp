@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "accelerate/accelerator_impl.h"
 #include "accelerate/model_strategy.h"
 #include "accelerate/prepared_internals.h"
 #include "tandem/amp/master_weights.h"
@@ -19,8 +20,14 @@
 
 namespace tandem {
 
-void Accelerator::average_parameters(std::size_t index) {
-  const PreparedModel& model = models_.at(index);
+namespace {
+
+// Every rank's trainable parameters of prepared model `index`, and the fp32
+// masters of the optimizers over them, replaced by their mean across ranks.
+// Collective.
+void average_parameters(const detail::PreparedObjects& prepared, ProcessGroup& world,
+                        std::size_t index) {
+  const detail::PreparedModel& model = prepared.models().at(index);
   torch::NoGradGuard no_grad;
   // fp32 masters stand in for their bf16/fp16 parameters: average them, and
   // the model takes their rounded values afterwards.
@@ -31,9 +38,7 @@ void Accelerator::average_parameters(std::size_t index) {
   for (const auto& p : params) own.insert(p.unsafeGetTensorImpl());
   std::vector<std::pair<at::Tensor, at::Tensor>> mastered;  // (model param, master)
   std::unordered_set<const void*> has_master;
-  for (const auto& optimizer : optimizers_) {
-    const MasterWeights* masters = optimizer->core_->master_weights();
-    if (masters == nullptr) continue;
+  for (const MasterWeights* masters : prepared.master_weights()) {
     for (std::size_t i = 0; i < masters->model_params().size(); ++i) {
       const at::Tensor& p = masters->model_params()[i];
       const at::Tensor& m = masters->master_params()[i];
@@ -59,7 +64,7 @@ void Accelerator::average_parameters(std::size_t index) {
     std::vector<at::Tensor> flat_parts;
     for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
     at::Tensor flat = at::cat(flat_parts);
-    process_group_->all_reduce(flat, ReduceOp::kAvg);
+    world.all_reduce(flat, ReduceOp::kAvg);
     int64_t offset = 0;
     for (auto& t : group) {
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -69,6 +74,8 @@ void Accelerator::average_parameters(std::size_t index) {
   for (const auto& [p, m] : mastered) p.detach().copy_(m);
 }
 
+}  // namespace
+
 LocalSGD::LocalSGD(Accelerator& accelerator, std::shared_ptr<torch::nn::Module> model,
                    int64_t local_sgd_steps, bool enabled)
     : accelerator_(accelerator),
@@ -77,11 +84,14 @@ LocalSGD::LocalSGD(Accelerator& accelerator, std::shared_ptr<torch::nn::Module> 
       enabled_(enabled) {
   TANDEM_CHECK_ARG(local_sgd_steps >= 1, "LocalSGD: local_sgd_steps must be >= 1, got {}",
                    local_sgd_steps);
-  TANDEM_CHECK_ARG(accelerator.models_.at(index_).strategy->zero_stage() == 0,
-                   "LocalSGD: [rank {}] the model is sharded with ZeRO stage {}, whose shards "
+  // Only replicas can drift apart and be averaged back.
+  const detail::ModelStrategy& strategy =
+      *accelerator.impl_->prepared.models().at(index_).strategy;
+  TANDEM_CHECK_ARG(strategy.partitioned() == nullptr,
+                   "LocalSGD: [rank {}] the model is sharded with {}, whose shards "
                    "cannot drift apart to be averaged; LocalSGD works with DDP (as Accelerate's "
                    "refuses DeepSpeed). Turn ZeRO off or drop LocalSGD",
-                   accelerator.process_index(), accelerator.models_.at(index_).strategy->zero_stage());
+                   accelerator.process_index(), strategy.describe());
   if (enabled_) no_sync_.emplace(accelerator.no_sync_at(index_));
 }
 
@@ -102,7 +112,7 @@ void LocalSGD::step() {
   TANDEM_CHECK_ARG(!finished_, "LocalSGD::step: finish() already ran; make a new LocalSGD");
   ++num_steps_;
   if (!enabled_ || num_steps_ % local_sgd_steps_ != 0) return;
-  accelerator_.average_parameters(index_);
+  average_parameters(accelerator_.impl_->prepared, *accelerator_.impl_->group, index_);
   averaged_at_ = num_steps_;
 }
 
@@ -112,7 +122,7 @@ void LocalSGD::finish() {
   if (!enabled_) return;
   // Always, as Accelerate's __exit__: the optimizer may have stepped
   // without step() being called.
-  accelerator_.average_parameters(index_);
+  average_parameters(accelerator_.impl_->prepared, *accelerator_.impl_->group, index_);
   averaged_at_ = num_steps_;
   no_sync_.reset();
 }

@@ -5,19 +5,18 @@
 #include <exception>
 #include <unordered_map>
 
+#include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "accelerate/model_strategy.h"
+#include "accelerate/model_strategies.h"
 #include "accelerate/step_controller.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/amp/master_weights.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors_set.h"
-#include "tandem/comm/mesh.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
-#include "tandem/zero/init.h"
 #include "tandem/zero/zero_optimizer.h"
 #include "tandem/zero/zero_weights.h"
 
@@ -89,10 +88,11 @@ LoadSafetensorsResult load_whole_weights(torch::nn::Module& module, ProcessGroup
 // all-reduces the gradients in backward.
 class ReplicatedModel final : public ModelStrategy {
  public:
-  explicit ReplicatedModel(ModelStrategyParts& parts) : ModelStrategy(parts.module) {
+  ReplicatedModel(const ModelStrategyParts& parts, const DDPOptions& ddp)
+      : ModelStrategy(parts.module) {
     group_ = parts.group;
     if (parts.group->world_size() > 1) {
-      ddp_ = std::make_shared<DistributedDataParallel>(module_, parts.group, parts.ddp);
+      ddp_ = std::make_shared<DistributedDataParallel>(module_, parts.group, ddp);
       parts.controller->attach_gradient_sync(
           [ddp = ddp_, holds = no_sync_holds_](bool enabled) {
             ddp->set_gradient_sync(enabled && *holds == 0);
@@ -108,7 +108,13 @@ class ReplicatedModel final : public ModelStrategy {
     if (--*no_sync_holds_ == 0 && ddp_) ddp_->set_gradient_sync(sync);
   }
 
-  const char* name() const override { return ddp_ ? "ddp" : "single"; }
+  StrategyRecord record() const override {
+    StrategyRecord r;
+    r.name = ddp_ ? "ddp" : "single";
+    return r;
+  }
+  std::string describe() const override { return ddp_ ? "DDP" : "one process"; }
+  void check_ready(std::size_t) const override {}
   void time_communication() override {
     if (ddp_) ddp_->set_wait_timing(true);
   }
@@ -135,13 +141,13 @@ class ReplicatedModel final : public ModelStrategy {
 
 // ZeRO stage 1-3: the ZeroOptimizer built over the model and its optimizer
 // holds the partitioned parameters, gradients and optimizer state.
-class ShardedModel : public ModelStrategy {
+class ShardedModel : public ModelStrategy, public PartitionedParameters {
  public:
-  explicit ShardedModel(ModelStrategyParts& parts)
+  ShardedModel(const ModelStrategyParts& parts, const ZeroOptions& options)
       : ModelStrategy(parts.module),
         group_(parts.group),
         controller_(parts.controller),
-        config_(parts.zero) {
+        options_(options) {
     if (group_->world_size() > 1) {
       // ZeRO broadcasts the parameters it shards; frozen ones and buffers
       // start from rank 0's values here, as DDP would make them.
@@ -154,10 +160,19 @@ class ShardedModel : public ModelStrategy {
     }
   }
 
-  const char* name() const override { return "zero"; }
-  int zero_stage() const override { return config_.stage; }
+  StrategyRecord record() const override {
+    StrategyRecord r;
+    r.name = "zero";
+    r.zero_stage = options_.stage;
+    return r;
+  }
+  std::string describe() const override { return fmt::format("ZeRO stage {}", options_.stage); }
+  PartitionedParameters* partitioned() override { return this; }
   std::shared_ptr<ZeroOptimizer> zero() const override { return zero_; }
+  // Stage 3 partitions the parameter values themselves.
+  bool gathers_parameters_to_save() const override { return options_.stage == 3; }
   // ZeRO measures its waits always (ZeroOptimizer::comm_stats()).
+  void time_communication() override {}
   double communication_wait_seconds() const override {
     return zero_ ? zero_->communication_wait_seconds() : 0.0;
   }
@@ -167,19 +182,7 @@ class ShardedModel : public ModelStrategy {
                      "Accelerator::prepare_optimizer: this prepared model is already sharded "
                      "with another optimizer; under ZeRO put all of a model's parameter groups "
                      "in one optimizer");
-    ZeroOptions options;
-    options.stage = config_.stage;
-    options.reduce_bucket_size = config_.reduce_bucket_size;
-    options.offload_optimizer = config_.offload_optimizer == OffloadDevice::kCpu;
-    options.offload_param = config_.offload_param == OffloadDevice::kCpu;
-    options.pin_memory = config_.offload_pin_memory;
-    options.prefetch_bucket_size = config_.stage3_prefetch_bucket_size;
-    options.max_live_parameters = config_.stage3_max_live_parameters;
-    options.param_persistence_threshold = config_.stage3_param_persistence_threshold;
-    options.allgather_bucket_size = config_.allgather_bucket_size;
-    options.reduce_scatter = config_.reduce_scatter;
-    options.overlap_comm = config_.overlap_comm;
-    zero_ = make_zero(prepared, options);
+    zero_ = make_zero(prepared, options_);
     controller_->attach_gradient_sync([zero = zero_, holds = no_sync_holds_](bool enabled) {
       zero->set_gradient_sync(enabled && *holds == 0);
     });
@@ -189,13 +192,13 @@ class ShardedModel : public ModelStrategy {
 
   void enter_no_sync(std::size_t index) override {
     // DeepSpeed's no_sync refuses these stages for the same reason.
-    TANDEM_CHECK_ARG(config_.stage == 1,
+    TANDEM_CHECK_ARG(options_.stage == 1,
                      "Accelerator::no_sync: prepared model {} is sharded with ZeRO stage {}, "
                      "which partitions gradients and reduce-scatters them in every backward, "
                      "so they cannot accumulate locally. Use gradient accumulation instead "
                      "(gradient_accumulation_steps with accumulate(); it accumulates into the "
                      "shards), or ZeRO stage 1",
-                     index, config_.stage);
+                     index, options_.stage);
     ++*no_sync_holds_;
     if (zero_) zero_->set_gradient_sync(false);
   }
@@ -304,7 +307,7 @@ class ShardedModel : public ModelStrategy {
  private:
   std::shared_ptr<ProcessGroup> group_;  // the world
   std::shared_ptr<StepController> controller_;
-  ZeroConfig config_;
+  ZeroOptions options_;  // decoded from the config by the factory
   std::shared_ptr<ZeroOptimizer> zero_;
   std::shared_ptr<int> no_sync_holds_ = std::make_shared<int>(0);
 };
@@ -316,11 +319,20 @@ class ShardedModel : public ModelStrategy {
 // on errors and on overflow) spans the world, as for ZeRO.
 class HybridShardedModel final : public ShardedModel {
  public:
-  explicit HybridShardedModel(ModelStrategyParts& parts)
-      : ShardedModel(parts), hybrid_(parts.hybrid) {}
+  HybridShardedModel(const ModelStrategyParts& parts, const ZeroOptions& options,
+                     HybridGroups hybrid)
+      : ShardedModel(parts, options), hybrid_(std::move(hybrid)) {}
 
-  const char* name() const override { return "hsdp"; }
-  int hpz_partition_size() const override { return hybrid_.partition_size; }
+  StrategyRecord record() const override {
+    StrategyRecord r = ShardedModel::record();
+    r.name = "hsdp";
+    r.hpz_partition_size = hybrid_.partition_size;
+    return r;
+  }
+  std::string describe() const override {
+    return fmt::format("HSDP ({} in shard groups of {} ranks)", ShardedModel::describe(),
+                       hybrid_.partition_size);
+  }
 
  protected:
   std::shared_ptr<ZeroOptimizer> make_zero(AcceleratedOptimizer& prepared,
@@ -339,50 +351,20 @@ class HybridShardedModel final : public ShardedModel {
 
 }  // namespace
 
-HybridGroups make_hybrid_groups(const ZeroConfig& zero, const std::shared_ptr<ProcessGroup>& world,
-                                int local_world_size) {
-  HybridGroups out;
-  if (zero.stage < 2 || zero.hpz_partition_size == 1) return out;
-  const int w = world->world_size();
-  const bool per_host = zero.hpz_partition_size == kHpzRanksPerHost;
-  const int p = per_host ? local_world_size : zero.hpz_partition_size;
-  TANDEM_CHECK_ARG(p >= 1 && w % p == 0,
-                   "[rank {}/{}] {} shards inside groups of {} rank(s), which does not divide "
-                   "the {} rank(s) of this run. {}",
-                   world->rank(), w,
-                   per_host ? "fsdp_sharding_strategy HYBRID_SHARD (ranks per host)"
-                            : "zero_optimization.zero_hpz_partition_size",
-                   p, w,
-                   per_host ? "Launch the same number of processes on every host"
-                            : "Set it to a divisor of the world size (the ranks of one host, "
-                              "usually), or to 1 for plain ZeRO");
-  out.partition_size = p;
-  if (p == w) {
-    out.shard = world;  // one shard group: nothing to replicate across
-    return out;
-  }
-  // Row-major: shard group g holds ranks [g * p, (g + 1) * p), one host's
-  // when p is the ranks per host.
-  ProcessMesh mesh(world, {w / p, p}, {"replica", "shard"});
-  out.shard = mesh.group("shard");
-  out.replicate = mesh.group("replica");
-  return out;
+std::shared_ptr<ModelStrategy> make_replicated_model(const ModelStrategyParts& parts,
+                                                     const DDPOptions& ddp) {
+  return std::make_shared<ReplicatedModel>(parts, ddp);
 }
 
-bool binds_optimizers(const ZeroConfig& zero) { return zero.stage > 0; }
-
-zero::Init make_zero_init(const ZeroConfig& zero, const ProcessGroup& group,
-                          c10::Device device) {
-  if (zero.stage != 3 || !zero.zero3_init) return zero::Init::disabled();
-  return zero::Init(group, zero.stage3_param_persistence_threshold, device);
+std::shared_ptr<ModelStrategy> make_sharded_model(const ModelStrategyParts& parts,
+                                                  const ZeroOptions& options) {
+  return std::make_shared<ShardedModel>(parts, options);
 }
 
-std::shared_ptr<ModelStrategy> make_model_strategy(ModelStrategyParts parts) {
-  if (parts.zero.stage > 0 && parts.hybrid.enabled()) {
-    return std::make_shared<HybridShardedModel>(parts);
-  }
-  if (parts.zero.stage > 0) return std::make_shared<ShardedModel>(parts);
-  return std::make_shared<ReplicatedModel>(parts);
+std::shared_ptr<ModelStrategy> make_hybrid_sharded_model(const ModelStrategyParts& parts,
+                                                         const ZeroOptions& options,
+                                                         const HybridGroups& hybrid) {
+  return std::make_shared<HybridShardedModel>(parts, options, hybrid);
 }
 
 }  // namespace tandem::detail

@@ -178,7 +178,7 @@ void ProfileSession::leave(bool write) {
 }
 
 ProfileSession Accelerator::profile(const ProfileOptions& options) {
-  return ProfileSession(process_group_, options, device_.is_cuda());
+  return ProfileSession(process_group(), options, device().is_cuda());
 }
 
 }  // namespace tandem

@@ -35,6 +35,7 @@ class ProcessGroup;
 
 namespace detail {
 class OptimizerCore;
+struct PreparedAccess;
 class StepController;
 struct LoaderCursor;
 struct SchedulerCore;
@@ -105,6 +106,7 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
   friend class Accelerator;
   friend class AcceleratedScheduler;
   friend struct detail::SchedulerCore;
+  friend struct detail::PreparedAccess;
   AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> wrapped,
                        std::unique_ptr<detail::OptimizerCore> core);
 
@@ -124,6 +126,7 @@ class AcceleratedScheduler {
 
  private:
   friend class Accelerator;
+  friend struct detail::PreparedAccess;
   explicit AcceleratedScheduler(std::shared_ptr<detail::SchedulerCore> core);
 
   std::shared_ptr<detail::SchedulerCore> core_;
@@ -197,6 +200,7 @@ class PreparedLoader {
 
  private:
   friend class Accelerator;
+  friend struct detail::PreparedAccess;
   // `group`: the ranks a joined pass agrees with.
   PreparedLoader(DistributedLoader loader, std::shared_ptr<detail::StepController> controller,
                  std::shared_ptr<detail::LoaderCursor> cursor,

@@ -1,6 +1,6 @@
-// Accelerator::save_state / load_state: what a checkpoint holds and how it
-// maps onto the prepared objects (save_model is in accelerator_save_model.cpp).
-// The directory layout and the commit protocol are tandem/checkpoint/checkpoint.h's.
+// Checkpointer's contents (checkpointer.h): the metadata and tensors that
+// save_state() writes for the prepared objects, and how load_state() puts
+// them back (resharding partitioned parameters through the strategies).
 
 #include <algorithm>
 #include <chrono>
@@ -13,29 +13,21 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include "accelerate/checkpointer.h"
 #include "accelerate/model_strategy.h"
 #include "accelerate/optimizer_state.h"
-#include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
-#include "checkpoint/checkpoint_fs.h"
-#include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/prepared.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
+#include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 #include "tandem/core/parameters.h"
 #include "tandem/core/version.h"
 
-namespace tandem {
+namespace tandem::detail {
 namespace {
-
-using detail::flat;
-using detail::kMasterSection;
-using detail::kModelSection;
-using detail::name_of;
-using detail::NamedTensors;
-using detail::optim_section;
-using detail::TensorNames;
 
 // unique_named_parameters() as (name, tensor) pairs: tied weights once,
 // under their first name, behind `prefix`.
@@ -88,155 +80,6 @@ at::Generator generator_for(const std::string& key) {
   return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index));
 }
 
-}  // namespace
-
-bool Accelerator::has_checkpoint(const std::string& dir) {
-  try {
-    return latest_checkpoint_tag(dir).has_value();
-  } catch (const CheckpointError&) {
-    return false;
-  }
-}
-
-TensorNames Accelerator::tensor_names() const {
-  TensorNames names;
-  for (const auto& model : models_) {
-    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
-      TANDEM_CHECK_ARG(names.emplace(p.unsafeGetTensorImpl(), name).second,
-                       "save_state: parameter '{}' is also a parameter of another prepared model; "
-                       "prepare a container module holding both instead",
-                       name);
-    }
-  }
-  for (const auto& optimizer : optimizers_) optimizer->core_->update().add_master_names(names);
-  return names;
-}
-
-nlohmann::json Accelerator::state_meta(const SaveStateOptions& options) {
-  nlohmann::json meta;
-  const detail::ModelStrategy& first = *models_.front().strategy;
-  meta["step"] = step();
-  meta["strategy"] = first.name();
-  meta["zero_stage"] = first.zero_stage();
-  meta["hpz_partition_size"] = first.hpz_partition_size();
-  meta["mixed_precision"] = precision_name(config_.mixed_precision);
-  meta["tandem_version"] = version();
-  meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
-  nlohmann::json params = nlohmann::json::array();
-  nlohmann::json buffers = nlohmann::json::array();
-  nlohmann::json models = nlohmann::json::array();
-  for (const auto& model : models_) {
-    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
-      nlohmann::json d = describe(name, p);
-      d["trainable"] = p.requires_grad();
-      params.push_back(d);
-    }
-    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
-      buffers.push_back(describe(name, b));
-    }
-    models.push_back({{"prefix", model.prefix},
-                      {"strategy", model.strategy->name()},
-                      {"zero_stage", model.strategy->zero_stage()},
-                      {"hpz_partition_size", model.strategy->hpz_partition_size()}});
-  }
-  meta["parameters"] = params;
-  meta["buffers"] = buffers;
-  meta["models"] = models;
-  const TensorNames names = tensor_names();
-  nlohmann::json optimizers = nlohmann::json::array();
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
-    auto& optimizer = *optimizers_[i];
-    nlohmann::json opt;
-    opt["type"] = detail::optimizer_type(optimizer);
-    opt["param_groups"] = detail::param_group_options(optimizer);
-    opt["real_steps"] = controller_->optimizer(optimizer.core_->id()).steps;
-    optimizer.core_->update().describe_state(optimizer, names, opt);
-    optimizers.push_back(opt);
-  }
-  // "optimizer": the first one, as one-optimizer checkpoints have it.
-  if (!optimizers.empty()) meta["optimizer"] = optimizers[0];
-  meta["optimizers"] = optimizers;
-  nlohmann::json schedulers = nlohmann::json::array();
-  for (const auto& core : schedulers_) {
-    nlohmann::json s = {{"steps", core->steps}};
-    if (core->state_dict) s["state"] = core->state_dict();
-    schedulers.push_back(s);
-  }
-  meta["schedulers"] = schedulers;
-  meta["scaler"] = scaler_->state_dict();
-  if (train_cursor_) {
-    const auto& c = *train_cursor_;
-    meta["loader"] = {{"epoch", c.epoch},         {"position", c.position},
-                      {"in_pass", c.in_pass},     {"completed_passes", c.completed_passes},
-                      {"epoch_set", c.epoch_set}, {"skip", c.skip},
-                      {"size", c.size}};
-  }
-  meta["gradient_state"] = {{"optimizer_steps", step()}};
-  meta["client_state"] = options.client_state;
-  return meta;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> Accelerator::state_tensors() {
-  NamedTensors out;
-  const bool rank0 = is_main_process();
-  for (const auto& model : models_) {
-    // Partitioned parameters: every rank its fragments; the rest: rank 0.
-    model.strategy->append_shard_tensors(model.prefix, out);
-    if (!rank0) continue;
-    std::unordered_map<std::string, bool> partitioned;
-    for (const auto& name : model.strategy->partitioned_names()) {
-      partitioned[model.prefix + name] = true;
-    }
-    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
-      if (!partitioned.count(name)) out.emplace_back(fragment_key(kModelSection, name, 0), flat(p));
-    }
-    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
-      out.emplace_back("buffer/" + name, b);
-    }
-  }
-  if (rank0) {
-    const TensorNames names = tensor_names();
-    for (const auto& prepared : optimizers_) {
-      prepared->core_->update().append_state_tensors(*prepared, names, out);
-    }
-  }
-  for (const auto& key : generator_keys()) {
-    at::Generator gen = generator_for(key);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.emplace_back(key, gen.get_state());
-  }
-  return out;
-}
-
-void Accelerator::save_state(const std::string& dir, const SaveStateOptions& options) {
-  TANDEM_CHECK_ARG(!controller_->gradients_pending(),
-                   "save_state() was called in the middle of gradient accumulation (after "
-                   "backward(), before the optimizer step that consumes the gradients). A "
-                   "checkpoint holds no partial gradients, so resuming would lose them: call "
-                   "save_state() after optimizer->step() on a step where sync_gradients() is "
-                   "true");
-  run_state_pre_hooks(/*save=*/true, dir);
-  const std::string tag =
-      options.tag.empty() ? "global_step" + std::to_string(step()) : options.tag;
-  nlohmann::json meta = is_main_process() ? state_meta(options) : nlohmann::json::object();
-  NamedTensors custom;  // rank 0's custom objects' tensors
-  if (is_main_process()) meta["custom_checkpoints"] = custom_state_meta(&custom);
-  CheckpointCommitOptions commit;
-  commit.total_limit = options.total_limit;
-  commit_checkpoint(
-      *process_group_, dir, tag,
-      [this, &custom] {
-        NamedTensors out = state_tensors();
-        out.insert(out.end(), custom.begin(), custom.end());
-        return out;
-      },
-      std::move(meta), commit);
-}
-
-namespace {
-
 // The saved entry of optimizer `index`: "optimizers" when the checkpoint has
 // it, else (one-optimizer checkpoints) "optimizer".
 const nlohmann::json* saved_optimizer(const nlohmann::json& meta, std::size_t index) {
@@ -254,13 +97,131 @@ std::size_t saved_optimizer_count(const nlohmann::json& meta) {
 
 }  // namespace
 
-void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimizer_states) {
+TensorNames Checkpointer::tensor_names() const {
+  TensorNames names;
+  for (const auto& model : prepared_.models()) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
+      TANDEM_CHECK_ARG(names.emplace(p.unsafeGetTensorImpl(), name).second,
+                       "save_state: parameter '{}' is also a parameter of another prepared model; "
+                       "prepare a container module holding both instead",
+                       name);
+    }
+  }
+  for (const auto& optimizer : prepared_.optimizers()) {
+    PreparedAccess::core(*optimizer).update().add_master_names(names);
+  }
+  return names;
+}
+
+nlohmann::json Checkpointer::state_meta(const SaveStateOptions& options) const {
+  nlohmann::json meta;
+  const StrategyRecord first = prepared_.models().front().strategy->record();
+  meta["step"] = prepared_.controller()->state().optimizer_steps;
+  meta["strategy"] = first.name;
+  meta["zero_stage"] = first.zero_stage;
+  meta["hpz_partition_size"] = first.hpz_partition_size;
+  meta["mixed_precision"] = precision_name(config_.mixed_precision);
+  meta["tandem_version"] = version();
+  meta["created_unix"] = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  nlohmann::json params = nlohmann::json::array();
+  nlohmann::json buffers = nlohmann::json::array();
+  nlohmann::json models = nlohmann::json::array();
+  for (const auto& model : prepared_.models()) {
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
+      nlohmann::json d = describe(name, p);
+      d["trainable"] = p.requires_grad();
+      params.push_back(d);
+    }
+    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
+      buffers.push_back(describe(name, b));
+    }
+    const StrategyRecord record = model.strategy->record();
+    models.push_back({{"prefix", model.prefix},
+                      {"strategy", record.name},
+                      {"zero_stage", record.zero_stage},
+                      {"hpz_partition_size", record.hpz_partition_size}});
+  }
+  meta["parameters"] = params;
+  meta["buffers"] = buffers;
+  meta["models"] = models;
+  const TensorNames names = tensor_names();
+  nlohmann::json optimizers = nlohmann::json::array();
+  for (std::size_t i = 0; i < prepared_.optimizers().size(); ++i) {
+    auto& optimizer = *prepared_.optimizers()[i];
+    nlohmann::json opt;
+    opt["type"] = optimizer_type(optimizer);
+    opt["param_groups"] = param_group_options(optimizer);
+    opt["real_steps"] =
+        prepared_.controller()->optimizer(PreparedAccess::core(optimizer).id()).steps;
+    PreparedAccess::core(optimizer).update().describe_state(optimizer, names, opt);
+    optimizers.push_back(opt);
+  }
+  // "optimizer": the first one, as one-optimizer checkpoints have it.
+  if (!optimizers.empty()) meta["optimizer"] = optimizers[0];
+  meta["optimizers"] = optimizers;
+  nlohmann::json schedulers = nlohmann::json::array();
+  for (const auto& core : prepared_.schedulers()) {
+    nlohmann::json s = {{"steps", core->steps}};
+    if (core->state_dict) s["state"] = core->state_dict();
+    schedulers.push_back(s);
+  }
+  meta["schedulers"] = schedulers;
+  meta["scaler"] = scaler_->state_dict();
+  if (data_.train_cursor()) {
+    const auto& c = *data_.train_cursor();
+    meta["loader"] = {{"epoch", c.epoch},         {"position", c.position},
+                      {"in_pass", c.in_pass},     {"completed_passes", c.completed_passes},
+                      {"epoch_set", c.epoch_set}, {"skip", c.skip},
+                      {"size", c.size}};
+  }
+  meta["gradient_state"] = {
+      {"optimizer_steps", prepared_.controller()->state().optimizer_steps}};
+  meta["client_state"] = options.client_state;
+  return meta;
+}
+
+NamedTensors Checkpointer::state_tensors() const {
+  NamedTensors out;
+  const bool rank0 = main_process();
+  for (const auto& model : prepared_.models()) {
+    // Partitioned parameters: every rank its fragments; the rest: rank 0.
+    const PartitionedParameters* shards = model.strategy->partitioned();
+    if (shards != nullptr) shards->append_shard_tensors(model.prefix, out);
+    if (!rank0) continue;
+    std::unordered_map<std::string, bool> partitioned;
+    if (shards != nullptr) {
+      for (const auto& name : shards->partitioned_names()) partitioned[model.prefix + name] = true;
+    }
+    for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
+      if (!partitioned.count(name)) out.emplace_back(fragment_key(kModelSection, name, 0), flat(p));
+    }
+    for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
+      out.emplace_back("buffer/" + name, b);
+    }
+  }
+  if (rank0) {
+    const TensorNames names = tensor_names();
+    for (const auto& prepared : prepared_.optimizers()) {
+      PreparedAccess::core(*prepared).update().append_state_tensors(*prepared, names, out);
+    }
+  }
+  for (const auto& key : generator_keys()) {
+    at::Generator gen = generator_for(key);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(key, gen.get_state());
+  }
+  return out;
+}
+
+void Checkpointer::restore_models(const CheckpointReader& checkpoint, bool optimizer_states) {
   const nlohmann::json& meta = checkpoint.meta();
   std::map<std::string, std::vector<int64_t>> saved_shapes;
   for (const auto& p : meta.at("parameters")) {
     saved_shapes[p.at("name").get<std::string>()] = p.at("shape").get<std::vector<int64_t>>();
   }
-  for (const auto& model : models_) {
+  for (const auto& model : prepared_.models()) {
     for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       const auto it = saved_shapes.find(name);
       TANDEM_CHECK_ARG(it != saved_shapes.end(),
@@ -283,7 +244,7 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
                    checkpoint.path(), saved_shapes.empty() ? "" : saved_shapes.begin()->first);
 
   torch::NoGradGuard no_grad;
-  for (const auto& model : models_) {
+  for (const auto& model : prepared_.models()) {
     // The optimizer step count its shards were saved at (ZeRO: the one
     // optimizer over the model).
     int64_t step = 0;
@@ -292,10 +253,10 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
         step = saved->value("step", int64_t{0});
       }
     }
-    model.strategy->restore_shards(checkpoint, model.prefix, optimizer_states, step);
     std::unordered_map<std::string, bool> partitioned;
-    for (const auto& name : model.strategy->partitioned_names()) {
-      partitioned[model.prefix + name] = true;
+    if (PartitionedParameters* shards = model.strategy->partitioned()) {
+      shards->restore_shards(checkpoint, model.prefix, optimizer_states, step);
+      for (const auto& name : shards->partitioned_names()) partitioned[model.prefix + name] = true;
     }
     for (const auto& [name, p] : parameters_by_name(*model.module, model.prefix)) {
       if (partitioned.count(name)) continue;
@@ -310,52 +271,52 @@ void Accelerator::restore_models(const CheckpointReader& checkpoint, bool optimi
   }
 }
 
-void Accelerator::restore_optimizers(const CheckpointReader& checkpoint) {
+void Checkpointer::restore_optimizers(const CheckpointReader& checkpoint) {
   const nlohmann::json& meta = checkpoint.meta();
   TANDEM_CHECK_ARG(saved_optimizer_count(meta) > 0,
                    "load_state: checkpoint '{}' has no optimizer state (the saving run prepared "
                    "none); pass load_optimizer_states = false to load the rest",
                    checkpoint.path());
-  TANDEM_CHECK_ARG(saved_optimizer_count(meta) == optimizers_.size(),
+  TANDEM_CHECK_ARG(saved_optimizer_count(meta) == prepared_.optimizers().size(),
                    "load_state: checkpoint '{}' holds {} optimizer(s) but this run prepared {}; "
                    "prepare the same optimizers, in the same order, before load_state() (or "
                    "pass load_optimizer_states = false)",
-                   checkpoint.path(), saved_optimizer_count(meta), optimizers_.size());
+                   checkpoint.path(), saved_optimizer_count(meta), prepared_.optimizers().size());
   const TensorNames names = tensor_names();
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+  for (std::size_t i = 0; i < prepared_.optimizers().size(); ++i) {
     const nlohmann::json& saved = *saved_optimizer(meta, i);
-    auto& optimizer = *optimizers_[i];
-    const std::string type = detail::optimizer_type(optimizer);
+    auto& optimizer = *prepared_.optimizers()[i];
+    const std::string type = optimizer_type(optimizer);
     if (saved.at("type").get<std::string>() != type) {
       TANDEM_THROW(UsageError,
                    "load_state: checkpoint '{}' holds {} state for optimizer {} but this run's "
                    "is {}; build the same optimizer type (or pass load_optimizer_states = false)",
                    checkpoint.path(), saved.at("type").get<std::string>(), i, type);
     }
-    optimizer.core_->update().restore_state(optimizer, checkpoint, saved, names);
+    PreparedAccess::core(optimizer).update().restore_state(optimizer, checkpoint, saved, names);
   }
 }
 
-void Accelerator::restore_progress(const CheckpointReader& checkpoint,
+void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
                                    const LoadStateOptions& options) {
   const nlohmann::json& meta = checkpoint.meta();
   const nlohmann::json& schedulers = meta.at("schedulers");
-  TANDEM_CHECK_ARG(schedulers.size() == schedulers_.size(),
+  TANDEM_CHECK_ARG(schedulers.size() == prepared_.schedulers().size(),
                    "load_state: checkpoint '{}' holds {} scheduler(s) but this run prepared {}; "
                    "prepare the same schedulers before load_state()",
-                   checkpoint.path(), schedulers.size(), schedulers_.size());
+                   checkpoint.path(), schedulers.size(), prepared_.schedulers().size());
   const int64_t optimizer_steps = meta.at("gradient_state").at("optimizer_steps").get<int64_t>();
   // Each optimizer's real steps (one-optimizer checkpoints: the global count).
   std::vector<int64_t> per_optimizer;
-  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+  for (std::size_t i = 0; i < prepared_.optimizers().size(); ++i) {
     const nlohmann::json* saved = saved_optimizer(meta, i);
     per_optimizer.push_back(saved != nullptr ? saved->value("real_steps", optimizer_steps)
                                              : optimizer_steps);
   }
-  controller_->restore(optimizer_steps, per_optimizer);
-  for (std::size_t i = 0; i < schedulers_.size(); ++i) {
-    auto& core = *schedulers_[i];
+  prepared_.controller()->restore(optimizer_steps, per_optimizer);
+  for (std::size_t i = 0; i < prepared_.schedulers().size(); ++i) {
+    auto& core = *prepared_.schedulers()[i];
     const int64_t target = schedulers[i].at("steps").get<int64_t>();
     if (core.load_state_dict && schedulers[i].contains("state")) {
       core.load_state_dict(schedulers[i]["state"].get<std::map<std::string, double>>());
@@ -376,16 +337,16 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
   }
   if (options.load_optimizer_states) {
     // After the scheduler replay, so the saved learning rates win.
-    for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    for (std::size_t i = 0; i < prepared_.optimizers().size(); ++i) {
       if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
-        detail::load_param_group_options(*optimizers_[i], saved->at("param_groups"));
+        load_param_group_options(*prepared_.optimizers()[i], saved->at("param_groups"));
       }
     }
   }
   scaler_->load_state_dict(meta.at("scaler").get<std::map<std::string, double>>());
-  if (train_cursor_ && meta.contains("loader")) {
+  if (data_.train_cursor() && meta.contains("loader")) {
     const nlohmann::json& l = meta["loader"];
-    auto& c = *train_cursor_;
+    auto& c = *data_.train_cursor();
     const int64_t position = l.at("position").get<int64_t>();
     const bool in_pass = l.at("in_pass").get<bool>();
     c.epoch = l.at("epoch").get<int64_t>();
@@ -395,7 +356,7 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
     // In the same world, the saving pass's length (rank 0's; in a joined
     // pass every rank's), so ranks whose own sizes differ (even_batches off)
     // still agree on whether the pass goes on.
-    const bool same_world = checkpoint.world_size() == num_processes();
+    const bool same_world = checkpoint.world_size() == group_->world_size();
     const int64_t size =
         same_world && l.contains("size") ? l.at("size").get<int64_t>() : c.size;
     if (in_pass && position < size) {
@@ -412,34 +373,27 @@ void Accelerator::restore_progress(const CheckpointReader& checkpoint,
     c.in_pass = false;
     c.restore_pending = true;
   }
-  if (options.load_rng_states && checkpoint.world_size() == num_processes()) {
+  if (options.load_rng_states && checkpoint.world_size() == group_->world_size()) {
     for (const auto& key : generator_keys()) {
-      std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(process_index(), key);
+      std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(group_->rank(), key);
       if (!saved) continue;
       at::Generator gen = generator_for(key);
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(*saved);
     }
-  } else if (options.load_rng_states && is_main_process()) {
+  } else if (options.load_rng_states && main_process()) {
     log_warn("load_state: the checkpoint was saved by {} processes and this run has {}; RNG "
              "states are per rank, so they are not restored",
-             checkpoint.world_size(), num_processes());
+             checkpoint.world_size(), group_->world_size());
   }
 }
 
-nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
-  TANDEM_CHECK_ARG(!models_.empty(),
-                   "load_state: prepare the model (and optimizer, schedulers, data) first; "
-                   "the checkpoint is loaded into the prepared objects");
-  run_state_pre_hooks(/*save=*/false, dir);
-  CheckpointReader checkpoint(dir, options.tag);
-  check_custom_states(checkpoint);  // before anything changes
-  restore_models(checkpoint, options.load_optimizer_states);
-  if (options.load_optimizer_states && !optimizers_.empty()) restore_optimizers(checkpoint);
-  restore_progress(checkpoint, options);
-  restore_custom_states(checkpoint);
-  wait_for_everyone();
-  return checkpoint.meta().value("client_state", nlohmann::json::object());
+bool Checkpointer::has_checkpoint(const std::string& dir) {
+  try {
+    return latest_checkpoint_tag(dir).has_value();
+  } catch (const CheckpointError&) {
+    return false;
+  }
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -1,5 +1,7 @@
-// Accelerator::save_model: one prepared model's consolidated weights as one
-// safetensors file, its partitioned parameters streamed from the shards.
+// Checkpointer::save_model and load_model_weights (checkpointer.h): one
+// prepared model's weights on their own, as one safetensors file written
+// from the shards (partitioned parameters streamed one unit at a time), and
+// pretrained weights read into the model through its strategy.
 
 #include <functional>
 #include <memory>
@@ -8,35 +10,26 @@
 
 #include <ATen/ATen.h>
 
+#include "accelerate/checkpointer.h"
 #include "accelerate/model_strategy.h"
 #include "checkpoint/checkpoint_fs.h"
-#include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors.h"
-#include "tandem/config/config.h"
+#include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 
-namespace tandem {
+namespace tandem::detail {
 
-void Accelerator::save_model(const std::string& dir) {
-  TANDEM_CHECK_ARG(!models_.empty(), "save_model: prepare the model first");
-  save_model_at(0, dir);
-}
-
-void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
-                             const std::string& dir) {
-  save_model_at(check_prepared(model, "save_model"), dir);
-}
-
-void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
-  torch::nn::Module& model = *models_[index].module;
-  detail::ModelStrategy& strategy = *models_[index].strategy;
-  const bool rank0 = is_main_process();
+void Checkpointer::save_model(std::size_t index, const std::string& dir) {
+  torch::nn::Module& model = *prepared_.models().at(index).module;
+  ModelStrategy& strategy = *prepared_.models()[index].strategy;
+  const bool rank0 = main_process();
   // stage3_gather_16bit_weights_on_model_save (zero3_save_16bit_model):
   // every rank has the same config, so every rank refuses alike.
   const std::optional<bool> gather16 = config_.zero.gather_16bit_weights_on_model_save;
-  const bool zero3 = strategy.zero_stage() == 3;
-  TANDEM_CHECK_ARG(!zero3 || gather16.value_or(true),
+  PartitionedParameters* partitioned = strategy.partitioned();
+  const bool gathers = partitioned != nullptr && partitioned->gathers_parameters_to_save();
+  TANDEM_CHECK_ARG(!gathers || gather16.value_or(true),
                    "save_model('{}'): the model is sharded by ZeRO-3 and the config sets "
                    "stage3_gather_16bit_weights_on_model_save (Accelerate: "
                    "zero3_save_16bit_model) to false, so, as in Accelerate, there are no "
@@ -47,7 +40,7 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   // True: parameters are written in the training dtype (bf16/fp16 under
   // mixed precision), as DeepSpeed's _zero3_consolidated_16bit_state_dict.
   std::optional<at::ScalarType> param_dtype;
-  if (zero3 && gather16.value_or(false)) {
+  if (gathers && gather16.value_or(false)) {
     if (config_.mixed_precision == MixedPrecision::kBf16) param_dtype = at::kBFloat16;
     if (config_.mixed_precision == MixedPrecision::kFp16) param_dtype = at::kHalf;
   }
@@ -64,7 +57,9 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
   for (auto& item : unique_named_parameters(model)) params.emplace_back(item.name, item.tensor);
   std::unordered_map<std::string, at::Tensor> by_name(params.begin(), params.end());
   // Partitioned parameters first, in the order the strategy gathers them.
-  for (const auto& name : strategy.partitioned_names()) {
+  const std::vector<std::string> partitioned_names =
+      partitioned != nullptr ? partitioned->partitioned_names() : std::vector<std::string>();
+  for (const auto& name : partitioned_names) {
     const at::Tensor& p = by_name.at(name);
     specs.push_back({name, saved_dtype(p), p.sizes().vec()});
     sharded[name] = true;
@@ -89,24 +84,32 @@ void Accelerator::save_model_at(std::size_t index, const std::string& dir) {
     }
   };
   guarded([&] {
-    detail::make_directories(dir);
+    make_directories(dir);
     writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
   });
   // Collective even after a rank-0 failure, so no rank is left waiting.
-  strategy.for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
-    guarded([&] { writer->write(name, saved_value(p)); });
-  });
+  if (partitioned != nullptr) {
+    partitioned->for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
+      guarded([&] { writer->write(name, saved_value(p)); });
+    });
+  }
   guarded([&] {
     for (const auto& [name, t] : rest) writer->write(name, t);
     writer->finish(/*sync=*/true);
     writer.reset();
-    detail::rename_path(tmp_path, final_path);
-    detail::fsync_directory(dir);
+    rename_path(tmp_path, final_path);
+    fsync_directory(dir);
   });
-  const std::vector<std::string> errors = process_group_->all_gather_strings(error);
+  const std::vector<std::string> errors = group_->all_gather_strings(error);
   if (!errors[0].empty()) {
     TANDEM_THROW(CheckpointError, "save_model('{}') failed on rank 0: {}", dir, errors[0]);
   }
 }
 
-}  // namespace tandem
+LoadSafetensorsResult Checkpointer::load_model_weights(std::size_t index, const std::string& path,
+                                                      const LoadSafetensorsOptions& options) {
+  return prepared_.models().at(index).strategy->load_weights(path, options,
+                                                             prepared_.master_weights());
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,187 @@
+// Checkpointer (checkpointer.h): save_state and load_state around the
+// contents (checkpoint_contents.cpp), the state pre-hooks, and the custom
+// objects registered for checkpointing.
+//
+// A custom object's state is JSON plus named tensors: the JSON goes into the
+// checkpoint's meta.json under "custom_checkpoints" (one entry per object,
+// in registration order), the tensors into rank 0's file under
+// "custom_checkpoint_<i>/<name>". Rank 0's object is saved, and every rank
+// loads it, as Accelerate saves from the main process and loads everywhere.
+
+#include "accelerate/checkpointer.h"
+
+#include <optional>
+#include <set>
+
+#include "accelerate/step_controller.h"
+#include "tandem/checkpoint/checkpoint.h"
+#include "tandem/comm/process_group.h"
+#include "tandem/core/error.h"
+
+namespace tandem::detail {
+namespace checkpointer_detail {
+
+class FunctionCheckpointable final : public Checkpointable {
+ public:
+  FunctionCheckpointable(std::function<CustomState()> save,
+                         std::function<void(const CustomState&)> load)
+      : save_(std::move(save)), load_(std::move(load)) {}
+  CustomState state_dict() const override { return save_(); }
+  void load_state_dict(const CustomState& state) override { load_(state); }
+
+ private:
+  std::function<CustomState()> save_;
+  std::function<void(const CustomState&)> load_;
+};
+
+std::string custom_key(std::size_t index, const std::string& name) {
+  return "custom_checkpoint_" + std::to_string(index) + "/" + name;
+}
+
+}  // namespace checkpointer_detail
+
+std::shared_ptr<Checkpointable> function_checkpointable(
+    std::function<CustomState()> state_dict,
+    std::function<void(const CustomState&)> load_state_dict) {
+  TANDEM_CHECK_ARG(state_dict != nullptr && load_state_dict != nullptr,
+                   "Accelerator::register_for_checkpointing: both state_dict and "
+                   "load_state_dict functions are needed");
+  return std::make_shared<checkpointer_detail::FunctionCheckpointable>(
+      std::move(state_dict), std::move(load_state_dict));
+}
+
+Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, const Config& config,
+                           std::shared_ptr<LossScaler> scaler, PreparedObjects& prepared,
+                           const DataPreparation& data)
+    : group_(std::move(group)),
+      config_(config),
+      scaler_(std::move(scaler)),
+      prepared_(prepared),
+      data_(data) {}
+
+bool Checkpointer::main_process() const { return group_->rank() == 0; }
+
+void Checkpointer::save_state(const std::string& dir, const SaveStateOptions& options) {
+  TANDEM_CHECK_ARG(!prepared_.controller()->gradients_pending(),
+                   "save_state() was called in the middle of gradient accumulation (after "
+                   "backward(), before the optimizer step that consumes the gradients). A "
+                   "checkpoint holds no partial gradients, so resuming would lose them: call "
+                   "save_state() after optimizer->step() on a step where sync_gradients() is "
+                   "true");
+  run_pre_hooks(/*save=*/true, dir);
+  const int64_t step = prepared_.controller()->state().optimizer_steps;
+  const std::string tag = options.tag.empty() ? "global_step" + std::to_string(step) : options.tag;
+  nlohmann::json meta = main_process() ? state_meta(options) : nlohmann::json::object();
+  NamedTensors custom;  // rank 0's custom objects' tensors
+  if (main_process()) meta["custom_checkpoints"] = custom_state_meta(&custom);
+  CheckpointCommitOptions commit;
+  commit.total_limit = options.total_limit;
+  commit_checkpoint(
+      *group_, dir, tag,
+      [this, &custom] {
+        NamedTensors out = state_tensors();
+        out.insert(out.end(), custom.begin(), custom.end());
+        return out;
+      },
+      std::move(meta), commit);
+}
+
+nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateOptions& options) {
+  TANDEM_CHECK_ARG(!prepared_.models().empty(),
+                   "load_state: prepare the model (and optimizer, schedulers, data) first; "
+                   "the checkpoint is loaded into the prepared objects");
+  run_pre_hooks(/*save=*/false, dir);
+  CheckpointReader checkpoint(dir, options.tag);
+  check_custom_states(checkpoint);  // before anything changes
+  restore_models(checkpoint, options.load_optimizer_states);
+  if (options.load_optimizer_states && !prepared_.optimizers().empty()) {
+    restore_optimizers(checkpoint);
+  }
+  restore_progress(checkpoint, options);
+  restore_custom_states(checkpoint);
+  group_->barrier();
+  return checkpoint.meta().value("client_state", nlohmann::json::object());
+}
+
+void Checkpointer::register_object(std::shared_ptr<Checkpointable> object) {
+  TANDEM_CHECK_ARG(object != nullptr,
+                   "Accelerator::register_for_checkpointing: the object is null");
+  for (const auto& registered : custom_objects_) {
+    TANDEM_CHECK_ARG(registered != object,
+                     "Accelerator::register_for_checkpointing: this object is already "
+                     "registered (as custom_checkpoint_{}); register each object once",
+                     &registered - custom_objects_.data());
+  }
+  custom_objects_.push_back(std::move(object));
+}
+
+int64_t Checkpointer::register_pre_hook(bool save, StateHooks::Hook hook) {
+  TANDEM_CHECK_ARG(hook != nullptr, "Accelerator::register_{}_state_pre_hook: the hook is empty",
+                   save ? "save" : "load");
+  const int64_t id = hooks_->next_id++;
+  (save ? hooks_->save : hooks_->load).emplace(id, std::move(hook));
+  return id;
+}
+
+void Checkpointer::run_pre_hooks(bool save, const std::string& dir) {
+  const std::vector<std::shared_ptr<torch::nn::Module>> models = prepared_.modules();
+  // A copy: a hook may remove itself (or another) through its handle.
+  const auto hooks = save ? hooks_->save : hooks_->load;
+  for (const auto& [id, hook] : hooks) hook(models, dir);
+}
+
+nlohmann::json Checkpointer::custom_state_meta(NamedTensors* tensors) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (std::size_t i = 0; i < custom_objects_.size(); ++i) {
+    CustomState state = custom_objects_[i]->state_dict();
+    nlohmann::json names = nlohmann::json::array();
+    std::set<std::string> seen;
+    for (auto& [name, tensor] : state.tensors) {
+      TANDEM_CHECK_ARG(seen.insert(name).second && tensor.defined(),
+                       "save_state: custom_checkpoint_{}'s state_dict() returned tensor '{}' "
+                       "twice or undefined; give each tensor one name and a value",
+                       i, name);
+      names.push_back({{"name", name}, {"shape", tensor.sizes().vec()}});
+      tensors->emplace_back(checkpointer_detail::custom_key(i, name),
+                            tensor.detach().contiguous());
+    }
+    entries.push_back({{"values", std::move(state.values)}, {"tensors", std::move(names)}});
+  }
+  return entries;
+}
+
+void Checkpointer::check_custom_states(const CheckpointReader& checkpoint) const {
+  const nlohmann::json& meta = checkpoint.meta();
+  const std::size_t saved =
+      meta.contains("custom_checkpoints") ? meta["custom_checkpoints"].size() : 0;
+  TANDEM_CHECK_ARG(saved == custom_objects_.size(),
+                   "load_state: checkpoint '{}' holds {} custom object(s) "
+                   "(register_for_checkpointing) but this run registered {}; register the same "
+                   "objects, in the same order, before load_state()",
+                   checkpoint.path(), saved, custom_objects_.size());
+}
+
+void Checkpointer::restore_custom_states(const CheckpointReader& checkpoint) {
+  if (custom_objects_.empty()) return;
+  const nlohmann::json& entries = checkpoint.meta().at("custom_checkpoints");
+  for (std::size_t i = 0; i < custom_objects_.size(); ++i) {
+    const nlohmann::json& entry = entries.at(i);
+    CustomState state;
+    state.values = entry.at("values");
+    for (const auto& t : entry.at("tensors")) {
+      const std::string name = t.at("name").get<std::string>();
+      std::optional<at::Tensor> tensor =
+          checkpoint.read_rank_tensor(0, checkpointer_detail::custom_key(i, name));
+      if (!tensor) {
+        TANDEM_THROW(CheckpointError,
+                     "load_state: checkpoint '{}' lists tensor '{}' of custom_checkpoint_{} but "
+                     "rank 0's file does not hold it; the checkpoint is damaged",
+                     checkpoint.path(), name, i);
+      }
+      state.tensors.emplace_back(name, tensor->view(t.at("shape").get<std::vector<int64_t>>()));
+    }
+    custom_objects_[i]->load_state_dict(state);
+  }
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,114 @@
+#pragma once
+// Checkpointer: the Accelerator's checkpoints. save_state/load_state (what a
+// checkpoint holds and how it maps onto the prepared objects: models and
+// their shards, optimizers, schedulers, loss scaler, training loader
+// position, RNG states), the state pre-hooks and the custom objects
+// registered for checkpointing, which it owns, and the model's weights on
+// their own (save_model, load_model_weights). The directory layout and the
+// commit protocol are tandem/checkpoint/checkpoint.h's.
+//
+//   checkpointer.cpp         save_state, load_state, hooks, custom objects
+//   checkpoint_contents.cpp  the metadata and tensors saved, and their restore
+//   model_weights_io.cpp     save_model, load_model_weights
+//
+// Private to the Accelerator. Not thread-safe: the training thread calls it.
+// save_state, load_state, save_model and load_model_weights are collective.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "accelerate/checkpoint_layout.h"
+#include "accelerate/data_preparation.h"
+#include "accelerate/prepared_objects.h"
+#include "tandem/accelerate/accelerator_options.h"
+#include "tandem/accelerate/checkpointable.h"
+#include "tandem/amp/loss_scaler.h"
+#include "tandem/checkpoint/module_weights.h"
+#include "tandem/config/config.h"
+
+namespace tandem {
+
+class CheckpointReader;
+class ProcessGroup;
+
+namespace detail {
+
+// The state pre-hooks by id (ids grow, so a map keeps registration order).
+// Shared with the Accelerator's HookHandles, which hold it weakly.
+struct StateHooks {
+  using Hook = std::function<void(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                                  const std::string& dir)>;
+  int64_t next_id = 0;
+  std::map<int64_t, Hook> save;
+  std::map<int64_t, Hook> load;
+};
+
+// Accelerator::register_for_checkpointing(state_dict, load_state_dict): the
+// pair as a Checkpointable. UsageError when either is empty.
+std::shared_ptr<Checkpointable> function_checkpointable(
+    std::function<CustomState()> state_dict,
+    std::function<void(const CustomState&)> load_state_dict);
+
+class Checkpointer {
+ public:
+  // `config` is the Accelerator's resolved config, read at each call.
+  Checkpointer(std::shared_ptr<ProcessGroup> group, const Config& config,
+               std::shared_ptr<LossScaler> scaler, PreparedObjects& prepared,
+               const DataPreparation& data);
+
+  // True when DIR holds a committed checkpoint that load_state would load.
+  static bool has_checkpoint(const std::string& dir);
+  void save_state(const std::string& dir, const SaveStateOptions& options);
+  nlohmann::json load_state(const std::string& dir, const LoadStateOptions& options);
+
+  void register_object(std::shared_ptr<Checkpointable> object);
+  // Registers `hook` to run before every save (`save`) or load; returns its
+  // id in hooks().
+  int64_t register_pre_hook(bool save, StateHooks::Hook hook);
+  const std::shared_ptr<StateHooks>& hooks() const { return hooks_; }
+
+  // Prepared model `index`'s consolidated weights as DIR/model.safetensors.
+  void save_model(std::size_t index, const std::string& dir);
+  // Pretrained weights into prepared model `index`.
+  LoadSafetensorsResult load_model_weights(std::size_t index, const std::string& path,
+                                           const LoadSafetensorsOptions& options);
+
+ private:
+  bool main_process() const;
+  void run_pre_hooks(bool save, const std::string& dir);
+  // Custom objects: rank 0's saved, every rank's restored.
+  nlohmann::json custom_state_meta(NamedTensors* tensors);
+  void check_custom_states(const CheckpointReader& checkpoint) const;
+  void restore_custom_states(const CheckpointReader& checkpoint);
+  // What a checkpoint holds (checkpoint_contents.cpp). Every prepared
+  // model's parameters (and the optimizers' fp32 masters) by checkpoint
+  // name, keyed by TensorImpl.
+  TensorNames tensor_names() const;
+  nlohmann::json state_meta(const SaveStateOptions& options) const;
+  NamedTensors state_tensors() const;
+  // Weights (and, under ZeRO, with `optimizer_states` the optimizer's
+  // shards too: they live beside the weights).
+  void restore_models(const CheckpointReader& checkpoint, bool optimizer_states);
+  void restore_optimizers(const CheckpointReader& checkpoint);
+  void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
+
+  std::shared_ptr<ProcessGroup> group_;
+  const Config& config_;
+  std::shared_ptr<LossScaler> scaler_;
+  PreparedObjects& prepared_;
+  const DataPreparation& data_;
+  // register_for_checkpointing() objects, in order, and the pre-hooks.
+  std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
+  std::shared_ptr<StateHooks> hooks_ = std::make_shared<StateHooks>();
+};
+
+}  // namespace detail
+}  // namespace tandem

@@ -1,0 +1,52 @@
+// DataPreparation (data_preparation.h): prepared loaders over the process
+// group, reporting to the micro-step controller.
+
+#include "accelerate/data_preparation.h"
+
+#include "tandem/accelerate/prepared.h"
+#include "tandem/comm/process_group.h"
+
+namespace tandem::detail {
+
+DataPreparation::DataPreparation(std::shared_ptr<ProcessGroup> group, c10::Device device,
+                                 const PreparedObjects& prepared,
+                                 TrainingBatchHook on_training_batch)
+    : group_(std::move(group)),
+      device_(device),
+      prepared_(prepared),
+      on_training_batch_(std::move(on_training_batch)) {}
+
+DistributedLoaderOptions DataPreparation::on_device(DistributedLoaderOptions options) const {
+  if (options.device.is_cpu()) options.device = device_;
+  return options;
+}
+
+// The loaders validate their options (once, in DistributedLoader's
+// constructor) before wrap() lets the first one set the batch size.
+std::shared_ptr<PreparedLoader> DataPreparation::prepare(std::vector<at::Tensor> tensors,
+                                                         DistributedLoaderOptions options) {
+  return wrap(DistributedLoader(std::move(tensors), *group_, on_device(options)));
+}
+
+std::shared_ptr<PreparedLoader> DataPreparation::prepare(DistributedLoader::Fetch fetch,
+                                                         int64_t dataset_size,
+                                                         DistributedLoaderOptions options) {
+  return wrap(DistributedLoader(std::move(fetch), dataset_size, *group_, on_device(options)));
+}
+
+std::shared_ptr<PreparedLoader> DataPreparation::wrap(DistributedLoader loader) {
+  auto cursor = std::make_shared<LoaderCursor>();
+  // The first loader is the training data: its batch is the micro batch of
+  // the config's batch triple, and checkpoints keep its position
+  // (evaluation loaders restart every pass anyway).
+  if (train_cursor_ == nullptr) {
+    on_training_batch_(loader.options().batch_size);
+    train_cursor_ = cursor;
+  }
+  return PreparedAccess::make_loader(std::move(loader), prepared_.controller(), std::move(cursor),
+                                     group_);
+}
+
+void DataPreparation::reset() { train_cursor_.reset(); }
+
+}  // namespace tandem::detail

@@ -1,0 +1,62 @@
+#pragma once
+// DataPreparation: Accelerator::prepare_data_loader and prepare_local_loader.
+// It shards data across the ranks, sends batches to the training device,
+// and wraps each loader so that it reports its position to the micro-step
+// controller. It owns the training loader's cursor (the first loader
+// prepared is the training data: checkpoints keep its position) and tells
+// the Accelerator that loader's batch size, which completes the config's
+// batch triple.
+//
+// Private to the Accelerator. Not thread-safe: the training thread calls it.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "accelerate/prepared_objects.h"
+#include "tandem/data/distributed_loader.h"
+
+namespace tandem {
+
+class PreparedLoader;
+class ProcessGroup;
+
+namespace detail {
+
+class DataPreparation {
+ public:
+  // Called once, with the training loader's per-process batch size.
+  using TrainingBatchHook = std::function<void(int64_t micro_batch)>;
+  // `prepared` gives the current controller (free_memory() replaces it).
+  DataPreparation(std::shared_ptr<ProcessGroup> group, c10::Device device,
+                  const PreparedObjects& prepared, TrainingBatchHook on_training_batch);
+
+  std::shared_ptr<PreparedLoader> prepare(std::vector<at::Tensor> tensors,
+                                          DistributedLoaderOptions options);
+  std::shared_ptr<PreparedLoader> prepare(DistributedLoader::Fetch fetch, int64_t dataset_size,
+                                          DistributedLoaderOptions options);
+  // A loader built in code, as it is.
+  std::shared_ptr<PreparedLoader> wrap(DistributedLoader loader);
+
+  // The training loader's position (null before one is prepared).
+  const std::shared_ptr<LoaderCursor>& train_cursor() const { return train_cursor_; }
+  // free_memory(): the next loader prepared is the training data again.
+  void reset();
+
+ private:
+  // Batches go to the training device unless the caller named one.
+  DistributedLoaderOptions on_device(DistributedLoaderOptions options) const;
+
+  std::shared_ptr<ProcessGroup> group_;
+  c10::Device device_;
+  const PreparedObjects& prepared_;
+  TrainingBatchHook on_training_batch_;
+  std::shared_ptr<LoaderCursor> train_cursor_;
+};
+
+}  // namespace detail
+}  // namespace tandem

@@ -1,0 +1,63 @@
+#pragma once
+// Trackers: where an Accelerator's metrics and step times go. It owns the
+// JSON-lines logger, the TensorBoard writer (AcceleratorOptions::log_with)
+// and the wall-clock timer (wall_clock_breakdown / steps_per_print), whose
+// window reports it logs. Behind Accelerator::init_trackers, log,
+// wall_clock, progress_bar and end_training.
+//
+// Private to the Accelerator. Not thread-safe: the training thread calls it.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accelerate/wall_clock_timer.h"
+#include "tandem/accelerate/metrics_logger.h"
+#include "tandem/accelerate/progress_bar.h"
+#include "tandem/accelerate/tensorboard_writer.h"
+#include "tandem/accelerate/wall_clock.h"
+#include "tandem/config/config.h"
+
+namespace tandem::detail {
+
+class Trackers {
+ public:
+  struct Settings {
+    std::vector<std::string> log_with;  // AcceleratorOptions::log_with
+    std::string project_dir;            // TensorBoard's directory (empty: the log's)
+    bool main_process = false;          // writes the trackers
+    bool local_main_process = false;    // draws progress bars
+  };
+  // UsageError for a log_with tracker that is not available.
+  explicit Trackers(Settings settings);
+  // The timer the prepared objects share stops reporting here.
+  ~Trackers();
+  Trackers(const Trackers&) = delete;
+  Trackers& operator=(const Trackers&) = delete;
+
+  // Starts the step timer when the config asks for wall_clock_breakdown or
+  // steps_per_print (else there is none, and no clock is read).
+  void start_timer(const Config& config, c10::Device device);
+  // The timer the backward and prepared optimizers report to (null: off).
+  const std::shared_ptr<WallClockTimer>& timer() const { return timer_; }
+
+  // Accelerator::init_trackers: JSON lines in `path`, TensorBoard events
+  // beside it (or in the project dir) with the hyperparameters `config`.
+  void init(const std::string& path, const std::map<std::string, HParamValue>& config);
+  void log(const std::map<std::string, double>& values, int64_t step);
+  WallClockBreakdown wall_clock() const;
+  ProgressBar progress_bar(int64_t total, std::string description) const;
+  // Flushes and closes the trackers.
+  void close();
+
+ private:
+  Settings settings_;
+  bool tensorboard_wanted_ = false;
+  MetricsLogger metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::shared_ptr<WallClockTimer> timer_;
+};
+
+}  // namespace tandem::detail
