@@ -15,6 +15,7 @@
 #include "accelerate/accelerator_impl.h"
 #include "accelerate/consistency_check.h"
 #include "accelerate/step_controller.h"
+#include "tandem/amp/cpu_bf16.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -62,6 +63,12 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
                    "Accelerator: mixed_precision fp16 needs a CUDA device, and this run trains "
                    "on the CPU. Use bf16 on the CPU (mixed_precision: bf16, or "
                    "--mixed-precision bf16), or no");
+  // bf16 on a CPU that emulates it trains correctly but tens of times slower
+  // than fp32; say so once, with the factor measured here and the remedy.
+  if (config.mixed_precision == MixedPrecision::kBf16 && !device.is_cuda() && main_process()) {
+    const CpuBf16Support bf16 = cpu_bf16_support(/*measure=*/true);
+    if (!bf16.native) log_warn("{}", cpu_bf16_warning(bf16));
+  }
   scaler = options.loss_scaling ? make_loss_scaler(*options.loss_scaling, MixedPrecision::kFp16)
                                 : make_loss_scaler(config.fp16, config.mixed_precision);
   if (config.seed) torch::manual_seed(*config.seed);
