@@ -45,22 +45,23 @@ if(TANDEM_USE_PCH)
   endif()
 endif()
 
-# tandem_program(<target>): the settings every example and benchmark built on
-# tandem gets.
-function(tandem_program target)
+# tandem_program_at(<target> <options> <pch target>): links tandem, adds the
+# warnings and <options>, and reuses the precompiled header built with them.
+function(tandem_program_at target options pch_target)
   target_link_libraries(${target} PRIVATE tandem::tandem)
-  target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${TANDEM_PROGRAM_COMPILE_OPTIONS})
+  target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${options})
   if(TANDEM_USE_PCH)
-    target_precompile_headers(${target} REUSE_FROM tandem_torch_pch)
+    target_precompile_headers(${target} REUSE_FROM ${pch_target})
   endif()
 endfunction()
 
-# tandem_test_program(<target>): the same for test binaries and the worker
-# programs tests drive, at the tests' optimisation level.
+# tandem_program(<target>): an example or benchmark built on tandem.
+function(tandem_program target)
+  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" tandem_torch_pch)
+endfunction()
+
+# tandem_test_program(<target>): a test binary or a worker program tests
+# drive, at the tests' optimisation level.
 function(tandem_test_program target)
-  target_link_libraries(${target} PRIVATE tandem::tandem)
-  target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${TANDEM_TEST_COMPILE_OPTIONS})
-  if(TANDEM_USE_PCH)
-    target_precompile_headers(${target} REUSE_FROM tandem_test_pch)
-  endif()
+  tandem_program_at(${target} "${TANDEM_TEST_COMPILE_OPTIONS}" tandem_test_pch)
 endfunction()
