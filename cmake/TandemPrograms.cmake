@@ -2,8 +2,8 @@
 # warnings, the optimisation level, and one precompiled <torch/torch.h>.
 #
 # Parsing <torch/torch.h> costs about 36 s of CPU per translation unit on the
-# slowest 2-core machine (AVX2, no AVX-512); the precompiled header loads in
-# a few. It is built once per optimisation level and reused (REUSE_FROM) by
+# slowest 2-core machine (AVX2, no AVX-512); with the precompiled header 13 s
+# are left. It is built once per optimisation level and reused (REUSE_FROM) by
 # each program of that level. GCC refuses a header built at another level
 # ("not used because `__OPTIMIZE__' not defined") and says so with
 # -Winvalid-pch.
@@ -28,40 +28,37 @@ if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_B
   set(TANDEM_USE_PCH ON)
 endif()
 
-# tandem_program_pch(<pch target> <options>): the precompiled <torch/torch.h>
-# for programs compiled with <options>.
-function(tandem_program_pch pch_target options)
-  add_library(${pch_target} OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
-  target_link_libraries(${pch_target} PRIVATE tandem::tandem)
-  target_compile_options(${pch_target} PRIVATE ${options})
-  target_precompile_headers(${pch_target} PRIVATE <torch/torch.h>)
-endfunction()
+# The precompiled <torch/torch.h> of each level is built by one of the
+# programs compiled with it, and reused by the others: the CLI's for examples
+# and benchmarks, the test workers' (tests/CMakeLists.txt) for the tests. Its
+# owner compiles it alongside its own sources, so no translation unit is
+# compiled only to make the header: each costs about 13 s of CPU on the slowest
+# machine, which is what loading this precompiled header takes (GCC instantiates
+# the templates its inline functions use again in every translation unit).
+set(TANDEM_PROGRAM_PCH_OWNER tandem_cli)
+set(TANDEM_TEST_PCH_OWNER tandem_test_workers)
 
-if(TANDEM_USE_PCH)
-  # Also the CLI's (tools/CMakeLists.txt).
-  tandem_program_pch(tandem_torch_pch "${TANDEM_PROGRAM_COMPILE_OPTIONS}")
-  if(TANDEM_BUILD_TESTS)
-    tandem_program_pch(tandem_test_pch "${TANDEM_TEST_COMPILE_OPTIONS}")
-  endif()
-endif()
-
-# tandem_program_at(<target> <options> <pch target>): links tandem, adds the
-# warnings and <options>, and reuses the precompiled header built with them.
-function(tandem_program_at target options pch_target)
+# tandem_program_at(<target> <options> <pch owner>): links tandem, adds the
+# warnings and <options>, and builds the precompiled header (when <target> is
+# <pch owner>) or reuses <pch owner>'s.
+function(tandem_program_at target options pch_owner)
   target_link_libraries(${target} PRIVATE tandem::tandem)
   target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${options})
-  if(TANDEM_USE_PCH)
-    target_precompile_headers(${target} REUSE_FROM ${pch_target})
+  if(NOT TANDEM_USE_PCH)
+  elseif(target STREQUAL pch_owner)
+    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
+  else()
+    target_precompile_headers(${target} REUSE_FROM ${pch_owner})
   endif()
 endfunction()
 
 # tandem_program(<target>): an example or benchmark built on tandem.
 function(tandem_program target)
-  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" tandem_torch_pch)
+  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" ${TANDEM_PROGRAM_PCH_OWNER})
 endfunction()
 
 # tandem_test_program(<target>): a test binary or a worker program tests
 # drive, at the tests' optimisation level.
 function(tandem_test_program target)
-  tandem_program_at(${target} "${TANDEM_TEST_COMPILE_OPTIONS}" tandem_test_pch)
+  tandem_program_at(${target} "${TANDEM_TEST_COMPILE_OPTIONS}" ${TANDEM_TEST_PCH_OWNER})
 endfunction()

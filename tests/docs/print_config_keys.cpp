@@ -16,7 +16,11 @@
 
 #include "tandem/config/config_keys.h"
 
-int main() {
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace print_config_keys {
+
+int main(int, char**) {
   std::set<std::tuple<std::string, std::string, std::string>> lines;
   for (const auto& key : tandem::config_keys()) lines.emplace(key.dialect, key.key, key.disposition);
   for (const auto& [format, key, disposition] : lines) {
@@ -24,3 +28,5 @@ int main() {
   }
   return lines.empty() ? 1 : 0;
 }
+
+}  // namespace print_config_keys

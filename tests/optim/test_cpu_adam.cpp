@@ -54,12 +54,12 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.adamw ? "AdamW" : "Adam") << " n=" << c.n << " weight_decay=" << c.weight_decay;
 }
 
-std::string case_name(const testing::TestParamInfo<Case>& info) {
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return (info.param.adamw ? "AdamW_n" : "Adam_n") + std::to_string(info.param.n) +
          (info.param.weight_decay != 0 ? "_decay" : "_nodecay");
 }
 
-class CpuAdamKernelVsTorch : public testing::TestWithParam<Case> {};
+class CpuAdamKernelVsTorch : public ::testing::TestWithParam<Case> {};
 
 // cpu_adam_step on flat arrays tracks torch's optimizer for 100 steps within
 // torch.testing's float32 tolerance (atol 1e-5, rtol 1.3e-6).
@@ -110,7 +110,7 @@ TEST_P(CpuAdamKernelVsTorch, HundredStepsMatchWithinFloat32Tolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CpuAdamKernelVsTorch,
-                         testing::Values(Case{0, 0.0, false}, Case{1, 0.0, false},
+                         ::testing::Values(Case{0, 0.0, false}, Case{1, 0.0, false},
                                          Case{63, 0.1, false}, Case{1000003, 0.0, false},
                                          Case{1000003, 0.1, false}, Case{0, 0.1, true},
                                          Case{1, 0.1, true}, Case{63, 0.0, true},

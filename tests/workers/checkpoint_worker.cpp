@@ -19,6 +19,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace checkpoint_worker {
+
 namespace {
 
 struct Model : torch::nn::Module {
@@ -122,3 +126,5 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
   return 2;
 }
+
+}  // namespace checkpoint_worker

@@ -14,6 +14,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace comm_calls_worker {
+
 namespace {
 
 // What rank `src` sends rank `dst` with `tag`: n small integers, exact in
@@ -121,7 +125,7 @@ void groups(const std::shared_ptr<tandem::ProcessGroup>& pg, Checks& checks) {
 
 }  // namespace
 
-int main() {
+int main(int, char**) {
   try {
     auto pg = tandem::ProcessGroup::init(tandem::RankEnv::from_environment());
     Checks checks;
@@ -137,3 +141,5 @@ int main() {
     return 1;
   }
 }
+
+}  // namespace comm_calls_worker

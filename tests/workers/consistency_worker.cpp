@@ -25,6 +25,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace consistency_worker {
+
 namespace {
 
 void write_pid(int rank) {
@@ -73,3 +77,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace consistency_worker

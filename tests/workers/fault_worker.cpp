@@ -31,6 +31,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace fault_worker {
+
 namespace {
 
 struct Args {
@@ -183,3 +187,5 @@ int main(int argc, char** argv) {
               static_cast<long>(micro_step));
   return 0;
 }
+
+}  // namespace fault_worker

@@ -13,6 +13,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace hierarchical_test_worker {
+
 namespace {
 
 // Rank r's element i: (r + 1) * (i % 5 + 1), small integers exact in float.
@@ -75,3 +79,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace hierarchical_test_worker

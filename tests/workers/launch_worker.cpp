@@ -28,6 +28,10 @@
 
 #include "tandem/tandem.h"
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace launch_test_worker {
+
 namespace {
 
 [[noreturn]] void hang() {
@@ -139,3 +143,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace launch_test_worker

@@ -26,6 +26,10 @@
 
 #include <tandem/tandem.h>
 
+// One of the programs in tandem_test_workers (workers/main.cpp picks it by
+// the name it runs under).
+namespace quickstart_worker {
+
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 6) {
     std::fprintf(stderr, "usage: quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors "
@@ -98,3 +102,5 @@ int main(int argc, char** argv) {
   accelerator.end_training();
   return 0;
 }
+
+}  // namespace quickstart_worker

@@ -25,6 +25,8 @@
 #include "tandem/parallel/activation_checkpoint.h"
 
 namespace tandem {
+// Named after the file: its helpers share a unity batch with other areas'.
+namespace zero_activation_checkpoint {
 namespace {
 
 using testing::BlockImpl;
@@ -271,4 +273,5 @@ TEST(ActivationCheckpointMemory, PeakMemoryOfADeepMlpStepIsLower) {
 }
 
 }  // namespace
+}  // namespace zero_activation_checkpoint
 }  // namespace tandem

@@ -31,6 +31,8 @@
 #include "tandem/zero/zero_weights.h"
 
 namespace tandem {
+// Named after the file: its helpers share a unity batch with other areas'.
+namespace zero_pretrained {
 namespace {
 
 using testing::run_ranks;
@@ -407,4 +409,5 @@ TEST(ZeroPretrained, RefusalOnAnyRankLoadsNothingAnywhere) {
 }
 
 }  // namespace
+}  // namespace zero_pretrained
 }  // namespace tandem
