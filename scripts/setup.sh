@@ -8,8 +8,21 @@
 #     with it the Python tools the tests compare against (safetensors,
 #     tensorboard, accelerate, deepspeed).
 # Idempotent: installs only what is missing, and runs apt-get update only then.
+#   scripts/setup.sh              everything above
+#   scripts/setup.sh --no-peers   without the Python tools (README command 1:
+#                                 building and running needs only torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+peers=1
+for arg in "$@"; do
+  case $arg in
+    --no-peers) peers=0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown argument '$arg' (--no-peers leaves out the Python tools; --help)" >&2
+       exit 2 ;;
+  esac
+done
 
 torch_version=2.13.0
 venv=${TANDEM_VENV:-.venv}
@@ -57,7 +70,10 @@ fi
 # (the library needs no Python): safetensors, TensorBoard, Accelerate, and
 # DeepSpeed (tests/config/conformance.py reads every config with it, and the
 # ZeRO benchmarks run it; DS_ACCELERATOR=cpu lets it import without CUDA).
-if ! DS_ACCELERATOR=cpu "$venv/bin/python" -c \
+if ((peers == 0)); then
+  echo "setup: the Python tools (safetensors, tensorboard, accelerate, deepspeed) left out" \
+       "(--no-peers); the tests that compare against them need them"
+elif ! DS_ACCELERATOR=cpu "$venv/bin/python" -c \
     "import safetensors, tensorboard, accelerate, deepspeed" 2>/dev/null; then
   echo "setup: installing safetensors, tensorboard, accelerate and deepspeed into $venv"
   "$venv/bin/pip" install -q safetensors tensorboard accelerate deepspeed \
