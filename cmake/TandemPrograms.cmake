@@ -28,15 +28,24 @@ if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_B
   set(TANDEM_USE_PCH ON)
 endif()
 
-# The precompiled <torch/torch.h> of each level is built by one of the
-# programs compiled with it, and reused by the others: the CLI's for examples
-# and benchmarks, the test workers' (tests/CMakeLists.txt) for the tests. Its
-# owner compiles it alongside its own sources, so no translation unit is
-# compiled only to make the header: each costs about 13 s of CPU on the slowest
-# machine, which is what loading this precompiled header takes (GCC instantiates
-# the templates its inline functions use again in every translation unit).
-set(TANDEM_PROGRAM_PCH_OWNER tandem_cli)
+# The precompiled <torch/torch.h> of each level is built once and reused by
+# the other programs of that level. The tests' is built by the test workers
+# (tests/CMakeLists.txt) alongside their own code: a translation unit compiled
+# only to make the header costs about 13 s of CPU on the slowest machine, what
+# loading this precompiled header takes (GCC instantiates the templates its
+# inline functions use again in every translation unit). The examples',
+# benchmarks' and CLI's has a target of its own, tandem_torch_pch: a header
+# built by the CLI would carry CLI11's CLI11_HAS_FILESYSTEM, and GCC refuses it
+# to every program compiled without that macro ("not used because
+# `CLI11_HAS_FILESYSTEM' not defined").
+set(TANDEM_PROGRAM_PCH_OWNER tandem_torch_pch)
 set(TANDEM_TEST_PCH_OWNER tandem_test_workers)
+if(TANDEM_USE_PCH)
+  add_library(tandem_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
+  target_link_libraries(tandem_torch_pch PRIVATE tandem::tandem)
+  target_compile_options(tandem_torch_pch PRIVATE ${TANDEM_PROGRAM_COMPILE_OPTIONS})
+  target_precompile_headers(tandem_torch_pch PRIVATE <torch/torch.h>)
+endif()
 
 # tandem_program_at(<target> <options> <pch owner>): links tandem, adds the
 # warnings and <options>, and builds the precompiled header (when <target> is
@@ -49,6 +58,8 @@ function(tandem_program_at target options pch_owner)
     target_precompile_headers(${target} PRIVATE <torch/torch.h>)
   else()
     target_precompile_headers(${target} REUSE_FROM ${pch_owner})
+    # A header GCC refuses would cost the ~30 s of parsing it saves, silently.
+    target_compile_options(${target} PRIVATE -Werror=invalid-pch)
   endif()
 endfunction()
 
