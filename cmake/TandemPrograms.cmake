@@ -10,7 +10,7 @@
 #
 # Release builds compile examples and benchmarks at -O1 (about a quarter
 # faster to compile than -O2): their own code only drives libtandem and
-# LibTorch, which are built at -O2 (tandem's kernels at -O3).
+# LibTorch. libtandem is built at -O1 too, its kernels at -O3.
 # docs/performance.md has the benchmark figures taken on this build.
 #
 # Tests and the worker programs they drive compile at -O0: at -O1 code
