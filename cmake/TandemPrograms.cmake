@@ -28,35 +28,41 @@ if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_B
   set(TANDEM_USE_PCH ON)
 endif()
 
-# The precompiled <torch/torch.h> of each level is built once and reused by
-# the other programs of that level. The tests' is built by the test workers
-# (tests/CMakeLists.txt) alongside their own code: a translation unit compiled
-# only to make the header costs about 13 s of CPU on the slowest machine, what
-# loading this precompiled header takes (GCC instantiates the templates its
-# inline functions use again in every translation unit). The examples',
-# benchmarks' and CLI's has a target of its own, tandem_torch_pch: a header
-# built by the CLI would carry CLI11's CLI11_HAS_FILESYSTEM, and GCC refuses it
-# to every program compiled without that macro ("not used because
-# `CLI11_HAS_FILESYSTEM' not defined").
+# The precompiled <torch/torch.h> of each level is built once, by a target of
+# its own, and reused by the other programs of that level: tandem_torch_pch
+# for the examples, benchmarks and CLI, tandem_test_pch for the tests and
+# their workers. Each owner compiles one empty file besides (about 9 s of CPU
+# on the slowest machine). A real program as owner would save that, but
+# costs more: one built by the CLI carries CLI11's CLI11_HAS_FILESYSTEM, and
+# GCC refuses it to every program compiled without that macro ("not used
+# because `CLI11_HAS_FILESYSTEM' not defined"); one built by the test workers
+# started only after every example had compiled (Ninja 1.11 starts ready jobs
+# in the order of build.ninja, where tests/ comes last), and every test
+# waited for it while a core stood idle for 80 s. Defined here, at the top,
+# both start with the library's.
 set(TANDEM_PROGRAM_PCH_OWNER tandem_torch_pch)
-set(TANDEM_TEST_PCH_OWNER tandem_test_workers)
+set(TANDEM_TEST_PCH_OWNER tandem_test_pch)
+# tandem_program_pch(<pch target> <options>): the precompiled <torch/torch.h>
+# for programs compiled with <options>.
+function(tandem_program_pch pch_target options)
+  add_library(${pch_target} OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
+  target_link_libraries(${pch_target} PRIVATE tandem::tandem)
+  target_compile_options(${pch_target} PRIVATE ${options})
+  target_precompile_headers(${pch_target} PRIVATE <torch/torch.h>)
+endfunction()
 if(TANDEM_USE_PCH)
-  add_library(tandem_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
-  target_link_libraries(tandem_torch_pch PRIVATE tandem::tandem)
-  target_compile_options(tandem_torch_pch PRIVATE ${TANDEM_PROGRAM_COMPILE_OPTIONS})
-  target_precompile_headers(tandem_torch_pch PRIVATE <torch/torch.h>)
+  tandem_program_pch(tandem_torch_pch "${TANDEM_PROGRAM_COMPILE_OPTIONS}")
+  if(TANDEM_BUILD_TESTS)
+    tandem_program_pch(tandem_test_pch "${TANDEM_TEST_COMPILE_OPTIONS}")
+  endif()
 endif()
 
 # tandem_program_at(<target> <options> <pch owner>): links tandem, adds the
-# warnings and <options>, and builds the precompiled header (when <target> is
-# <pch owner>) or reuses <pch owner>'s.
+# warnings and <options>, and reuses the precompiled header <pch owner> built.
 function(tandem_program_at target options pch_owner)
   target_link_libraries(${target} PRIVATE tandem::tandem)
   target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${options})
-  if(NOT TANDEM_USE_PCH)
-  elseif(target STREQUAL pch_owner)
-    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
-  else()
+  if(TANDEM_USE_PCH)
     target_precompile_headers(${target} REUSE_FROM ${pch_owner})
     # A header GCC refuses would cost the ~30 s of parsing it saves, silently.
     target_compile_options(${target} PRIVATE -Werror=invalid-pch)
