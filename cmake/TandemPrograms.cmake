@@ -40,8 +40,6 @@ endif()
 # in the order of build.ninja, where tests/ comes last), and every test
 # waited for it while a core stood idle for 80 s. Defined here, at the top,
 # both start with the library's.
-set(TANDEM_PROGRAM_PCH_OWNER tandem_torch_pch)
-set(TANDEM_TEST_PCH_OWNER tandem_test_pch)
 # tandem_program_pch(<pch target> <options>): the precompiled <torch/torch.h>
 # for programs compiled with <options>.
 function(tandem_program_pch pch_target options)
@@ -57,13 +55,13 @@ if(TANDEM_USE_PCH)
   endif()
 endif()
 
-# tandem_program_at(<target> <options> <pch owner>): links tandem, adds the
-# warnings and <options>, and reuses the precompiled header <pch owner> built.
-function(tandem_program_at target options pch_owner)
+# tandem_program_at(<target> <options> <pch target>): links tandem, adds the
+# warnings and <options>, and reuses the precompiled header <pch target> built.
+function(tandem_program_at target options pch_target)
   target_link_libraries(${target} PRIVATE tandem::tandem)
   target_compile_options(${target} PRIVATE ${TANDEM_WARNINGS} ${options})
   if(TANDEM_USE_PCH)
-    target_precompile_headers(${target} REUSE_FROM ${pch_owner})
+    target_precompile_headers(${target} REUSE_FROM ${pch_target})
     # A header GCC refuses would cost the ~30 s of parsing it saves, silently.
     target_compile_options(${target} PRIVATE -Werror=invalid-pch)
   endif()
@@ -71,11 +69,11 @@ endfunction()
 
 # tandem_program(<target>): an example or benchmark built on tandem.
 function(tandem_program target)
-  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" ${TANDEM_PROGRAM_PCH_OWNER})
+  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" tandem_torch_pch)
 endfunction()
 
 # tandem_test_program(<target>): a test binary or a worker program tests
 # drive, at the tests' optimisation level.
 function(tandem_test_program target)
-  tandem_program_at(${target} "${TANDEM_TEST_COMPILE_OPTIONS}" ${TANDEM_TEST_PCH_OWNER})
+  tandem_program_at(${target} "${TANDEM_TEST_COMPILE_OPTIONS}" tandem_test_pch)
 endfunction()
