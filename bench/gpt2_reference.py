@@ -284,11 +284,28 @@ def parse_args(argv=None):
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: table)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's)")
     p.add_argument("--losses", action="store_true", help="put every step's loss in the JSON")
+    p.add_argument("--profile", help="after the timed steps, profile 3 more and write the "
+                   "kernels' time table (torch.profiler, by total device time) to FILE")
     a = p.parse_args(argv)
     a.model = {k: getattr(a, k) or v for k, v in PRESETS[a.preset].items()}
     a.batch_size = a.batch_size or DEFAULT_BATCH[a.preset]
     a.mixed_precision = a.mixed_precision or ("bf16" if a.device == "cuda" else "no")
     return a
+
+
+def write_profile(path, step, total_steps, device, sync):
+    """Where a step's time goes: 3 steps (repeating the last batches'
+    indices) under torch.profiler, kernels by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        for s in range(total_steps - 3, total_steps):
+            step(s)
+        sync()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with open(path, "w") as out:
+        out.write(prof.key_averages().table(sort_by=key, row_limit=40))
 
 
 def main(argv=None):
@@ -344,6 +361,8 @@ def main(argv=None):
     peak = peak_tflops(device, a.peak_tflops)
     step_s = timed_s / a.max_steps
     losses = losses.tolist()
+    if a.profile:  # after the losses are read: the profiled steps add to theirs
+        write_profile(a.profile, step, total_steps, device, sync)
     result = {
         "case": a.case, "preset": a.preset, "params": params,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

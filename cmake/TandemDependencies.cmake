@@ -94,6 +94,7 @@ set(TANDEM_WITH_NCCL OFF)
 set(TANDEM_CUDA_PIP_INCLUDE_DIRS)
 if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
   set(TANDEM_TORCH_CUDA ON)
+  list(APPEND TANDEM_TORCH_DEFINES TANDEM_WITH_CUDA=1)
   # pip's torch comes with nvidia-* packages beside it that hold the headers
   # of exactly the CUDA libraries it was built with (cuSPARSE, cuBLAS, NCCL,
   # ...), which LibTorch's headers include and a minimal toolkit may lack.

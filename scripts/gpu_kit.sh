@@ -18,6 +18,8 @@
 #   gpu-tests.log      tandem_gpu_tests (ctest label gpu), verbose
 #   gtest.json         its per-test results (one process per test)
 #   speed.log          the demo against Python eager on the same GPU
+#   gpt2.log           bench/compare_gpt2.py at 124m and tiny (gpt2.jsonl: every case)
+#   profile-124m.txt   where a 124m step's device time goes (torch.profiler, Python eager)
 #   env.json           `tandem env --json`
 # It exits non-zero, naming the failed checks, if any check failed.
 # docs/gpu.md lists the checks and what each compares against.
@@ -85,7 +87,7 @@ run() {
   local build=$work/build prefix=$work/prefix
   mkdir -p "$work"
   rm -f "$work/figures.jsonl" "$out/summary.json"
-  local t0 t1 t2 t3
+  local t0 t1 t2 t2b t3
   t0=$(date +%s)
   python=${TANDEM_PYTHON:-$(command -v python3)}
   "$python" - >"$work/torch.json" <<'PY' || die "$python cannot import torch (set TANDEM_PYTHON)"
@@ -134,9 +136,15 @@ PY
       -DTANDEM_PYTHON="$python" -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" \
       -DTANDEM_BUILD_BENCH=OFF -DTANDEM_INSTALL=OFF -DTANDEM_UNITY_BATCH_SIZE=8 \
       "${cuda_args[@]}" &&
-      cmake --build "$build" -j"$(nproc)" --target tandem tandem_cli tandem_gpu_tests gpt_addition
+      cmake --build "$build" -j"$(nproc)" --target tandem tandem_cli tandem_gpu_tests \
+        gpt_addition gpt2 -- -k 0
   } >"$out/build.log" 2>&1
   local build_rc=$?
+  # The GPT-2 example alone failing to build leaves every other check.
+  if ((build_rc != 0)) && [[ -x $build/bin/tandem_gpu_tests && -x $build/bin/gpt_addition ]]; then
+    echo "gpu_kit: gpt2 did not build (see build.log); the other checks go on"
+    build_rc=0
+  fi
   t1=$(date +%s)
   grep -E "^-- tandem:" "$out/build.log"
   if ((build_rc != 0)); then
@@ -177,13 +185,42 @@ PY
   done
   t2=$(date +%s)
 
+  # GPT-2 (examples/gpt2) against Python on the same GPU: eager, both
+  # torch.compile modes, a manual CUDA graph, tandem eager and tandem's
+  # captured step (bench/compare_gpt2.py), at 124m (bf16) then tiny; each case
+  # gets its own limit, none runs past TANDEM_GPU_KIT_END (s from the start,
+  # default 560). Then a profile of Python's eager 124m step.
+  local end=$((t0 + ${TANDEM_GPU_KIT_END:-560})) preset remaining gpus
+  gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+  : >"$out/gpt2.log"
+  rm -f "$out/gpt2.jsonl"
+  for preset in ${TANDEM_GPU_KIT_GPT2_PRESETS:-124m tiny}; do
+    remaining=$((end - $(date +%s)))
+    if ((gpus == 0 || remaining < 60)); then
+      echo "== skipped $preset: no CUDA device or past the kit's end" >>"$out/gpt2.log"
+      continue
+    fi
+    echo "== compare_gpt2.py --preset $preset (at $(($(date +%s) - t0)) s)" >>"$out/gpt2.log"
+    timeout -k 5 "$remaining" "$python" "$root/bench/compare_gpt2.py" --build "$build" \
+      --python "$python" --preset "$preset" --device cuda --mixed-precision bf16 \
+      --max-steps "${TANDEM_GPU_KIT_GPT2_STEPS:-60}" --case-timeout "$((remaining / 4 < 150 ? remaining / 4 : 150))" \
+      --out "$out/gpt2.jsonl" >>"$out/gpt2.log" 2>&1
+    echo "exit $?" >>"$out/gpt2.log"
+  done
+  remaining=$((end - $(date +%s)))
+  if ((gpus > 0 && remaining > 40)); then
+    timeout -k 5 "$remaining" "$python" "$root/bench/gpt2_reference.py" --case eager \
+      --preset 124m --device cuda --mixed-precision bf16 --max-steps 5 --warmup-measure 3 \
+      --profile "$out/profile-124m.txt" >>"$out/gpt2.log" 2>&1
+    echo "profile exit $?" >>"$out/gpt2.log"
+  fi
+  t2b=$(date +%s)
+
   # The demo on one GPU, fp32 and bf16, against the same model and recipe in
   # Python eager on the same GPU (bench/gpt_addition.py): tokens/s and peak
   # CUDA memory. Same global batch (128), steps and evaluation.
   local steps=${TANDEM_GPU_KIT_STEPS:-1500}
   : >"$out/speed.log"
-  local gpus
-  gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
   if ((gpus == 0)); then
     echo "== skipped: no CUDA device (torch.cuda.device_count() is 0)" >>"$out/speed.log"
   elif ((steps == 0)); then
@@ -214,7 +251,7 @@ PY
   done
   t3=$(date +%s)
   "$python" "$root/scripts/gpu_kit_summary.py" --out "$out" --work "$work" \
-    --times "build=$((t1 - t0)),checks=$((t2 - t1)),speed=$((t3 - t2)),total=$((t3 - t0))"
+    --times "build=$((t1 - t0)),checks=$((t2 - t1)),gpt2=$((t2b - t2)),speed=$((t3 - t2b)),total=$((t3 - t0))"
 }
 
 # `run` in a mount namespace where Debian's -dev packages tandem uses are

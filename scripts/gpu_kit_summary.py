@@ -176,6 +176,11 @@ def main():
                     "steps": t.get("step"),
                 }
         figures["gpt_addition_one_gpu"] = speed
+        # bench/compare_gpt2.py's cases (gpt2.jsonl), without their loss lists.
+        gpt2_file = os.path.join(a.out, "gpt2.jsonl")
+        if os.path.exists(gpt2_file):
+            figures["gpt2"] = [{k: v for k, v in json.loads(line).items() if k != "losses"}
+                               for line in open(gpt2_file) if line.strip()]
     summary["checks"] = checks
     summary["figures"] = figures
     counts = {s: sum(c["status"] == s for c in checks) for s in ("passed", "failed", "skipped")}

@@ -40,6 +40,7 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   overrides.gradient_clipping = options.gradient_clipping;
   overrides.wall_clock_breakdown = options.wall_clock_breakdown;
   overrides.steps_per_print = options.steps_per_print;
+  overrides.cuda_graph = options.cuda_graph;
   // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
   if (options.hidden_size) fill_hidden_size_auto(file_config, *options.hidden_size);
   resolve(0);

@@ -85,6 +85,12 @@ class OptimizerCore {
   // torch::optim::Optimizer&, it bypasses the accumulation rules).
   void note_backward(AcceleratedOptimizer& self);
 
+  // The bookkeeping of a step a CUDA graph took (cuda_graph_step.h): counted
+  // as taken, and its gradients as zeroed.
+  void record_graphed_step(AcceleratedOptimizer& self);
+  bool scales_loss() const;  // a loss scaler is on (fp16)
+  bool timed() const { return timer_ != nullptr; }  // wall_clock_breakdown
+
   // Carries learning rates set on the wrapped optimizer's decoy groups over
   // to the live ones (and live ones to the decoys).
   void sync_learning_rates(AcceleratedOptimizer& self);

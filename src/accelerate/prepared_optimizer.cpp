@@ -168,6 +168,15 @@ void OptimizerCore::note_backward(AcceleratedOptimizer& self) {
   grads_after_backward_ = held;
 }
 
+bool OptimizerCore::scales_loss() const { return scaler_ != nullptr && scaler_->enabled(); }
+
+void OptimizerCore::record_graphed_step(AcceleratedOptimizer& self) {
+  check_wrapped(self);
+  controller_->optimizer_step(id_, /*taken=*/true);
+  controller_->end_step(id_);
+  controller_->zero_grad(id_);
+}
+
 void OptimizerCore::sync_learning_rates(AcceleratedOptimizer& self) {
   auto& live = self.param_groups();
   auto& decoys = wrapped_->param_groups();

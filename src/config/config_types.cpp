@@ -172,6 +172,9 @@ bool same_settings(const Config& a, const Config& b) {
          same(a.zero, b.zero) && same(a.optimizer, b.optimizer) &&
          same(a.scheduler, b.scheduler) && same(a.ddp, b.ddp) &&
          a.activation_checkpointing.enabled == b.activation_checkpointing.enabled &&
+         a.cuda_graph.enabled == b.cuda_graph.enabled &&
+         a.cuda_graph.warmup_steps == b.cuda_graph.warmup_steps &&
+         a.cuda_graph.max_captures == b.cuda_graph.max_captures &&
          a.enable_cpu_affinity == b.enable_cpu_affinity && a.debug == b.debug &&
          a.wall_clock_breakdown == b.wall_clock_breakdown &&
          a.steps_per_print == b.steps_per_print;

@@ -114,6 +114,7 @@ const KeyTable& accelerate_fsdp_keys();  // fsdp_config, also its keys without f
 const KeyTable& tandem_top_level_keys();
 const KeyTable& tandem_fp16_keys();
 const KeyTable& ddp_keys();
+const KeyTable& cuda_graph_keys();
 const KeyTable& ddp_powersgd_keys();  // ddp.powersgd
 
 }  // namespace tandem::config_detail

@@ -110,6 +110,9 @@ std::string resolved_config_json(const Config& c, int world_size) {
                   {"orthogonalization_epsilon", c.ddp.powersgd.orthogonalization_epsilon},
                   {"random_seed", c.ddp.powersgd.random_seed}}}};
   out["activation_checkpointing"] = {{"enabled", c.activation_checkpointing.enabled}};
+  out["cuda_graph"] = {{"enabled", c.cuda_graph.enabled},
+                       {"warmup_steps", c.cuda_graph.warmup_steps},
+                       {"max_captures", c.cuda_graph.max_captures}};
   out["enable_cpu_affinity"] = c.enable_cpu_affinity;
   out["debug"] = c.debug;
   out["wall_clock_breakdown"] = c.wall_clock_breakdown;

@@ -89,7 +89,7 @@ const KeyTable& tandem_top_level_keys() {
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
        "optimizer", "scheduler", "ddp", "activation_checkpointing", "enable_cpu_affinity",
-       "debug", "wall_clock_breakdown", "steps_per_print"},
+       "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph"},
       {{"same_network", "changes nothing in tandem launch: every machine must reach "
                         "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
@@ -114,6 +114,11 @@ const KeyTable& ddp_keys() {
   return table;
 }
 
+const KeyTable& cuda_graph_keys() {
+  static const KeyTable table{{"enabled", "warmup_steps", "max_captures"}, {}, {}};
+  return table;
+}
+
 const KeyTable& ddp_powersgd_keys() {
   static const KeyTable table{{"matrix_approximation_rank", "start_powerSGD_iter",
                                "min_compression_rate", "use_error_feedback", "warm_start",
@@ -122,6 +127,25 @@ const KeyTable& ddp_powersgd_keys() {
                               {}};
   return table;
 }
+
+namespace {
+
+// cuda_graph: {enabled, warmup_steps, max_captures} (Accelerator::train_step).
+void read_cuda_graph(const Value& block, CudaGraphConfig& graph) {
+  expect_map(block, "give a block, e.g. cuda_graph: {enabled: true}, or remove the key");
+  if (block.is_null()) return;
+  for_each_key(block, cuda_graph_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "enabled") {
+      graph.enabled = v.as_bool();
+    } else if (key == "warmup_steps") {
+      graph.warmup_steps = v.as_count();
+    } else if (key == "max_captures") {
+      graph.max_captures = v.as_count();
+    }
+  });
+}
+
+}  // namespace
 
 void read_tandem_document(const Value& root, Config& config) {
   for_each_key(root, tandem_top_level_keys(), [&](const std::string& key, const Value& v) {
@@ -148,6 +172,8 @@ void read_tandem_document(const Value& root, Config& config) {
       read_ddp(v, config);
     } else if (key == "activation_checkpointing") {
       read_activation_checkpointing(v, config, Dialect::kTandem);
+    } else if (key == "cuda_graph") {
+      read_cuda_graph(v, config.cuda_graph);
     } else if (key == "enable_cpu_affinity") {
       config.enable_cpu_affinity = v.as_bool();
     } else if (key == "debug") {

@@ -105,6 +105,12 @@ void write_training(Writer& w, const Config& c) {
   w.comment("Checkpoint the blocks the program marks (tandem::Checkpointed).");
   w.line(0, "activation_checkpointing", "");
   w.line(1, "enabled", flag(c.activation_checkpointing.enabled));
+
+  w.comment("Capture whole training steps as CUDA graphs (Accelerator::train_step).");
+  w.line(0, "cuda_graph", "");
+  w.line(1, "enabled", flag(c.cuda_graph.enabled));
+  w.line(1, "warmup_steps", fmt::format("{}", c.cuda_graph.warmup_steps));
+  w.line(1, "max_captures", fmt::format("{}", c.cuda_graph.max_captures));
 }
 
 void write_zero(Writer& w, const Config& c) {

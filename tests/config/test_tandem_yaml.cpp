@@ -49,6 +49,7 @@ Config unusual_config() {
   c.ddp.static_graph = true;
   c.ddp.powersgd = {4, 7, 1.5, false, false, 1e-8, 42};
   c.activation_checkpointing.enabled = true;
+  c.cuda_graph = {true, 7, 2};
   return c;
 }
 
@@ -208,6 +209,28 @@ TEST(TandemYaml, NullOptionalsReadAsUnset) {
   EXPECT_FALSE(c.main_process_port.has_value());
   EXPECT_FALSE(c.seed.has_value());
   EXPECT_EQ(c.main_process_ip, "");
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(TandemYaml, ReadsTheCudaGraphBlockAndRefusesAnUnknownKey) {
+  Config c = parse_config_text("cuda_graph:\n  enabled: true\n  warmup_steps: 5\n  max_captures: 2\n",
+                               "t.yaml");
+  EXPECT_TRUE(c.cuda_graph.enabled);
+  EXPECT_EQ(c.cuda_graph.warmup_steps, 5);
+  EXPECT_EQ(c.cuda_graph.max_captures, 2);
+  EXPECT_FALSE(parse_config_text("seed: 1\n", "t.yaml").cuda_graph.enabled);
+  try {
+    parse_config_text("cuda_graph:\n  enable: true\n", "t.yaml");
+    ADD_FAILURE() << "an unknown key was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("enable"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_config_text("cuda_graph:\n  warmup_steps: 0\n", "t.yaml"), UsageError);
 }
 
 }  // namespace

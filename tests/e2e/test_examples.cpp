@@ -424,3 +424,73 @@ TEST(CnnSyncBatchNorm, TwoRanksLearnTheQuadrantTask) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// examples/gpt2 at its tiny preset on the CPU: two ranks through the
+// launcher train on their own windows of the synthetic tokens, the loss
+// falls, and rank 0 alone prints the documented JSON line.
+TEST(Gpt2Example, TinyPresetTrainsOnTwoCpuRanksAndReportsTheDocumentedJson) {
+  auto r = run_process(launch(2, {bin("gpt2"), "--preset", "tiny", "--device", "cpu",
+                                  "--max-steps", "30", "--warmup-measure", "2", "--lr", "3e-3",
+                                  "--batch-size", "4", "--accumulation", "2", "--losses"}),
+                       240);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto result = last_json_line(r.out);
+  for (const char* key : {"model", "preset", "params", "device", "precision", "cuda_graph", "steps",
+                          "tokens_per_s", "step_ms", "mfu", "flops_per_token", "peak_tflops",
+                          "peak_memory_mb", "final_loss", "losses"}) {
+    EXPECT_TRUE(result.contains(key)) << key << " missing from " << result.dump();
+  }
+  EXPECT_EQ(result["params"], 470528);  // 2 x 128, vocabulary 512, context 64, tied
+  EXPECT_EQ(result["processes"], 2);
+  EXPECT_EQ(result["accumulation"], 2);
+  EXPECT_TRUE(result["mfu"].is_null()) << "no peak is known for a CPU";
+  const auto losses = result["losses"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), 32u);
+  EXPECT_NEAR(losses.front(), std::log(512.0), 0.3) << "an untrained model is uniform";
+  EXPECT_LT(losses.back(), 0.85 * losses.front()) << result.dump();
+  EXPECT_EQ(r.out.find("[rank1]: {"), std::string::npos) << "only rank 0 reports:\n" << r.out;
+}
+
+// Tokens from a file in llm.c's format (a 1024-byte header, then uint16),
+// and a token outside the vocabulary refused with the fix.
+TEST(Gpt2Example, ReadsAnLlmcTokenFileAndRefusesATokenOutsideTheVocabulary) {
+  TempDir dir;
+  auto write = [&](const std::string& name, uint16_t largest) {
+    std::ofstream out(dir.path() + "/" + name, std::ios::binary);
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    for (int i = 0; i < 4096; ++i) {
+      const uint16_t token = static_cast<uint16_t>(i % 64 == 63 ? largest : i % 50);
+      out.write(reinterpret_cast<const char*>(&token), 2);
+    }
+    return dir.path() + "/" + name;
+  };
+  auto ok = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--max-steps", "2",
+                         "--warmup-measure", "0", "--data", write("ok.bin", 511)},
+                        120);
+  ASSERT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  EXPECT_EQ(last_json_line(ok.out)["steps"], 2);
+  auto bad = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--max-steps", "2",
+                          "--data", write("bad.bin", 600)},
+                         120);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("token 600 is outside the vocabulary (512); raise --vocab-size"),
+            std::string::npos)
+      << bad.err;
+}
+
+// --cuda-graph on a CPU run stops before training, naming the reason.
+TEST(Gpt2Example, CudaGraphOnTheCpuIsRefusedWithTheReason) {
+  auto r = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--max-steps", "2",
+                        "--cuda-graph"},
+                       120);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("cuda_graph: the Accelerator runs on cpu"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -45,6 +45,7 @@
 #include "tandem/accelerate/prepared.h"
 #include "tandem/accelerate/profiler.h"
 #include "tandem/accelerate/progress_bar.h"
+#include "tandem/accelerate/train_step.h"
 #include "tandem/accelerate/wall_clock.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/loss_scaler.h"
@@ -207,6 +208,10 @@ class Accelerator {
     (check_prepared(module_of(models), "accumulate"), ...);
     return begin_accumulate();
   }
+  // One micro-step as a callable: `loss` under autocast, backward, clipping
+  // and the optimizer step; with cuda_graph enabled the whole step is
+  // captured as CUDA graphs and replayed (tandem/accelerate/train_step.h).
+  TrainStep train_step(std::shared_ptr<AcceleratedOptimizer> optimizer, LossFunction loss);
   bool sync_gradients() const;  // this micro-step synchronises gradients
   int64_t step() const;         // real optimizer steps so far
   // Clips to a global norm (unscaled first); returns the norm before, NaN
@@ -379,6 +384,7 @@ class Accelerator {
 
  private:
   friend class LocalSGD;
+  friend class TrainStep;
   struct Impl;
   template <typename ModuleImpl>
   static std::shared_ptr<torch::nn::Module> module_of(

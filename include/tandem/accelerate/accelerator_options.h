@@ -79,6 +79,9 @@ struct AcceleratorOptions {
   // also logs a progress line. Empty: the config decides.
   std::optional<bool> wall_clock_breakdown;
   std::optional<int64_t> steps_per_print;
+  // Capture whole training steps as CUDA graphs (Accelerator::train_step,
+  // tandem/accelerate/train_step.h), beating the config's cuda_graph block.
+  std::optional<CudaGraphConfig> cuda_graph;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor

@@ -160,6 +160,16 @@ struct ActivationCheckpointingConfig {
   bool enabled = false;
 };
 
+// tandem's cuda_graph block: capture whole training steps as CUDA graphs
+// (Accelerator::train_step, tandem/accelerate/train_step.h).
+struct CudaGraphConfig {
+  bool enabled = false;
+  // Optimizer steps run eagerly before the first capture; at least 1.
+  int64_t warmup_steps = 3;
+  // Distinct batch shapes captured at most; one more is refused.
+  int64_t max_captures = 4;
+};
+
 struct Config {
   ConfigFormat format = ConfigFormat::kDefaults;
   std::string source_path;  // the file read; empty for defaults
@@ -197,6 +207,7 @@ struct Config {
   SchedulerConfig scheduler;
   DdpConfig ddp;
   ActivationCheckpointingConfig activation_checkpointing;
+  CudaGraphConfig cuda_graph;
   // Accelerate's enable_cpu_affinity: `tandem launch` pins each local
   // worker to its own share of the launcher's CPUs.
   bool enable_cpu_affinity = false;
@@ -282,6 +293,7 @@ struct ConfigOverrides {
   std::optional<uint64_t> seed;
   std::optional<bool> wall_clock_breakdown;
   std::optional<int64_t> steps_per_print;  // >= 1
+  std::optional<CudaGraphConfig> cuda_graph;
 };
 
 // Applies env then overrides on top of `file` (precedence as above), fills

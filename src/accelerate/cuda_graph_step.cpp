@@ -1,0 +1,389 @@
+// Whole training steps as CUDA graphs (cuda_graph_step.h).
+
+#include "accelerate/cuda_graph_step.h"
+
+#if defined(TANDEM_WITH_CUDA)
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <typeinfo>
+#include <unordered_set>
+#include <utility>
+
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/_foreach_zero.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include "accelerate/prepared_internals.h"
+#include "accelerate/step_controller.h"
+#include "tandem/accelerate/prepared.h"
+#include "tandem/amp/autocast.h"
+#include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
+
+namespace tandem::detail {
+namespace {
+
+// The parameters of one fused launch: one group and dtype.
+struct Bucket {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  std::vector<torch::optim::OptimizerParamState*> states;
+  at::Tensor step;  // fp32 on the device, shared by the bucket's parameters
+  std::size_t group = 0;
+};
+
+// What a graph baked in besides tensor addresses: each group's Adam
+// constants. A change captures again.
+using GroupConstants = std::tuple<double, double, double, double, bool>;
+
+// The graphs of one batch signature (shapes and dtypes).
+struct Captured {
+  std::vector<at::Tensor> inputs;  // static: each replay reads these
+  std::unique_ptr<at::cuda::CUDAGraph> accumulate, step;
+  at::Tensor accumulate_loss, step_loss;  // static outputs
+};
+
+// Work queued on `waited` so far runs before work queued on `waiter` next.
+void wait_for(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream& waited) {
+  at::cuda::CUDAEvent event;
+  event.record(waited);
+  event.block(waiter);
+}
+
+std::string signature(const std::vector<at::Tensor>& batch) {
+  std::string s;
+  for (const auto& t : batch) s += c10::str(t.scalar_type(), t.sizes(), t.strides(), ";");
+  return s;
+}
+
+class CudaGraphStep final : public GraphedStep {
+ public:
+  explicit CudaGraphStep(GraphedStepParts parts)
+      : p_(std::move(parts)),
+        decoupled_(typeid(p_.core->wrapped()) == typeid(torch::optim::AdamW)),
+        pool_(at::cuda::graph_pool_handle()),
+        side_(at::cuda::getStreamFromPool(/*isHighPriority=*/false, p_.device.index())) {}
+
+  at::Tensor run(const std::vector<at::Tensor>& batch) override {
+    replayed_ = false;
+    const GradientState& state = p_.controller->state();
+    // Captures start at the start of an accumulation cycle, once the
+    // warm-up steps were taken.
+    if (!capturing_ && (eager_steps_ < p_.config.warmup_steps || state.micro_step != 0)) {
+      return warm_up(batch);
+    }
+    capturing_ = true;
+    if (!layout_matches()) invalidate();
+    const std::string key = signature(batch);
+    auto found = captured_.find(key);
+    if (found == captured_.end()) {
+      TANDEM_CHECK_ARG(static_cast<int64_t>(captured_.size()) < p_.config.max_captures,
+                       "cuda_graph: a batch of a new shape ({}) after {} captured shapes "
+                       "(cuda_graph.max_captures). Each shape is captured once; give the "
+                       "batches fixed shapes (drop_last, padding to a fixed length) or raise "
+                       "max_captures",
+                       key, captured_.size());
+      Captured fresh;
+      for (const auto& t : batch) fresh.inputs.push_back(t.clone());
+      found = captured_.emplace(key, std::move(fresh)).first;
+    }
+    Captured& c = found->second;
+    for (std::size_t i = 0; i < batch.size(); ++i) c.inputs[i].copy_(batch[i], /*non_blocking=*/true);
+
+    p_.controller->before_backward();  // begins the micro-step
+    const bool stepping = p_.controller->state().sync_gradients;
+    if (stepping) {
+      p_.core->sync_learning_rates(*p_.optimizer);
+      refresh_device_values();
+    }
+    std::unique_ptr<at::cuda::CUDAGraph>& graph = stepping ? c.step : c.accumulate;
+    at::Tensor& loss = stepping ? c.step_loss : c.accumulate_loss;
+    if (!graph) {
+      graph = capture(c.inputs, stepping, loss);
+      ++captures_;
+    }
+    graph->replay();
+    replayed_ = true;
+    p_.controller->after_backward();
+    if (stepping) {
+      for (auto& bucket : buckets_) {
+        for (auto* s : bucket.states) bump_step(*s);
+      }
+      ++host_step_;
+      p_.core->record_graphed_step(*p_.optimizer);
+    }
+    return loss.clone();
+  }
+
+  bool replayed() const override { return replayed_; }
+  int64_t captures() const override { return captures_; }
+
+ private:
+  at::Tensor warm_up(const std::vector<at::Tensor>& batch) {
+    wait_for(side_, at::cuda::getCurrentCUDAStream(p_.device.index()));
+    at::Tensor loss;
+    {
+      c10::cuda::CUDAStreamGuard guard(side_);
+      const int64_t before = p_.controller->state().optimizer_steps;
+      loss = p_.eager_step(batch);
+      if (p_.controller->state().optimizer_steps > before) ++eager_steps_;
+    }
+    wait_for(at::cuda::getCurrentCUDAStream(p_.device.index()), side_);
+    return loss;
+  }
+
+  // Builds the buckets from the optimizer as it stands: the parameters with
+  // a state (an eager step updated them), their gradients allocated here,
+  // outside any graph, so that every graph accumulates into the same ones.
+  void build_buckets() {
+    buckets_.clear();
+    constants_.clear();
+    torch::NoGradGuard no_grad;
+    auto& groups = p_.optimizer->param_groups();
+    auto& states = p_.optimizer->state();
+    std::unordered_set<void*> seen;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      constants_.push_back(constants_of(groups[g].options()));
+      std::map<at::ScalarType, Bucket> by_dtype;
+      for (auto& param : groups[g].params()) {
+        if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
+        auto found = states.find(param.unsafeGetTensorImpl());
+        if (found == states.end()) continue;  // never stepped: no gradient reaches it
+        TANDEM_CHECK_ARG(param.device() == p_.device && param.is_non_overlapping_and_dense(),
+                         "cuda_graph: parameter of shape {} on {} is not a dense tensor on the "
+                         "Accelerator's device {}; a captured step updates dense parameters "
+                         "on the GPU only",
+                         c10::str(param.sizes()), param.device().str(), p_.device.str());
+        if (!param.grad().defined()) {
+          param.mutable_grad() = at::zeros_like(param, at::MemoryFormat::Preserve);
+        }
+        Bucket& b = by_dtype[param.scalar_type()];
+        b.group = g;
+        b.params.push_back(param);
+        b.grads.push_back(param.grad());
+        b.states.push_back(found->second.get());
+        const auto [avg, avg_sq, max_sq, step] = moments(*found->second);
+        b.exp_avgs.push_back(avg);
+        b.exp_avg_sqs.push_back(avg_sq);
+        if (max_sq.defined()) b.max_exp_avg_sqs.push_back(max_sq);
+        host_step_ = step;
+      }
+      for (auto& [dtype, bucket] : by_dtype) buckets_.push_back(std::move(bucket));
+    }
+    for (auto& b : buckets_) {
+      b.step = at::full({}, static_cast<double>(host_step_),
+                        at::TensorOptions().dtype(at::kFloat).device(p_.device));
+      b.steps.assign(b.params.size(), b.step);
+    }
+    lrs_.clear();
+    lr_values_.clear();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const double lr = groups[g].options().get_lr();
+      lrs_.push_back(at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(p_.device)));
+      lr_values_.push_back(lr);
+    }
+    layout_ = current_layout();
+  }
+
+  GroupConstants constants_of(const torch::optim::OptimizerOptions& options) const {
+    if (decoupled_) {
+      const auto& o = static_cast<const torch::optim::AdamWOptions&>(options);
+      return {std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+              o.amsgrad()};
+    }
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
+    return {std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+            o.amsgrad()};
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> moments(
+      torch::optim::OptimizerParamState& s) const {
+    if (decoupled_) {
+      auto& w = static_cast<torch::optim::AdamWParamState&>(s);
+      return {w.exp_avg(), w.exp_avg_sq(), w.max_exp_avg_sq(), w.step()};
+    }
+    auto& a = static_cast<torch::optim::AdamParamState&>(s);
+    return {a.exp_avg(), a.exp_avg_sq(), a.max_exp_avg_sq(), a.step()};
+  }
+
+  void bump_step(torch::optim::OptimizerParamState& s) const {
+    if (decoupled_) {
+      auto& w = static_cast<torch::optim::AdamWParamState&>(s);
+      w.step(w.step() + 1);
+    } else {
+      auto& a = static_cast<torch::optim::AdamParamState&>(s);
+      a.step(a.step() + 1);
+    }
+  }
+
+  // The addresses a graph reads and writes: a load_state() or code that
+  // replaced a tensor makes the graphs stale, and they are captured again.
+  std::vector<const void*> current_layout() const {
+    std::vector<const void*> layout;
+    for (const auto& b : buckets_) {
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        const auto [avg, avg_sq, max_sq, step] = moments(*b.states[i]);
+        layout.push_back(b.params[i].grad().defined() ? b.params[i].grad().data_ptr() : nullptr);
+        layout.push_back(avg.data_ptr());
+        layout.push_back(avg_sq.data_ptr());
+        layout.push_back(max_sq.defined() ? max_sq.data_ptr() : nullptr);
+      }
+    }
+    return layout;
+  }
+
+  bool layout_matches() const {
+    if (buckets_.empty()) return false;
+    auto& groups = p_.optimizer->param_groups();
+    if (groups.size() != constants_.size()) return false;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (constants_of(groups[g].options()) != constants_[g]) return false;
+    }
+    return current_layout() == layout_;
+  }
+
+  void invalidate() {
+    captured_.clear();
+    build_buckets();
+  }
+
+  // Before a stepping replay: the learning rates a scheduler set, and the
+  // step count if code outside changed the host's (a load_state()).
+  void refresh_device_values() {
+    auto& groups = p_.optimizer->param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const double lr = groups[g].options().get_lr();
+      if (lr != lr_values_[g]) {
+        lrs_[g].fill_(lr);
+        lr_values_[g] = lr;
+      }
+    }
+    if (buckets_.empty() || buckets_.front().states.empty()) return;
+    const int64_t host = std::get<3>(moments(*buckets_.front().states.front()));
+    if (host != host_step_) {
+      for (auto& b : buckets_) b.step.fill_(static_cast<double>(host));
+      host_step_ = host;
+    }
+  }
+
+  // The update the stepping graph ends with; the same arithmetic as the
+  // eager step (clip_gradients, then PyTorch's fused Adam/AdamW kernels).
+  void update() {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    for (const auto& b : buckets_) grads.insert(grads.end(), b.grads.begin(), b.grads.end());
+    if (p_.gradient_clipping > 0 && !grads.empty()) {
+      std::vector<at::Tensor> norms;
+      norms.reserve(grads.size());
+      for (const auto& g : grads) norms.push_back(at::norm(g, 2).to(at::kDouble));
+      at::Tensor total = at::stack(norms).pow(2).sum().sqrt();
+      // max_norm / (total + 1e-6), at most 1: clip_gradients' double arithmetic.
+      at::Tensor coef = at::full({}, p_.gradient_clipping, total.options())
+                            .div_(total + 1e-6)
+                            .clamp_max_(1.0);
+      for (auto& g : grads) g.mul_(coef);
+    }
+    for (auto& b : buckets_) {
+      const auto [beta1, beta2, weight_decay, eps, amsgrad] = constants_[b.group];
+      b.step.add_(1);
+      if (decoupled_) {
+        at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
+                          b.steps, lrs_[b.group], beta1, beta2, weight_decay, eps, amsgrad,
+                          /*maximize=*/false);
+      } else {
+        at::_fused_adam_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
+                         b.steps, lrs_[b.group], beta1, beta2, weight_decay, eps, amsgrad,
+                         /*maximize=*/false);
+      }
+    }
+    if (!grads.empty()) at::_foreach_zero_(grads);
+  }
+
+  std::unique_ptr<at::cuda::CUDAGraph> capture(const std::vector<at::Tensor>& inputs,
+                                                bool stepping, at::Tensor& loss_out) {
+    const double factor = 1.0 / static_cast<double>(p_.controller->state().accumulation_steps);
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    wait_for(side_, at::cuda::getCurrentCUDAStream(p_.device.index()));
+    {
+      c10::cuda::CUDAStreamGuard guard(side_);
+      // Casts cached across the capture's edge would be stale on replay.
+      const bool cache = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
+      graph->capture_begin(pool_);
+      try {
+        at::Tensor loss = p_.autocast_loss(inputs);
+        at::Tensor scaled = to_fp32(loss);
+        if (factor != 1.0) scaled = scaled * factor;
+        scaled.backward();
+        if (stepping) update();
+        loss_out = loss.detach();
+        graph->capture_end();
+      } catch (const std::exception& e) {
+        try {
+          graph->capture_end();
+        } catch (const std::exception&) {  // the capture was invalidated
+        }
+        at::autocast::set_autocast_cache_enabled(cache);
+        TANDEM_CHECK_ARG(false,
+                         "cuda_graph: capturing the training step failed: {}\nA captured step "
+                         "must not read tensors back to the host (.item(), printing a tensor, "
+                         "a shape that depends on values) or synchronise the device inside the "
+                         "loss function. Move such reads after the step, or turn cuda_graph off",
+                         e.what());
+      }
+      at::autocast::set_autocast_cache_enabled(cache);
+    }
+    wait_for(at::cuda::getCurrentCUDAStream(p_.device.index()), side_);
+    return graph;
+  }
+
+  GraphedStepParts p_;
+  bool decoupled_;
+  at::cuda::MempoolId_t pool_;
+  at::cuda::CUDAStream side_;
+  int64_t eager_steps_ = 0;
+  bool capturing_ = false;
+  bool replayed_ = false;
+  int64_t captures_ = 0;
+  int64_t host_step_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<GroupConstants> constants_;
+  std::vector<at::Tensor> lrs_;
+  std::vector<double> lr_values_;
+  std::vector<const void*> layout_;
+  std::map<std::string, Captured> captured_;
+};
+
+}  // namespace
+
+bool cuda_graphs_built() { return true; }
+
+std::unique_ptr<GraphedStep> make_graphed_step(GraphedStepParts parts) {
+  return std::make_unique<CudaGraphStep>(std::move(parts));
+}
+
+}  // namespace tandem::detail
+
+#else  // a CPU-only LibTorch
+
+namespace tandem::detail {
+
+bool cuda_graphs_built() { return false; }
+
+std::unique_ptr<GraphedStep> make_graphed_step(GraphedStepParts) { return nullptr; }
+
+}  // namespace tandem::detail
+
+#endif

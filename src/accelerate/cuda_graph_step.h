@@ -1,0 +1,59 @@
+#pragma once
+// The captured form of Accelerator::train_step (tandem/accelerate/train_step.h):
+// after the warm-up steps, each batch shape gets up to two CUDA graphs, one
+// for a micro-step that only accumulates gradients (forward, loss, backward)
+// and one for the micro-step that steps (the same, then clipping, a fused
+// Adam/AdamW update and zeroing the gradients). Everything that would read
+// back to the host stays on the device: the step count (an fp32 tensor per
+// bucket, incremented in the graph), the learning rate (a tensor the host
+// refreshes before a replay when a scheduler changed it), the clipping norm
+// and its scale. The host keeps the optimizer's state, the step counters
+// and the learning-rate bookkeeping in step with every replay, so that
+// checkpoints, schedulers and accelerator.step() see an ordinary run.
+//
+// Private to the Accelerator; compiled to a stub without a CUDA LibTorch.
+// Not thread-safe: the training thread calls it.
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "tandem/accelerate/train_step.h"
+
+namespace tandem::detail {
+
+class OptimizerCore;
+class StepController;
+
+struct GraphedStepParts {
+  AcceleratedOptimizer* optimizer = nullptr;
+  OptimizerCore* core = nullptr;
+  std::shared_ptr<StepController> controller;
+  // The program's loss under the Accelerator's autocast (what is captured).
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> autocast_loss;
+  // One eager micro-step (warm-up), returning the detached loss.
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> eager_step;
+  CudaGraphConfig config;
+  double gradient_clipping = 0;  // 0: none
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+class GraphedStep {
+ public:
+  virtual ~GraphedStep() = default;
+  // One micro-step (warm-up, capture or replay); `batch` is on the device.
+  virtual at::Tensor run(const std::vector<at::Tensor>& batch) = 0;
+  virtual bool replayed() const = 0;
+  virtual int64_t captures() const = 0;
+};
+
+// Whether this build of tandem can capture (a CUDA LibTorch).
+bool cuda_graphs_built();
+
+// The captured step; null where cuda_graphs_built() is false.
+std::unique_ptr<GraphedStep> make_graphed_step(GraphedStepParts parts);
+
+}  // namespace tandem::detail
