@@ -112,10 +112,10 @@ def print_table(results):
         if r["status"] != "ok":
             print(f"{case:<24} {r['status']:<8} {r['reason']}")
             continue
-        print(f"{case:<24} {'ok':<8} {fmt(r['tokens_per_s'], '11.0f')} "
-              f"{fmt(r['step_ms'], '9.2f')} {fmt(r['mfu'], '6.1%')} "
-              f"{fmt(r['peak_memory_mb'], '9.0f')} {fmt(r['compile_s'], '9.1f')} "
-              f"{fmt(r['final_loss'], '10.4f')}" + (f"  ({r['note']})" if r.get("note") else ""))
+        print(f"{case:<24} {'ok':<8} {fmt(r.get('tokens_per_s'), '11.0f')} "
+              f"{fmt(r.get('step_ms'), '9.2f')} {fmt(r.get('mfu'), '6.1%')} "
+              f"{fmt(r.get('peak_memory_mb'), '9.0f')} {fmt(r.get('compile_s'), '9.1f')} "
+              f"{fmt(r.get('final_loss'), '10.4f')}" + (f"  ({r['note']})" if r.get("note") else ""))
 
 
 def ratios(results):

@@ -20,6 +20,7 @@
 #   speed.log          the demo against Python eager on the same GPU
 #   gpt2.log           bench/compare_gpt2.py at 124m and tiny (gpt2.jsonl: every case)
 #   profile-124m.txt   where a 124m step's device time goes (torch.profiler, Python eager)
+#   profile-tandem-124m.txt  the same for tandem's eager step (its kernels, summed)
 #   env.json           `tandem env --json`
 # It exits non-zero, naming the failed checks, if any check failed.
 # docs/gpu.md lists the checks and what each compares against.
@@ -178,7 +179,7 @@ PY
     echo "=== $name" >>"$out/gpu-tests.log"
     TANDEM_GPU_FIGURES=$work/figures.jsonl timeout -k 10 "$test_timeout" \
       "$build/bin/tandem_gpu_tests" --gtest_color=no --gtest_filter="$name" \
-      --gtest_output=json:"$work/gtest/$name.json" >>"$out/gpu-tests.log" 2>&1
+      --gtest_output=json:"$work/gtest/${name//\//_}.json" >>"$out/gpu-tests.log" 2>&1
     rc=$?
     echo "=== exit $rc $name" >>"$out/gpu-tests.log"
     echo "gpu_kit: $name: exit $rc (at $(($(date +%s) - t0)) s)"
@@ -204,6 +205,7 @@ PY
     timeout -k 5 "$remaining" "$python" "$root/bench/compare_gpt2.py" --build "$build" \
       --python "$python" --preset "$preset" --device cuda --mixed-precision bf16 \
       --max-steps "${TANDEM_GPU_KIT_GPT2_STEPS:-60}" --case-timeout "$((remaining / 4 < 150 ? remaining / 4 : 150))" \
+      ${TANDEM_GPU_KIT_GPT2_CASES:+--cases "$TANDEM_GPU_KIT_GPT2_CASES"} \
       --out "$out/gpt2.jsonl" >>"$out/gpt2.log" 2>&1
     echo "exit $?" >>"$out/gpt2.log"
   done
@@ -213,6 +215,18 @@ PY
       --preset 124m --device cuda --mixed-precision bf16 --max-steps 5 --warmup-measure 3 \
       --profile "$out/profile-124m.txt" >>"$out/gpt2.log" 2>&1
     echo "profile exit $?" >>"$out/gpt2.log"
+  fi
+  # The same for tandem's eager step (a captured one runs the same kernels):
+  # the example's Chrome trace, its kernels summed (scripts/trace_kernels.py).
+  remaining=$((end - $(date +%s)))
+  if ((gpus > 0 && remaining > 30)) && [[ -x $build/bin/gpt2 ]]; then
+    rm -rf "$work/trace"
+    timeout -k 5 "$remaining" "$build/bin/gpt2" --preset 124m --device cuda \
+      --mixed-precision bf16 --batch-size 16 --max-steps 5 --warmup-measure 5 \
+      --profile "$work/trace" >>"$out/gpt2.log" 2>&1 &&
+      "$python" "$root/scripts/trace_kernels.py" "$work/trace/profile_0.json" --steps 3 \
+        >"$out/profile-tandem-124m.txt" 2>&1
+    echo "tandem profile exit $?" >>"$out/gpt2.log"
   fi
   t2b=$(date +%s)
 

@@ -60,6 +60,8 @@ def gtest_checks(report_dir, log_path, merged_path):
     checks = []
     seen = set()
     for file in sorted(os.listdir(report_dir)) if os.path.isdir(report_dir) else []:
+        if not file.endswith(".json") or not os.path.isfile(os.path.join(report_dir, file)):
+            continue
         report = json.load(open(os.path.join(report_dir, file)))
         for suite in report.get("testsuites", []):
             merged["testsuites"].append(suite)

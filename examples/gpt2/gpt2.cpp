@@ -55,6 +55,7 @@ struct Args {
   double peak_tflops = 0;
   bool losses = false;
   int64_t log_every = 0;
+  std::string profile_dir;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -95,6 +96,9 @@ Args parse_args(int argc, char** argv) {
   app.add_option("--log-every", a.log_every, "print the loss every N steps (0: never; a read "
                                              "of the loss waits for the device)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile", a.profile_dir,
+                 "after the timed steps, record 3 more with the profiler: a Chrome trace "
+                 "(profile_<rank>.json) in this folder");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -302,6 +306,16 @@ int train(const Args& args) {
   synchronize(device);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - clock).count();
+  if (!args.profile_dir.empty()) {  // untimed: where a step's time goes
+    tandem::ProfileOptions profile;
+    profile.output_trace_dir = args.profile_dir;
+    auto session = accelerator.profile(profile);
+    for (int64_t s = 0; s < 3; ++s) {
+      for (int64_t m = 0; m < accumulation; ++m) step(tokens.batch(micro++, rank, world, b, t, pin));
+    }
+    synchronize(device);
+    session.stop();
+  }
   const double tokens_per_s =
       static_cast<double>(args.max_steps * accumulation * b * t * world) / seconds;
   const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (peak * 1e12) : -1;
