@@ -199,7 +199,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
   detail::OptimizerCore& core_ref = *core;
   auto prepared = detail::PreparedAccess::make_optimizer(std::move(optimizer), std::move(core));
   core_ref.set_update(owner ? s.prepared.models()[*owner].strategy->attach_optimizer(*prepared)
-                            : detail::make_replicated_update(*prepared));
+                            : detail::make_replicated_update(
+                                  *prepared, /*keep_gradients=*/s.group->world_size() > 1));
   if (owner) s.prepared.models()[*owner].optimizers.push_back(s.prepared.optimizers().size());
   s.prepared.optimizers().push_back(prepared);
   s.models_checked = false;

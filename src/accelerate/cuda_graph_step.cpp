@@ -19,7 +19,7 @@
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -28,6 +28,7 @@
 
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
+#include "optim/clip_on_device.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
@@ -36,7 +37,8 @@
 namespace tandem::detail {
 namespace {
 
-// The parameters of one fused launch: one group and dtype.
+// The parameters of one fused launch: one group and dtype. `grads` are the
+// gradients the graph being captured reads.
 struct Bucket {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   std::vector<torch::optim::OptimizerParamState*> states;
@@ -50,9 +52,12 @@ using GroupConstants = std::tuple<double, double, double, double, bool>;
 
 // The graphs of one batch signature (shapes and dtypes).
 struct Captured {
-  std::vector<at::Tensor> inputs;  // static: each replay reads these
+  std::vector<at::Tensor> inputs;  // static, on the device: each replay reads these
   std::unique_ptr<at::cuda::CUDAGraph> accumulate, step;
   at::Tensor accumulate_loss, step_loss;  // static outputs
+  // Without accumulation, the gradients the stepping graph's backward made
+  // (in the graph's pool) and its update reads: kept alive with the graph.
+  std::vector<at::Tensor> grads;
 };
 
 // Work queued on `waited` so far runs before work queued on `waiter` next.
@@ -64,7 +69,7 @@ void wait_for(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream& wa
 
 std::string signature(const std::vector<at::Tensor>& batch) {
   std::string s;
-  for (const auto& t : batch) s += c10::str(t.scalar_type(), t.sizes(), t.strides(), ";");
+  for (const auto& t : batch) s += c10::str(t.scalar_type(), t.sizes(), ";");
   return s;
 }
 
@@ -96,10 +101,13 @@ class CudaGraphStep final : public GraphedStep {
                        "max_captures",
                        key, captured_.size());
       Captured fresh;
-      for (const auto& t : batch) fresh.inputs.push_back(t.clone());
+      for (const auto& t : batch) {
+        fresh.inputs.push_back(at::empty(t.sizes(), t.options().device(p_.device)));
+      }
       found = captured_.emplace(key, std::move(fresh)).first;
     }
     Captured& c = found->second;
+    // Straight from the program's (pinned) host batch into the static inputs.
     for (std::size_t i = 0; i < batch.size(); ++i) c.inputs[i].copy_(batch[i], /*non_blocking=*/true);
 
     p_.controller->before_backward();  // begins the micro-step
@@ -111,8 +119,9 @@ class CudaGraphStep final : public GraphedStep {
     std::unique_ptr<at::cuda::CUDAGraph>& graph = stepping ? c.step : c.accumulate;
     at::Tensor& loss = stepping ? c.step_loss : c.accumulate_loss;
     if (!graph) {
-      graph = capture(c.inputs, stepping, loss);
+      graph = capture(c, stepping, loss);
       ++captures_;
+      layout_ = current_layout();
     }
     graph->replay();
     replayed_ = true;
@@ -137,7 +146,9 @@ class CudaGraphStep final : public GraphedStep {
     {
       c10::cuda::CUDAStreamGuard guard(side_);
       const int64_t before = p_.controller->state().optimizer_steps;
-      loss = p_.eager_step(batch);
+      std::vector<at::Tensor> on_device;
+      for (const auto& t : batch) on_device.push_back(t.to(p_.device, /*non_blocking=*/true));
+      loss = p_.eager_step(on_device);
       if (p_.controller->state().optimizer_steps > before) ++eager_steps_;
     }
     wait_for(at::cuda::getCurrentCUDAStream(p_.device.index()), side_);
@@ -145,8 +156,10 @@ class CudaGraphStep final : public GraphedStep {
   }
 
   // Builds the buckets from the optimizer as it stands: the parameters with
-  // a state (an eager step updated them), their gradients allocated here,
-  // outside any graph, so that every graph accumulates into the same ones.
+  // a state (an eager step updated them). With accumulation their gradients
+  // are allocated here, outside any graph, so that every graph accumulates
+  // into the same ones; without, each stepping capture's backward makes
+  // them (adopted, as an eager backward after zero_grad does: no add).
   void build_buckets() {
     buckets_.clear();
     constants_.clear();
@@ -166,13 +179,12 @@ class CudaGraphStep final : public GraphedStep {
                          "Accelerator's device {}; a captured step updates dense parameters "
                          "on the GPU only",
                          c10::str(param.sizes()), param.device().str(), p_.device.str());
-        if (!param.grad().defined()) {
+        if (accumulating() && !param.grad().defined()) {
           param.mutable_grad() = at::zeros_like(param, at::MemoryFormat::Preserve);
         }
         Bucket& b = by_dtype[param.scalar_type()];
         b.group = g;
         b.params.push_back(param);
-        b.grads.push_back(param.grad());
         b.states.push_back(found->second.get());
         const auto [avg, avg_sq, max_sq, step] = moments(*found->second);
         b.exp_avgs.push_back(avg);
@@ -194,8 +206,19 @@ class CudaGraphStep final : public GraphedStep {
       lrs_.push_back(at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(p_.device)));
       lr_values_.push_back(lr);
     }
+    // The clipping norm sums the gradients in the eager step's order.
+    std::unordered_set<const c10::TensorImpl*> in_buckets;
+    for (const auto& b : buckets_) {
+      for (const auto& param : b.params) in_buckets.insert(param.unsafeGetTensorImpl());
+    }
+    clip_params_.clear();
+    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+      if (in_buckets.count(param.unsafeGetTensorImpl()) > 0) clip_params_.push_back(param);
+    }
     layout_ = current_layout();
   }
+
+  bool accumulating() const { return p_.controller->state().accumulation_steps > 1; }
 
   GroupConstants constants_of(const torch::optim::OptimizerOptions& options) const {
     if (decoupled_) {
@@ -279,21 +302,25 @@ class CudaGraphStep final : public GraphedStep {
   }
 
   // The update the stepping graph ends with; the same arithmetic as the
-  // eager step (clip_gradients, then PyTorch's fused Adam/AdamW kernels).
-  void update() {
+  // eager step on CUDA (clip_grad_norm_on_device, then PyTorch's fused
+  // Adam/AdamW kernels), on the gradients the captured backward left.
+  void update(Captured& c) {
     torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      b.grads.clear();
+      for (const auto& param : b.params) {
+        TANDEM_CHECK_ARG(param.grad().defined(),
+                         "cuda_graph: a parameter of shape {} that the eager steps updated got "
+                         "no gradient in the captured step; a captured step must train the same "
+                         "parameters every time",
+                         c10::str(param.sizes()));
+        b.grads.push_back(param.grad());
+      }
+    }
     std::vector<at::Tensor> grads;
-    for (const auto& b : buckets_) grads.insert(grads.end(), b.grads.begin(), b.grads.end());
+    for (const auto& param : clip_params_) grads.push_back(param.grad());
     if (p_.gradient_clipping > 0 && !grads.empty()) {
-      std::vector<at::Tensor> norms;
-      norms.reserve(grads.size());
-      for (const auto& g : grads) norms.push_back(at::norm(g, 2).to(at::kDouble));
-      at::Tensor total = at::stack(norms).pow(2).sum().sqrt();
-      // max_norm / (total + 1e-6), at most 1: clip_gradients' double arithmetic.
-      at::Tensor coef = at::full({}, p_.gradient_clipping, total.options())
-                            .div_(total + 1e-6)
-                            .clamp_max_(1.0);
-      for (auto& g : grads) g.mul_(coef);
+      clip_grad_norm_on_device(grads, p_.gradient_clipping);
     }
     for (auto& b : buckets_) {
       const auto [beta1, beta2, weight_decay, eps, amsgrad] = constants_[b.group];
@@ -308,11 +335,21 @@ class CudaGraphStep final : public GraphedStep {
                          /*maximize=*/false);
       }
     }
-    if (!grads.empty()) at::_foreach_zero_(grads);
+    if (accumulating()) {
+      if (!grads.empty()) at::_foreach_zero_(grads);
+    } else {
+      c.grads = grads;
+    }
   }
 
-  std::unique_ptr<at::cuda::CUDAGraph> capture(const std::vector<at::Tensor>& inputs,
-                                                bool stepping, at::Tensor& loss_out) {
+  std::unique_ptr<at::cuda::CUDAGraph> capture(Captured& c, bool stepping, at::Tensor& loss_out) {
+    const std::vector<at::Tensor>& inputs = c.inputs;
+    if (!accumulating()) {
+      // The capture's backward makes the gradients in the graph's pool.
+      for (auto& b : buckets_) {
+        for (auto& param : b.params) param.mutable_grad() = at::Tensor();
+      }
+    }
     const double factor = 1.0 / static_cast<double>(p_.controller->state().accumulation_steps);
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     wait_for(side_, at::cuda::getCurrentCUDAStream(p_.device.index()));
@@ -327,7 +364,7 @@ class CudaGraphStep final : public GraphedStep {
         at::Tensor scaled = to_fp32(loss);
         if (factor != 1.0) scaled = scaled * factor;
         scaled.backward();
-        if (stepping) update();
+        if (stepping) update(c);
         loss_out = loss.detach();
         graph->capture_end();
       } catch (const std::exception& e) {
@@ -363,6 +400,7 @@ class CudaGraphStep final : public GraphedStep {
   std::vector<at::Tensor> lrs_;
   std::vector<double> lr_values_;
   std::vector<const void*> layout_;
+  std::vector<at::Tensor> clip_params_;  // bucket parameters, in the eager step's order
   std::map<std::string, Captured> captured_;
 };
 

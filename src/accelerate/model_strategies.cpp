@@ -123,7 +123,7 @@ class ReplicatedModel final : public ModelStrategy {
   }
 
   std::unique_ptr<OptimizerUpdate> attach_optimizer(AcceleratedOptimizer& prepared) override {
-    return make_replicated_update(prepared);
+    return make_replicated_update(prepared, /*keep_gradients=*/ddp_ != nullptr);
   }
 
   LoadSafetensorsResult load_weights(const std::string& path,

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "accelerate/optimizer_state.h"
+#include "optim/clip_on_device.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/amp/master_weights.h"
@@ -31,7 +32,8 @@ bool has_low_precision_params(torch::optim::Optimizer& optimizer) {
 // Every rank steps the whole model with the optimizer the user passed.
 class ReplicatedUpdate final : public OptimizerUpdate {
  public:
-  explicit ReplicatedUpdate(AcceleratedOptimizer& self) {
+  ReplicatedUpdate(AcceleratedOptimizer& self, bool keep_gradients)
+      : keep_gradients_(keep_gradients) {
     // A bf16/fp16 model trains through fp32 copies (DeepSpeed's fp16/bf16
     // optimizers): updates smaller than the low-precision spacing would
     // otherwise round away.
@@ -59,6 +61,19 @@ class ReplicatedUpdate final : public OptimizerUpdate {
     return clip_gradients(self, max_norm, norm_type, nullptr);
   }
 
+  bool clip_on_device(AcceleratedOptimizer& self, double max_norm) override {
+    if (master_) return false;
+    std::vector<at::Tensor> grads;
+    for (const auto& p : unique_optimizer_parameters(self)) {
+      if (!p.grad().defined()) continue;
+      if (!p.grad().is_cuda()) return false;
+      grads.push_back(p.grad());
+    }
+    if (grads.empty()) return false;
+    clip_grad_norm_on_device(grads, max_norm);
+    return true;
+  }
+
   void clip_value(AcceleratedOptimizer& self, double clip_value) override {
     torch::NoGradGuard no_grad;
     // A tied tensor listed twice is clamped once (clamping is idempotent anyway).
@@ -77,6 +92,16 @@ class ReplicatedUpdate final : public OptimizerUpdate {
   }
 
   void zero_grad(AcceleratedOptimizer& self) override {
+    // Without DDP (and without masters, whose copies read the model's
+    // gradients), None: the next backward adopts its gradients.
+    if (!keep_gradients_ && !master_) {
+      for (auto& group : self.param_groups()) {
+        for (auto& p : group.params()) {
+          if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+        }
+      }
+      return;
+    }
     // In place, so DDP's .grad views of its buckets stay in place (no
     // set-to-None: the next backward would have to re-adopt every gradient).
     // One multi-tensor launch per device and dtype on the GPU, rather than
@@ -179,6 +204,7 @@ class ReplicatedUpdate final : public OptimizerUpdate {
   }
 
  private:
+  bool keep_gradients_;
   std::unique_ptr<MasterWeights> master_;
 };
 
@@ -240,8 +266,9 @@ class ShardedUpdate final : public OptimizerUpdate {
 
 }  // namespace
 
-std::unique_ptr<OptimizerUpdate> make_replicated_update(AcceleratedOptimizer& self) {
-  return std::make_unique<ReplicatedUpdate>(self);
+std::unique_ptr<OptimizerUpdate> make_replicated_update(AcceleratedOptimizer& self,
+                                                        bool keep_gradients) {
+  return std::make_unique<ReplicatedUpdate>(self, keep_gradients);
 }
 
 std::unique_ptr<OptimizerUpdate> make_sharded_update(std::shared_ptr<ZeroOptimizer> zero) {

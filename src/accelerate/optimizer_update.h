@@ -36,6 +36,10 @@ class OptimizerUpdate {
   // Clips the gradients to a global `norm_type` norm of at most `max_norm`;
   // returns the norm before clipping.
   virtual double clip(AcceleratedOptimizer& self, double max_norm, double norm_type) = 0;
+  // The same for the L2 norm without reading it back to the host, where the
+  // update can (its gradients all on CUDA); false, having done nothing,
+  // otherwise. For the step's own clipping, whose norm nobody reads.
+  virtual bool clip_on_device(AcceleratedOptimizer&, double /*max_norm*/) { return false; }
   // Clamps the gradients the update reads to [-clip_value, clip_value].
   virtual void clip_value(AcceleratedOptimizer& self, double clip_value) = 0;
   // UsageError before anything changes when the update cannot take `closure`.
@@ -71,7 +75,12 @@ class OptimizerUpdate {
 
 // Steps the optimizer the user passed; makes fp32 masters when `self`'s
 // parameters are bf16/fp16. Call after `self` adopted the live groups.
-std::unique_ptr<OptimizerUpdate> make_replicated_update(AcceleratedOptimizer& self);
+// `keep_gradients`: zero_grad() zeroes gradients in place (DDP's .grad views
+// of its buckets must stay); otherwise it sets them to None, as PyTorch's
+// zero_grad() does, so that the next backward adopts its fresh gradients
+// instead of adding them into zeroed ones (a kernel per parameter).
+std::unique_ptr<OptimizerUpdate> make_replicated_update(AcceleratedOptimizer& self,
+                                                        bool keep_gradients);
 // Steps `zero`, which keeps its own fp32 master shards.
 std::unique_ptr<OptimizerUpdate> make_sharded_update(std::shared_ptr<ZeroOptimizer> zero);
 

@@ -274,7 +274,8 @@ at::Tensor OptimizerCore::step(AcceleratedOptimizer& self,
   const bool skip = found_inf_;
   at::Tensor loss;
   if (!skip) {
-    if (gradient_clipping_ > 0 && !controller_->optimizer(id_).clipped) {
+    if (gradient_clipping_ > 0 && !controller_->optimizer(id_).clipped &&
+        !update_->clip_on_device(self, gradient_clipping_)) {
       update_->clip(self, gradient_clipping_, 2.0);
     }
     loss = update_->apply(std::move(closure), [&](torch::optim::Optimizer::LossClosure c) {

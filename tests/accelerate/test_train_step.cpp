@@ -87,6 +87,33 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndAccumulation, TrainStepParity,
                                            std::make_tuple(2, int64_t{2}),
                                            std::make_tuple(3, int64_t{1})));
 
+// zero_grad() sets gradients to None without DDP (the next backward adopts
+// its gradients, as in PyTorch) and zeroes them in place under DDP, whose
+// .grad tensors are views of its buckets.
+TEST(TrainStep, ZeroGradSetsNoneWithoutDdpAndZeroesInPlaceUnderDdp) {
+  for (int world : {1, 2}) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      Accelerator accelerator(pg.shared_from_this(), Config{});
+      Mlp model(kIn, kHidden, kOut);
+      auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                     torch::optim::SGDOptions(0.1));
+      accelerator.prepare_model(model);
+      auto optimizer = accelerator.prepare_optimizer(sgd);
+      accelerator.backward(model->forward(torch::ones({2, kIn})).sum());
+      optimizer->step();
+      optimizer->zero_grad();
+      for (const auto& p : model->parameters()) {
+        if (world == 1) {
+          EXPECT_FALSE(p.grad().defined());
+        } else {
+          ASSERT_TRUE(p.grad().defined());
+          EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+        }
+      }
+    });
+  }
+}
+
 std::string refusal(const Config& config) {
   std::string message;
   run_ranks(1, [&](ProcessGroup& pg) {
