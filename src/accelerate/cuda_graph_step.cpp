@@ -5,6 +5,7 @@
 #if defined(TANDEM_WITH_CUDA)
 
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <typeinfo>
@@ -15,6 +16,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_foreach_zero.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
@@ -116,6 +118,7 @@ class CudaGraphStep final : public GraphedStep {
       p_.core->sync_learning_rates(*p_.optimizer);
       refresh_device_values();
     }
+    refresh_loss_factor();
     std::unique_ptr<at::cuda::CUDAGraph>& graph = stepping ? c.step : c.accumulate;
     at::Tensor& loss = stepping ? c.step_loss : c.accumulate_loss;
     if (!graph) {
@@ -127,11 +130,14 @@ class CudaGraphStep final : public GraphedStep {
     replayed_ = true;
     p_.controller->after_backward();
     if (stepping) {
-      for (auto& bucket : buckets_) {
-        for (auto* s : bucket.states) bump_step(*s);
+      // fp16: the one read back of a captured step, between steps.
+      const bool found_inf = p_.scaling && found_inf_.item<float>() > 0;
+      if (!p_.core->record_graphed_step(*p_.optimizer, found_inf)) {
+        for (auto& bucket : buckets_) {
+          for (auto* s : bucket.states) bump_step(*s);
+        }
+        ++host_step_;
       }
-      ++host_step_;
-      p_.core->record_graphed_step(*p_.optimizer);
     }
     return loss.clone();
   }
@@ -301,9 +307,30 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
+  // The factor backward multiplies the fp32 loss by, on the device:
+  // 1 / accumulation steps, times the scaler's scale under fp16 (computed in
+  // double on the host, as Accelerator::backward computes it).
+  void refresh_loss_factor() {
+    const double factor =
+        p_.core->loss_scale() / static_cast<double>(p_.controller->state().accumulation_steps);
+    if (!loss_factor_.defined()) {
+      const auto options = at::TensorOptions().dtype(at::kFloat).device(p_.device);
+      loss_factor_ = at::full({}, factor, options);
+      inv_scale_ = at::full({1}, 1.0 / p_.core->loss_scale(), options);
+      found_inf_ = at::zeros({1}, options);
+      factor_value_ = factor;
+    } else if (factor != factor_value_) {
+      loss_factor_.fill_(factor);
+      inv_scale_.fill_(1.0 / p_.core->loss_scale());
+      factor_value_ = factor;
+    }
+  }
+
   // The update the stepping graph ends with; the same arithmetic as the
-  // eager step on CUDA (clip_grad_norm_on_device, then PyTorch's fused
-  // Adam/AdamW kernels), on the gradients the captured backward left.
+  // eager step on CUDA (under fp16 the fused unscale and inf/NaN check, then
+  // clip_grad_norm_on_device, then PyTorch's fused Adam/AdamW kernels, which
+  // leave the parameters and moments alone when found_inf is set), on the
+  // gradients the captured backward left.
   void update(Captured& c) {
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
@@ -319,6 +346,12 @@ class CudaGraphStep final : public GraphedStep {
     }
     std::vector<at::Tensor> grads;
     for (const auto& param : clip_params_) grads.push_back(param.grad());
+    std::optional<at::Tensor> found_inf;
+    if (p_.scaling && !grads.empty()) {
+      found_inf_.zero_();
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale_);
+      found_inf = found_inf_;
+    }
     if (p_.gradient_clipping > 0 && !grads.empty()) {
       clip_grad_norm_on_device(grads, p_.gradient_clipping);
     }
@@ -328,12 +361,14 @@ class CudaGraphStep final : public GraphedStep {
       if (decoupled_) {
         at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
                           b.steps, lrs_[b.group], beta1, beta2, weight_decay, eps, amsgrad,
-                          /*maximize=*/false);
+                          /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
       } else {
         at::_fused_adam_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs,
                          b.steps, lrs_[b.group], beta1, beta2, weight_decay, eps, amsgrad,
-                         /*maximize=*/false);
+                         /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
       }
+      // A skipped step does not count (PyTorch's capturable Adam does the same).
+      if (found_inf) b.step.sub_(found_inf_.reshape({}));
     }
     if (accumulating()) {
       if (!grads.empty()) at::_foreach_zero_(grads);
@@ -350,7 +385,6 @@ class CudaGraphStep final : public GraphedStep {
         for (auto& param : b.params) param.mutable_grad() = at::Tensor();
       }
     }
-    const double factor = 1.0 / static_cast<double>(p_.controller->state().accumulation_steps);
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     wait_for(side_, at::cuda::getCurrentCUDAStream(p_.device.index()));
     {
@@ -362,7 +396,7 @@ class CudaGraphStep final : public GraphedStep {
       try {
         at::Tensor loss = p_.autocast_loss(inputs);
         at::Tensor scaled = to_fp32(loss);
-        if (factor != 1.0) scaled = scaled * factor;
+        if (p_.scaling || factor_value_ != 1.0) scaled = scaled * loss_factor_;
         scaled.backward();
         if (stepping) update(c);
         loss_out = loss.detach();
@@ -401,6 +435,9 @@ class CudaGraphStep final : public GraphedStep {
   std::vector<double> lr_values_;
   std::vector<const void*> layout_;
   std::vector<at::Tensor> clip_params_;  // bucket parameters, in the eager step's order
+  at::Tensor loss_factor_;  // 0-dim fp32: scale / accumulation steps
+  at::Tensor inv_scale_, found_inf_;  // [1] fp32, as the eager unscale's
+  double factor_value_ = 0;
   std::map<std::string, Captured> captured_;
 };
 

@@ -38,6 +38,12 @@ struct GraphedStepParts {
   std::function<at::Tensor(const std::vector<at::Tensor>&)> eager_step;
   CudaGraphConfig config;
   double gradient_clipping = 0;  // 0: none
+  // fp16 loss scaling: the loss is multiplied by the scaler's scale (a
+  // device tensor), the stepping graph unscales and checks the gradients
+  // for inf/NaN on the device and skips the update there when it finds one;
+  // after the replay the host reads that one flag and updates the scaler
+  // (every rule: torch's, DeepSpeed's, static), as an eager step does.
+  bool scaling = false;
   c10::Device device = c10::Device(c10::kCPU);
 };
 

@@ -85,10 +85,13 @@ class OptimizerCore {
   // torch::optim::Optimizer&, it bypasses the accumulation rules).
   void note_backward(AcceleratedOptimizer& self);
 
-  // The bookkeeping of a step a CUDA graph took (cuda_graph_step.h): counted
-  // as taken, and its gradients as zeroed.
-  void record_graphed_step(AcceleratedOptimizer& self);
+  // The bookkeeping of a step a CUDA graph ran (cuda_graph_step.h): taken,
+  // or skipped for an overflow (`found_inf`, read from the device), its
+  // gradients counted as zeroed, and the loss scaler updated as an eager
+  // step updates it. Returns whether the step was skipped.
+  bool record_graphed_step(AcceleratedOptimizer& self, bool found_inf);
   bool scales_loss() const;  // a loss scaler is on (fp16)
+  double loss_scale() const;  // the scaler's scale (1 without one)
   bool timed() const { return timer_ != nullptr; }  // wall_clock_breakdown
 
   // Carries learning rates set on the wrapped optimizer's decoy groups over

@@ -170,11 +170,17 @@ void OptimizerCore::note_backward(AcceleratedOptimizer& self) {
 
 bool OptimizerCore::scales_loss() const { return scaler_ != nullptr && scaler_->enabled(); }
 
-void OptimizerCore::record_graphed_step(AcceleratedOptimizer& self) {
+double OptimizerCore::loss_scale() const { return scales_loss() ? scaler_->scale() : 1.0; }
+
+bool OptimizerCore::record_graphed_step(AcceleratedOptimizer& self, bool found_inf) {
   check_wrapped(self);
-  controller_->optimizer_step(id_, /*taken=*/true);
+  const bool skip = found_inf && scales_loss();
+  controller_->optimizer_step(id_, /*taken=*/!skip);
   controller_->end_step(id_);
   controller_->zero_grad(id_);
+  // Last, as in step(): a collapse error leaves the step accounted for.
+  if (scaler_ != nullptr) scaler_->update(skip);
+  return skip;
 }
 
 void OptimizerCore::sync_learning_rates(AcceleratedOptimizer& self) {

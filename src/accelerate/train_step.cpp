@@ -81,10 +81,6 @@ std::string graph_refusal(const Accelerator& accelerator, const Config& config,
     return "the optimizer keeps fp32 master weights for low-precision parameters, which the "
            "captured update does not; keep the parameters in fp32 (autocast computes in bf16)";
   }
-  if (core.scales_loss()) {
-    return "fp16 loss scaling (the scaler's overflow check and scale update) is not captured "
-           "yet; use mixed_precision bf16, which needs no scaler, or turn cuda_graph off";
-  }
   if (core.timed()) {
     return "wall_clock_breakdown times forward, backward and step apart, and a captured step "
            "runs them as one graph; turn one of the two off";
@@ -119,6 +115,7 @@ TrainStep::TrainStep(Accelerator& accelerator, std::shared_ptr<AcceleratedOptimi
   parts.eager_step = [self](const std::vector<at::Tensor>& b) { return self->eager(b); };
   parts.config = config.cuda_graph;
   parts.gradient_clipping = config.gradient_clipping;
+  parts.scaling = core.scales_loss();
   parts.device = accelerator.device();
   impl_->graphed = detail::make_graphed_step(std::move(parts));
 }

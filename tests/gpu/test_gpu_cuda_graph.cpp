@@ -2,9 +2,11 @@
 // against the eager step on the same GPU: the tiny GPT-2 of examples/gpt2
 // trained 100 steps each way from the same weights and batches. fp32 losses
 // agree within 1e-6 relative (the captured update reads the learning rate
-// from an fp32 tensor, the eager one from a double: the only difference in
-// arithmetic); bf16 within 1e-3, and the steps that came out bit-equal are
-// counted in the figures. Then the refusals a GPU run can reach: a host
+// from an fp32 tensor, the eager one from a double); bf16 and fp16 within
+// 1e-3, and the steps that came out bit-equal are counted in the figures.
+// Under fp16 the loss scale after every step and the skipped steps must be
+// the eager run's exactly (the scaler starts at 2^24 and grows every 10
+// steps, so that steps overflow). Then the refusals a GPU run can reach: a host
 // read inside the captured step, and more batch shapes than max_captures.
 
 #include <gtest/gtest.h>
@@ -25,6 +27,8 @@ using testing::run_ranks;
 
 struct TrainedRun {
   std::vector<double> losses;
+  std::vector<double> scales;  // the loss scale after each optimizer step
+  int64_t skipped = 0;
   int64_t captures = 0;
   bool replayed = false;
   double ms_per_step = 0;
@@ -41,6 +45,9 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, int
     config.gradient_accumulation_steps = accumulation;
     config.gradient_clipping = 1.0;
     config.cuda_graph.enabled = graph;
+    // fp16: start high and grow often, so that 100 steps overflow and skip.
+    config.fp16.initial_scale_power = 24;
+    config.fp16.loss_scale_window = 10;
     Accelerator accelerator(pg.shared_from_this(), config);
     torch::manual_seed(7);
     gpt2::Gpt2 model(tiny());
@@ -67,14 +74,18 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, int
     for (int64_t i = 0; i < steps * accumulation; ++i) {
       auto sequence = tokens[i];
       losses.push_back(step({sequence.narrow(1, 0, t), sequence.narrow(1, 1, t)}));
-      if ((i + 1) % accumulation == 0) scheduler->step();
+      if ((i + 1) % accumulation == 0) {
+        scheduler->step();
+        run.scales.push_back(accelerator.loss_scale());
+      }
     }
     torch::cuda::synchronize();
     run.ms_per_step =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
             .count() /
         static_cast<double>(steps);
-    EXPECT_EQ(accelerator.step(), steps);
+    run.skipped = accelerator.skipped_steps();
+    EXPECT_EQ(accelerator.step() + run.skipped, steps);
     auto all = torch::stack(losses).to(torch::kDouble).cpu();
     run.losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
     run.captures = step.captures();
@@ -102,6 +113,11 @@ TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
     bit_equal += graphed.losses[i] == eager.losses[i];
   }
   EXPECT_LT(worst, tolerance);
+  EXPECT_EQ(graphed.scales, eager.scales) << "the loss scale, step by step";
+  EXPECT_EQ(graphed.skipped, eager.skipped);
+  if (precision == MixedPrecision::kFp16) {
+    EXPECT_GE(eager.skipped, 3) << "overflows happened";
+  }
   EXPECT_LT(eager.losses.back(), eager.losses.front()) << "it trained";
   testing::record_gpu_figures(
       std::string("cuda_graph_parity_") + to_string(precision) + "_accumulation" + std::to_string(accumulation),
@@ -110,6 +126,7 @@ TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
        {"losses", static_cast<int64_t>(eager.losses.size())},
        {"eager_ms_per_step", eager.ms_per_step},
        {"graph_ms_per_step", graphed.ms_per_step},
+       {"skipped_steps", eager.skipped},
        {"first_loss", eager.losses.front()},
        {"last_loss", eager.losses.back()}});
 }
@@ -118,7 +135,9 @@ INSTANTIATE_TEST_SUITE_P(
     PrecisionsAndAccumulation, GpuCudaGraph,
     ::testing::Values(std::make_tuple(MixedPrecision::kNo, int64_t{1}, 1e-6),
                       std::make_tuple(MixedPrecision::kNo, int64_t{2}, 1e-6),
-                      std::make_tuple(MixedPrecision::kBf16, int64_t{1}, 1e-3)));
+                      std::make_tuple(MixedPrecision::kBf16, int64_t{1}, 1e-3),
+                      std::make_tuple(MixedPrecision::kFp16, int64_t{1}, 1e-3),
+                      std::make_tuple(MixedPrecision::kFp16, int64_t{2}, 1e-3)));
 
 // Refusals that need a GPU to reach.
 std::string graph_error(const std::function<void(TrainStep&, Accelerator&)>& drive,
