@@ -28,18 +28,21 @@ if(TANDEM_PCH AND (TANDEM_BUILD_TESTS OR TANDEM_BUILD_EXAMPLES OR TANDEM_BUILD_B
   set(TANDEM_USE_PCH ON)
 endif()
 
-# The precompiled <torch/torch.h> of each level is built once, by a target of
-# its own, and reused by the other programs of that level: tandem_torch_pch
-# for the examples, benchmarks and CLI, tandem_test_pch for the tests and
-# their workers. Each owner compiles one empty file besides (about 9 s of CPU
-# on the slowest machine). A real program as owner would save that, but
-# costs more: one built by the CLI carries CLI11's CLI11_HAS_FILESYSTEM, and
-# GCC refuses it to every program compiled without that macro ("not used
-# because `CLI11_HAS_FILESYSTEM' not defined"); one built by the test workers
-# started only after every example had compiled (Ninja 1.11 starts ready jobs
-# in the order of build.ninja, where tests/ comes last), and every test
-# waited for it while a core stood idle for 80 s. Defined here, at the top,
-# both start with the library's.
+# Programs (examples, benchmarks, the CLI) load the library's own
+# precompiled <torch/torch.h> (src/CMakeLists.txt): they compile at the
+# library's -O1, with its macros (all public), and, with a shared library,
+# with its -fPIC (GCC refuses a header precompiled with other code-generation
+# options; Debian's GCC would otherwise build programs as PIE). That saves
+# building a second one (about 72 s of CPU on the slowest machine). Tests and
+# their workers, at -O0, load tandem_test_pch, built once by a target of its
+# own (it compiles one empty file besides, about 9 s of CPU). A real test
+# program as owner would start late: Ninja 1.11 starts ready jobs in the
+# order of build.ninja, where tests/ comes last, and every test waited for it
+# while a core stood idle for 80 s. Defined here, at the top, it starts with
+# the library's.
+if(TANDEM_SHARED)
+  list(APPEND TANDEM_PROGRAM_COMPILE_OPTIONS -fPIC)
+endif()
 # tandem_program_pch(<pch target> <options>): the precompiled <torch/torch.h>
 # for programs compiled with <options>.
 function(tandem_program_pch pch_target options)
@@ -48,11 +51,8 @@ function(tandem_program_pch pch_target options)
   target_compile_options(${pch_target} PRIVATE ${options})
   target_precompile_headers(${pch_target} PRIVATE <torch/torch.h>)
 endfunction()
-if(TANDEM_USE_PCH)
-  tandem_program_pch(tandem_torch_pch "${TANDEM_PROGRAM_COMPILE_OPTIONS}")
-  if(TANDEM_BUILD_TESTS)
-    tandem_program_pch(tandem_test_pch "${TANDEM_TEST_COMPILE_OPTIONS}")
-  endif()
+if(TANDEM_USE_PCH AND TANDEM_BUILD_TESTS)
+  tandem_program_pch(tandem_test_pch "${TANDEM_TEST_COMPILE_OPTIONS}")
 endif()
 
 # tandem_program_at(<target> <options> <pch target>): links tandem, adds the
@@ -69,7 +69,7 @@ endfunction()
 
 # tandem_program(<target>): an example or benchmark built on tandem.
 function(tandem_program target)
-  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" tandem_torch_pch)
+  tandem_program_at(${target} "${TANDEM_PROGRAM_COMPILE_OPTIONS}" tandem)
 endfunction()
 
 # tandem_test_program(<target>): a test binary or a worker program tests
