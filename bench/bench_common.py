@@ -1,5 +1,6 @@
 """Helpers shared by the compare_*.py drivers: starting ranks, reading output."""
 import json
+import math
 import os
 import re
 import signal
@@ -139,3 +140,14 @@ def tandem_paths(args, program):
             sys.exit(f"{path} not found: build it with "
                      f"`cmake --build {args.build} --target {target}`")
     return launcher, program
+
+
+def cosine_ratio(iteration, warmup, total, floor):
+    """DeepSpeed's WarmupCosineLR ratio (linear warmup), which tandem's
+    WarmupCosineLR follows, after `iteration` (-1: before any step)."""
+    if iteration < 0:
+        return 0.0
+    if iteration < warmup:
+        return iteration / warmup
+    progress = min(1.0, (iteration - warmup + 1) / max(1, total - warmup))
+    return max(0.0, floor + (1 - floor) * (1 + math.cos(math.pi * progress)) / 2)

@@ -44,6 +44,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_common import cosine_ratio
+
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=512),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=50304),
@@ -168,13 +170,7 @@ class Batches:
 def lr_ratio(iteration, warmup, total, floor=0.1):
     """tandem's WarmupCosineLR ratio (DeepSpeed's, linear warmup) after
     `iteration` (-1: before the first step, so the first step runs at lr 0)."""
-    warmup = max(2, warmup)
-    if iteration < 0:
-        return 0.0
-    if iteration < warmup:
-        return iteration / warmup
-    progress = min(1.0, (iteration - warmup + 1) / max(1, total - warmup))
-    return max(0.0, floor + (1 - floor) * (1 + math.cos(math.pi * progress)) / 2)
+    return cosine_ratio(iteration, max(2, warmup), total, floor)
 
 
 def peak_tflops(device, given):

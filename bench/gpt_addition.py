@@ -40,6 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_common import cosine_ratio
+
 PLUS, EQUALS, VOCAB = 10, 11, 12
 
 
@@ -118,16 +120,6 @@ def make_data(digits, train_size, test_size, seed):
         xs.append(t[:-1])
         ys.append([t[i + 1] if i + 1 >= 2 * digits + 2 else -100 for i in range(len(t) - 1)])
     return (torch.tensor(xs), torch.tensor(ys)), (torch.tensor(prompts), torch.tensor(answers))
-
-
-def cosine_ratio(iteration, warmup, total, floor):
-    """DeepSpeed's WarmupCosineLR ratio after `iteration` (-1: before any step)."""
-    if iteration < 0:
-        return 0.0
-    if iteration < warmup:
-        return iteration / warmup
-    progress = min(1.0, (iteration - warmup + 1) / max(1, total - warmup))
-    return max(0.0, floor + (1 - floor) * (1 + math.cos(math.pi * progress)) / 2)
 
 
 @torch.no_grad()
