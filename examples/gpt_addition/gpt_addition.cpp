@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include <ATen/DeviceAccelerator.h>
 #include <CLI/CLI.hpp>
@@ -42,6 +43,7 @@ struct Args {
   int64_t train_size = 1 << 18;
   int64_t test_size = 2000;
   int64_t eval_every = 0;  // 0: only at the end
+  double target_accuracy = 0;  // 0: train all max_steps
   int64_t log_every = 25;
   std::string metrics_file = "runs/gpt_addition/metrics.jsonl";
   std::string log_with;  // "tensorboard": event files next to the metrics file
@@ -71,6 +73,11 @@ Args parse_args(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--test-size", a.test_size, "held-out samples")->check(CLI::PositiveNumber);
   app.add_option("--eval-every", a.eval_every, "evaluate every N steps (0: at the end only)");
+  app.add_option("--target-accuracy", a.target_accuracy,
+                 "stop at the first evaluation whose held-out accuracy reaches this (0-1; "
+                 "evaluates every --eval-every steps, 100 when that is not given; the schedule "
+                 "still spans --max-steps)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--log-every", a.log_every, "average the loss across ranks every N steps")
       ->check(CLI::PositiveNumber);
   app.add_option("--metrics-file", a.metrics_file, "JSON-lines metrics (rank 0)");
@@ -103,6 +110,7 @@ Args parse_args(int argc, char** argv) {
                  static_cast<long>(a.n_embd), static_cast<long>(a.n_head));
     std::exit(2);
   }
+  if (a.target_accuracy > 0 && a.eval_every == 0) a.eval_every = 100;
   return a;
 }
 
@@ -275,7 +283,10 @@ int main(int argc, char** argv) {
     train_seconds += std::chrono::duration<double>(now - clock).count();
     clock = now;
   };
-  for (int64_t epoch = loader->epoch(); accelerator.step() < last_step; ++epoch) {
+  // The held-out accuracy of an evaluation that reached --target-accuracy;
+  // every rank sees the same value (gather_for_metrics), so all stop together.
+  std::optional<double> reached;
+  for (int64_t epoch = loader->epoch(); accelerator.step() < last_step && !reached; ++epoch) {
     loader->set_epoch(epoch);
     for (auto& batch : *loader) {
       optimizer->zero_grad();
@@ -311,21 +322,29 @@ int main(int argc, char** argv) {
         lap();
         const double accuracy = evaluate();
         accelerator.log({{"accuracy", accuracy}, {"train_s", train_seconds}}, step);
+        if (args.target_accuracy > 0 && accuracy >= args.target_accuracy) reached = accuracy;
         clock = std::chrono::steady_clock::now();  // evaluation is not training time
       }
-      if (args.save_every > 0 && (step % args.save_every == 0 || step == last_step)) {
+      if (args.save_every > 0 && (step % args.save_every == 0 || step == last_step || reached)) {
         lap();
         save(step);
         clock = std::chrono::steady_clock::now();  // saving is not training time
       }
-      if (step >= last_step) break;
+      if (step >= last_step || reached) break;
     }
   }
   lap();
   bar.close();
-  const double accuracy = evaluate();
+  if (reached) {
+    accelerator.print("reached accuracy {:.4f} (--target-accuracy {}) at step {} after {:.1f} s "
+                      "of training", *reached, args.target_accuracy, accelerator.step(),
+                      train_seconds);
+  }
+  const double accuracy = reached ? *reached : evaluate();
   const double tokens_per_s = static_cast<double>(tokens) / train_seconds;
-  accelerator.log({{"accuracy", accuracy}, {"train_s", train_seconds}}, accelerator.step());
+  if (!reached) {
+    accelerator.log({{"accuracy", accuracy}, {"train_s", train_seconds}}, accelerator.step());
+  }
   accelerator.end_training();
   const std::string cuda_memory =
       accelerator.device().is_cuda()

@@ -71,6 +71,40 @@ TEST(GptAddition, TwoRanksTrainEvaluateAndReportTheDocumentedJson) {
   EXPECT_EQ(accuracies, 2);  // step 20 and the final evaluation
 }
 
+// --target-accuracy (README's command 1): the run stops at the first
+// evaluation that reaches the target, before --max-steps, and reports that
+// evaluation's accuracy; every evaluation before it was below the target.
+// One-digit sums learn within about a hundred steps.
+TEST(GptAddition, StopsAtTheFirstEvaluationThatReachesTheTargetAccuracy) {
+  TempDir dir;
+  const std::string metrics = dir.path() + "/metrics.jsonl";
+  const double target = 0.1;
+  auto r = run_process(launch(2, {bin("gpt_addition"), "--digits", "1", "--train-size", "4096",
+                                  "--test-size", "40", "--max-steps", "400", "--eval-every", "20",
+                                  "--lr", "3e-3", "--warmup-steps", "10", "--target-accuracy",
+                                  "0.1", "--metrics-file", metrics}),
+                       240);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto result = last_json_line(r.out);
+  const int64_t step = result["step"].get<int64_t>();
+  EXPECT_LT(step, 400) << r.out;
+  EXPECT_EQ(step % 20, 0);
+  EXPECT_GE(result["accuracy"].get<double>(), target);
+  EXPECT_NE(r.out.find("reached accuracy"), std::string::npos) << r.out;
+  std::ifstream in(metrics);
+  std::vector<std::pair<int64_t, double>> evaluations;
+  for (std::string line; std::getline(in, line);) {
+    auto row = nlohmann::json::parse(line);
+    if (row.contains("accuracy")) evaluations.emplace_back(row["step"], row["accuracy"]);
+  }
+  ASSERT_FALSE(evaluations.empty());
+  EXPECT_EQ(evaluations.back().first, step);
+  EXPECT_NEAR(evaluations.back().second, result["accuracy"].get<double>(), 5e-5);  // printed with 4 decimals
+  for (std::size_t i = 0; i + 1 < evaluations.size(); ++i) {
+    EXPECT_LT(evaluations[i].second, target) << "step " << evaluations[i].first;
+  }
+}
+
 // Activation checkpointing end to end: 30 steps on 2 ranks end at the same
 // loss with each transformer block recomputed in backward as without, under
 // DDP (--activation-checkpointing) and under ZeRO-3 (the DeepSpeed JSON's
