@@ -1,11 +1,14 @@
 #include "tandem/comm/process_group.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <fstream>
 #include <sstream>
 
 #include <unistd.h>
+
+#include <ATen/Parallel.h>
 
 #include "comm/comm_error.h"
 #include "comm/process_group_impl.h"
@@ -199,6 +202,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
                                                  const ProcessGroupOptions& options) {
   if (env.launched()) set_process_rank_label(env.rank, env.world_size);
+  // srun's --cpus-per-task sizes the intra-op pool, unless OMP_NUM_THREADS
+  // says otherwise (OpenMP read that one already).
+  if (env.threads > 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    at::set_num_threads(env.threads);
+  }
   ProcessGroupOptions resolved = options;
   if (env.timeout_s > 0) resolved.timeout = std::chrono::seconds(env.timeout_s);
   resolved.debug_detail = resolved.debug_detail || env.debug_detail;

@@ -43,18 +43,29 @@ std::string local_address_toward(const std::string& remote_host, int port) {
 
 namespace {
 
-// Rank 0 of a job without a launcher hosts the store on MASTER_ADDR's own
-// address, and connects to it like every other rank.
-c10::intrusive_ptr<TokenStore> host_store(const RankEnv& env, std::chrono::milliseconds timeout) {
+// A store off loopback needs the job's token, on every rank: each one
+// refuses at once, rather than rank 0 refusing and the others waiting for a
+// store that never comes.
+void check_token(const RankEnv& env) {
   if (env.store_token.empty() && !is_loopback_host(env.master_addr)) {
     TANDEM_THROW(UsageError,
-                 "rank 0 would host the rendezvous store on MASTER_ADDR={}, which is not a "
+                 "the rendezvous store would be on MASTER_ADDR={}, which is not a "
                  "loopback address, without a token: anyone on the network could join or "
                  "disturb the job. Make one token and export the same value on every node: "
                  "`export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' "
-                 "\\n')`",
-                 env.master_addr);
+                 "\\n')`{}",
+                 env.master_addr,
+                 env.source == RankEnvSource::kSlurm
+                     ? " before srun (srun passes the environment to every task), or set "
+                       "TANDEM_STORE_TOKEN_FILE to a path on a file system every node shares "
+                       "(the first task writes a token there; docs/slurm.md)"
+                     : "");
   }
+}
+
+// Rank 0 of a job without a launcher hosts the store on MASTER_ADDR's own
+// address, and connects to it like every other rank.
+c10::intrusive_ptr<TokenStore> host_store(const RankEnv& env, std::chrono::milliseconds timeout) {
   StoreServerOptions options;
   options.host = env.master_addr;
   options.port = env.master_port;
@@ -70,6 +81,7 @@ c10::intrusive_ptr<TokenStore> host_store(const RankEnv& env, std::chrono::milli
 
 compat::StorePtr connect_store(const RankEnv& env, std::chrono::milliseconds timeout) {
   compat::StorePtr store;
+  if (!env.agent_store) check_token(env);
   if (env.agent_store && env.store_token.empty()) {
     // A foreign launcher's store (torchrun): a c10d TCPStore, no token.
     try {

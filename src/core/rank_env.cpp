@@ -3,10 +3,16 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "core/text.h"
 #include "tandem/core/error.h"
 #include "tandem/core/error_file.h"
+#include "tandem/core/slurm.h"
 
 extern char** environ;
 
@@ -86,20 +92,53 @@ const char* to_string(RankEnvSource source) {
 }
 
 std::string slurm_first_host(const std::string& node_list) {
-  std::string first;
-  int depth = 0;
-  for (char c : node_list) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) break;
-    first += c;
-  }
-  auto open = first.find('[');
-  if (open == std::string::npos) return first;
-  std::string range = first.substr(open + 1);
-  auto stop = range.find_first_of(",-]");
-  return first.substr(0, open) + range.substr(0, stop);
+  return expand_slurm_host_list(node_list).front();
 }
+
+std::string store_token_from_file(const std::string& path) {
+  auto read_token = [&]() -> std::string {
+    std::ifstream in(path);
+    std::string token;
+    in >> token;
+    return token;
+  };
+  std::string token = read_token();
+  if (!token.empty()) return token;
+  unsigned char bytes[32];
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+    TANDEM_THROW(UsageError, "cannot read /dev/urandom for TANDEM_STORE_TOKEN_FILE={}", path);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  for (unsigned char b : bytes) (token += kHex[b >> 4]) += kHex[b & 15];
+  const std::string temp = path + ".tmp" + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 || ::write(fd, (token + "\n").data(), token.size() + 1) !=
+                    static_cast<ssize_t>(token.size() + 1)) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(temp.c_str());
+    TANDEM_THROW(UsageError,
+                 "TANDEM_STORE_TOKEN_FILE={}: cannot write {}: {}. Give a path in a folder "
+                 "every task can write, on a file system every node shares",
+                 path, temp, std::strerror(error));
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const bool placed = ::link(temp.c_str(), path.c_str()) == 0;
+  const int error = errno;
+  ::unlink(temp.c_str());
+  if (!placed && error != EEXIST) {
+    TANDEM_THROW(UsageError, "TANDEM_STORE_TOKEN_FILE={}: cannot create it: {}", path,
+                 std::strerror(error));
+  }
+  token = read_token();
+  if (token.empty()) {
+    TANDEM_THROW(UsageError, "TANDEM_STORE_TOKEN_FILE={} is empty; remove it and start again", path);
+  }
+  return token;
+}
+
 
 RankEnv RankEnv::from_map(const VarMap& vars) {
   RankEnv env;
@@ -124,16 +163,17 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     env.agent_store = agent == "True" || agent == "true" || agent == "1";
     read_master(vars, env);
     validate(env, "RANK", "WORLD_SIZE");
-  } else if (find_variable(vars, "SLURM_PROCID") && find_variable(vars, "SLURM_NTASKS")) {
+  } else if (auto step = SlurmStep::from_map(vars)) {
+    // srun started this process as one task of its step (docs/slurm.md).
     env.source = RankEnvSource::kSlurm;
-    env.rank = parse_int(vars, "SLURM_PROCID", 0, 0);
-    env.world_size = parse_int(vars, "SLURM_NTASKS", 1, 1);
-    env.local_rank = parse_int(vars, "SLURM_LOCALID", 0, 0);
-    env.node_rank = parse_int(vars, "SLURM_NODEID", 0, 0);
-    int nodes = parse_int(vars, "SLURM_NNODES", 1, 1);
-    env.local_world_size = parse_int(vars, "SLURM_NTASKS_PER_NODE", env.world_size / nodes, 1);
-    std::string list = get(vars, "SLURM_JOB_NODELIST", get(vars, "SLURM_NODELIST", ""));
-    if (!list.empty()) env.master_addr = slurm_first_host(list);
+    env.rank = step->proc_id;
+    env.world_size = step->num_tasks;
+    env.local_rank = step->local_id;
+    env.local_world_size = step->local_tasks();
+    env.node_rank = step->node_id;
+    env.master_addr = step->hosts.front();
+    if (!step->job_id.empty()) env.master_port = slurm_job_port(step->job_id);
+    env.threads = step->cpus_per_task;
     read_master(vars, env);
     validate(env, "SLURM_PROCID", "SLURM_NTASKS");
   } else if (find_variable(vars, "OMPI_COMM_WORLD_RANK") &&
@@ -158,6 +198,11 @@ RankEnv RankEnv::from_environment() {
     if (eq != std::string::npos) vars.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
   RankEnv env = from_map(vars);
+  if (env.store_token.empty() && env.world_size > 1) {
+    if (const std::string* file = find_variable(vars, "TANDEM_STORE_TOKEN_FILE")) {
+      env.store_token = store_token_from_file(*file);
+    }
+  }
   detail::install_error_file_handler(env);
   return env;
 }

@@ -89,6 +89,7 @@ class TestCluster {
     if (!namespaces_.empty()) kill_namespace(switch_name(), SIGKILL, 10000);
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
       shell("ip netns del " + *it);
+      if (names_given_) shell("rm -rf /etc/netns/" + *it);
     }
     if (!ssh_dir_.empty()) shell("rm -rf " + ssh_dir_);
   }
@@ -209,6 +210,32 @@ class TestCluster {
 
   // The folder of the cluster's ssh keys ("" before start_ssh()).
   const std::string& ssh_dir() const { return ssh_dir_; }
+
+  // Host names that resolve on every host: names[i] is host i's address.
+  // Writes /etc/netns/<host>/hosts, which `ip netns exec` mounts over
+  // /etc/hosts for every process it starts from then on (removed with the
+  // cluster). False when it cannot be written.
+  bool set_host_names(const std::vector<std::string>& names) {
+    std::string text = "127.0.0.1 localhost\n";
+    for (std::size_t i = 0; i < names.size() && i < addresses_.size(); ++i) {
+      text += addresses_[i] + " " + names[i] + "\n";
+    }
+    names_given_ = true;
+    for (const std::string& host : hosts_) {
+      const std::string dir = "/etc/netns/" + host;
+      if (!shell("mkdir -p " + dir)) return false;
+      std::FILE* f = std::fopen((dir + "/hosts").c_str(), "w");
+      if (f == nullptr) return false;
+      std::fputs(text.c_str(), f);
+      std::fclose(f);
+    }
+    return true;
+  }
+
+  // The prefix of every name this cluster owns ("tnd<pid>c<k>"): its
+  // namespaces, and folders a fixture keeps under /tmp/<prefix>..., which
+  // a later cluster removes once this process is gone.
+  const std::string& prefix() const { return prefix_; }
 
   // Takes `host`'s link down (it neither sends nor receives) or up again.
   bool set_link(int host, bool up) {
@@ -347,9 +374,11 @@ class TestCluster {
     for (const auto& name : stale) {
       shell("ip netns pids " + name + " | xargs -r kill -9");
       shell("ip netns del " + name);
+      shell("rm -rf /etc/netns/" + name);
       const std::size_t cluster_end = name.find_first_of("hs", 3);  // tnd<pid>c<k>
       if (cluster_end != std::string::npos) {
-        shell("rm -rf /tmp/" + name.substr(0, cluster_end) + "ssh");
+        shell("rm -rf /tmp/" + name.substr(0, cluster_end) + "ssh /tmp/" +
+              name.substr(0, cluster_end) + "slurm");
       }
     }
   }
@@ -361,6 +390,7 @@ class TestCluster {
   std::vector<std::string> hosts_;
   std::vector<std::string> addresses_;
   std::string ssh_dir_;
+  bool names_given_ = false;  // set_host_names() wrote /etc/netns/<host>/hosts
   std::vector<std::pair<int, pid_t>> sshd_;  // (host, pid) of each ssh server
   std::map<int, std::unique_ptr<LinkRelay>> relays_;  // by host: links shaped in user space
   mutable int has_netem_ = -1;                        // -1 until asked

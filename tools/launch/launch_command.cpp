@@ -30,10 +30,13 @@
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "launch/python_store.h"
+#include "launch/slurm_launch.h"
 #include "launch/worker_group.h"
 #include "launch/worker_plan.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
+#include "tandem/core/rank_env.h"
+#include "tandem/core/slurm.h"
 
 
 namespace tandem::cli {
@@ -176,8 +179,13 @@ int run_launch_command(int argc, char** argv) {
   // A --hostfile job's host: the head sends the job's environment (the
   // store token among it) through stdin, never a command line.
   if (opts.env_from_stdin) read_environment_from_stdin();
-  // Flags, then the environment, then the config file: a bad file or value
-  // stops here (exit 2), before any worker starts.
+  // Flags, then the Slurm step this launcher runs in, then the environment,
+  // then the config file: a bad file or value stops here (exit 2), before
+  // any worker starts.
+  if (const std::string told = apply_slurm_step(SlurmStep::from_environment(), opts);
+      !told.empty()) {
+    std::fprintf(stderr, "%s\n", told.c_str());
+  }
   const ConfigEnv config_env = ConfigEnv::from_environment();
   opts.config_file = choose_config_file(opts, config_env);
   std::optional<Config> config;
@@ -211,6 +219,11 @@ int run_launch_command(int argc, char** argv) {
   // TANDEM_STORE_TOKEN. Workers inherit the token through the environment.
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
   std::string store_token = env_token != nullptr ? env_token : "";
+  if (const char* file = std::getenv("TANDEM_STORE_TOKEN_FILE");
+      store_token.empty() && opts.nnodes > 1 && file != nullptr && *file != '\0') {
+    store_token = store_token_from_file(file);
+    ::setenv("TANDEM_STORE_TOKEN", store_token.c_str(), 1);
+  }
   if (opts.nnodes == 1) {
     opts.master_addr = "127.0.0.1";
     if (store_token.empty()) {
@@ -222,7 +235,9 @@ int run_launch_command(int argc, char** argv) {
                      "a multi-node launch needs TANDEM_STORE_TOKEN, the rendezvous store's "
                      "shared secret, set to the same value for every node's `tandem launch`. "
                      "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
-                     "-An -tx1 | tr -d ' \\n')` and export that value on every node");
+                     "-An -tx1 | tr -d ' \\n')` and export that value on every node (under "
+                     "Slurm: before srun, which passes it to every task), or set "
+                     "TANDEM_STORE_TOKEN_FILE to a path on a file system every node shares");
   }
   if (opts.monitor_interval_given && !rendezvous_at_store(opts)) {
     std::fprintf(stderr,

@@ -151,9 +151,11 @@ void validate_launch_options(LaunchOptions& opts) {
                          ? "tandem starts one ssh per host itself, since each connection's "
                            "stdin carries the job's token and environment; use --launcher ssh "
                            "(the default) and give ssh options with --launcher-args"
-                         : "not supported; --hostfile starts hosts over ssh. Under mpirun or "
-                           "srun, start the program directly: tandem reads OMPI_* and SLURM_* "
-                           "(docs/config.md)");
+                         : "not supported; --hostfile starts hosts over ssh. Under Slurm, "
+                           "run one launcher per node without --hostfile (`srun "
+                           "--ntasks-per-node=1 tandem launch ...`) or start the program "
+                           "directly with srun; under mpirun, start the program directly: "
+                           "tandem reads SLURM_* and OMPI_* (docs/slurm.md)");
     TANDEM_CHECK_ARG(!opts.standalone && !opts.node_rank_given && opts.rdzv_backend == "static" &&
                          !opts.env_from_stdin,
                      "--hostfile numbers the hosts itself, in the file's order: drop "

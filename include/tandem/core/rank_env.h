@@ -43,6 +43,10 @@ struct RankEnv {
   // TANDEM_TIMEOUT_S: limit in seconds for every collective and the
   // rendezvous; 0 (unset) keeps ProcessGroupOptions::timeout (10 minutes).
   int timeout_s = 0;
+  // Threads for this process's intra-op pool when OMP_NUM_THREADS is unset:
+  // Slurm's --cpus-per-task (SLURM_CPUS_PER_TASK) for a task srun started;
+  // 0 leaves LibTorch's default. ProcessGroup::init applies it.
+  int threads = 0;
   // TANDEM_DEBUG=DETAIL (or TORCH_DISTRIBUTED_DEBUG=DETAIL): check every
   // collective for a desync across ranks, not only the first ones.
   bool debug_detail = false;
@@ -50,7 +54,8 @@ struct RankEnv {
   // `tandem launch` sets it for its workers; jobs without a launcher need
   // the same value on every node when the store is not on loopback. Empty
   // with TORCHELASTIC_USE_AGENT_STORE: the store is a foreign launcher's
-  // (torchrun's) c10d TCPStore.
+  // (torchrun's) c10d TCPStore. from_environment() reads it from
+  // TANDEM_STORE_TOKEN_FILE when that is set instead (store_token_from_file).
   std::string store_token;
 
   // True when some launcher set the environment, even for world 1.
@@ -66,7 +71,16 @@ struct RankEnv {
   static RankEnv from_map(const std::map<std::string, std::string>& vars);
 };
 
-// First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03".
+// The store token kept in `path`, for jobs whose processes share a file
+// system (TANDEM_STORE_TOKEN_FILE): the first process to get there writes a
+// fresh random token (mode 0600, linked into place whole, so no process reads
+// half a file); every other process, and a later run of the same job, reads
+// it. Throws UsageError, naming the path, when it can be neither read nor
+// created.
+std::string store_token_from_file(const std::string& path);
+
+// First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03"
+// (expand_slurm_host_list() in slurm.h gives them all).
 std::string slurm_first_host(const std::string& node_list);
 
 }  // namespace tandem
