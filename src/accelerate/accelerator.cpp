@@ -41,6 +41,7 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   overrides.wall_clock_breakdown = options.wall_clock_breakdown;
   overrides.steps_per_print = options.steps_per_print;
   overrides.cuda_graph = options.cuda_graph;
+  overrides.preemption = options.preemption;
   // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
   if (options.hidden_size) fill_hidden_size_auto(file_config, *options.hidden_size);
   resolve(0);
@@ -77,6 +78,10 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   data = std::make_unique<detail::DataPreparation>(
       group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); });
   checkpointer = std::make_unique<detail::Checkpointer>(group, config, scaler, prepared, *data);
+  if (config.preemption.enabled) {
+    preemption = std::make_unique<detail::Preemption>(config.preemption, group);
+    prepared.controller()->set_boundary_hook([this] { preemption_boundary(); });
+  }
 }
 
 void Accelerator::Impl::resolve(int64_t micro_batch) {
@@ -128,7 +133,11 @@ Accelerator::Accelerator(std::shared_ptr<ProcessGroup> process_group, Config con
 
 // The prepared objects share what they need (the controller, the DDP
 // wrapper, the ZeRO optimizer, the step timer, which stops reporting here).
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  // Prepared loaders may outlive the Accelerator: their boundary reaches
+  // nothing from now on.
+  if (impl_ && impl_->preemption) impl_->prepared.controller()->set_boundary_hook({});
+}
 
 const Config& Accelerator::config() const { return impl_->config; }
 const std::shared_ptr<ProcessGroup>& Accelerator::process_group() const { return impl_->group; }

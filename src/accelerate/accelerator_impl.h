@@ -11,6 +11,8 @@
 //   checkpointer     Checkpointer: save_state/load_state, hooks, custom
 //                    objects, save_model, load_model_weights
 //   trackers         Trackers: init_trackers, log, wall_clock, progress bars
+//   preemption       Preemption (with the config's preemption block): the
+//                    signal handlers and the agreed stop at a step boundary
 //
 // The parts are built in this order and hold references to the ones before
 // them (never after), so member order is construction order. Private to the
@@ -23,6 +25,7 @@
 
 #include "accelerate/checkpointer.h"
 #include "accelerate/data_preparation.h"
+#include "accelerate/preemption.h"
 #include "accelerate/prepared_objects.h"
 #include "accelerate/strategy_factory.h"
 #include "accelerate/trackers.h"
@@ -69,6 +72,11 @@ struct Accelerator::Impl {
   bool trigger = false;  // set_trigger() since the last check_trigger() that fired
   std::unique_ptr<detail::DataPreparation> data;
   std::unique_ptr<detail::Checkpointer> checkpointer;
+  std::unique_ptr<detail::Preemption> preemption;
+
+  // At a step boundary (accelerator_preemption.cpp): when some rank got a
+  // preemption signal, save, requeue and exit; otherwise nothing.
+  void preemption_boundary();
 };
 
 }  // namespace tandem

@@ -67,6 +67,7 @@ void PreparedLoader::start_new_pass() {
 }
 
 std::optional<DistributedLoader::Batch> PreparedLoader::next() {
+  controller_->at_step_boundary();  // the last step is over: preemption may stop here
   apply_restore();
   auto& c = *cursor_;
   if (!c.in_pass) {

@@ -105,6 +105,15 @@ void StepController::next_batch(BatchReport report) {
 
 void StepController::end_of_pass() { clear_batch(); }
 
+void StepController::at_step_boundary() {
+  if (!boundary_hook_ || gradients_pending_ || join_requested_ ||
+      micro_steps_begun_ == boundary_seen_at_) {
+    return;
+  }
+  boundary_seen_at_ = micro_steps_begun_;
+  boundary_hook_();
+}
+
 void StepController::begin_join() {
   TANDEM_CHECK_ARG(!join_requested_,
                    "Accelerator::join_uneven_inputs: a guard is already alive. Keep one guard "

@@ -130,6 +130,16 @@ class StepController {
   // gather_for_metrics()); empty outside a pass.
   const BatchReport& batch() const { return batch_; }
 
+  // ---- Step boundaries ----
+  // `hook` runs at step boundaries (empty: none): see at_step_boundary().
+  void set_boundary_hook(std::function<void()> hook) { boundary_hook_ = std::move(hook); }
+  // A prepared loader is about to hand out a batch, or the program called
+  // Accelerator::preemption_point(): runs the hook when a micro-step began
+  // since it last ran and no gradients are pending (an optimizer step
+  // consumed them), outside join mode. Every rank reaches the same
+  // boundaries, so a hook may be collective.
+  void at_step_boundary();
+
   // ---- Checkpoints ----
   // load_state(): the step counters of the checkpoint (one per optimizer;
   // missing ones take `optimizer_steps`), between steps.
@@ -144,6 +154,8 @@ class StepController {
   bool gradients_pending_ = false;
   bool join_requested_ = false;
   int64_t micro_steps_begun_ = 0;
+  int64_t boundary_seen_at_ = 0;  // micro_steps_begun_ when the boundary hook last ran
+  std::function<void()> boundary_hook_;
   std::vector<OptimizerRecord> optimizers_;
   std::vector<std::function<void(bool)>> sync_targets_;
 };

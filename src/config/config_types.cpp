@@ -175,6 +175,10 @@ bool same_settings(const Config& a, const Config& b) {
          a.cuda_graph.enabled == b.cuda_graph.enabled &&
          a.cuda_graph.warmup_steps == b.cuda_graph.warmup_steps &&
          a.cuda_graph.max_captures == b.cuda_graph.max_captures &&
+         a.preemption.enabled == b.preemption.enabled &&
+         a.preemption.signals == b.preemption.signals &&
+         a.preemption.checkpoint_dir == b.preemption.checkpoint_dir &&
+         a.preemption.save == b.preemption.save && a.preemption.requeue == b.preemption.requeue &&
          a.enable_cpu_affinity == b.enable_cpu_affinity && a.debug == b.debug &&
          a.wall_clock_breakdown == b.wall_clock_breakdown &&
          a.steps_per_print == b.steps_per_print;

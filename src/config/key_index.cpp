@@ -37,6 +37,7 @@ std::vector<KeyLevel> key_levels() {
   add(ConfigFormat::kTandemYaml, "ddp", ddp_keys());
   add(ConfigFormat::kTandemYaml, "ddp.powersgd", ddp_powersgd_keys());
   add(ConfigFormat::kTandemYaml, "cuda_graph", cuda_graph_keys());
+  add(ConfigFormat::kTandemYaml, "preemption", preemption_keys());
   add_shared_blocks(ConfigFormat::kTandemYaml, Dialect::kTandem);
 
   // A deepspeed_config_file is a DeepSpeed JSON, read as above.

@@ -115,6 +115,7 @@ const KeyTable& tandem_top_level_keys();
 const KeyTable& tandem_fp16_keys();
 const KeyTable& ddp_keys();
 const KeyTable& cuda_graph_keys();
+const KeyTable& preemption_keys();
 const KeyTable& ddp_powersgd_keys();  // ddp.powersgd
 
 }  // namespace tandem::config_detail

@@ -198,6 +198,7 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   if (overrides.wall_clock_breakdown) config.wall_clock_breakdown = *overrides.wall_clock_breakdown;
   if (overrides.steps_per_print) config.steps_per_print = overrides.steps_per_print;
   if (overrides.cuda_graph) config.cuda_graph = *overrides.cuda_graph;
+  if (overrides.preemption) config.preemption = *overrides.preemption;
 
   // The launcher's world is the real one; a file's num_processes is a
   // request that the launch may have changed.

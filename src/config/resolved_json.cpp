@@ -113,6 +113,11 @@ std::string resolved_config_json(const Config& c, int world_size) {
   out["cuda_graph"] = {{"enabled", c.cuda_graph.enabled},
                        {"warmup_steps", c.cuda_graph.warmup_steps},
                        {"max_captures", c.cuda_graph.max_captures}};
+  out["preemption"] = {{"enabled", c.preemption.enabled},
+                       {"signals", c.preemption.signals},
+                       {"checkpoint_dir", c.preemption.checkpoint_dir},
+                       {"save", c.preemption.save},
+                       {"requeue", c.preemption.requeue}};
   out["enable_cpu_affinity"] = c.enable_cpu_affinity;
   out["debug"] = c.debug;
   out["wall_clock_breakdown"] = c.wall_clock_breakdown;

@@ -2,6 +2,7 @@
 // blocks DeepSpeed also has (zero_optimization, optimizer, scheduler). See
 // docs/config.md for a sample; to_tandem_yaml() writes the same schema.
 
+#include <cctype>
 #include <cstdint>
 #include <limits>
 
@@ -89,7 +90,7 @@ const KeyTable& tandem_top_level_keys() {
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
        "optimizer", "scheduler", "ddp", "activation_checkpointing", "enable_cpu_affinity",
-       "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph"},
+       "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph", "preemption"},
       {{"same_network", "changes nothing in tandem launch: every machine must reach "
                         "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
@@ -119,6 +120,11 @@ const KeyTable& cuda_graph_keys() {
   return table;
 }
 
+const KeyTable& preemption_keys() {
+  static const KeyTable table{{"enabled", "signals", "checkpoint_dir", "save", "requeue"}, {}, {}};
+  return table;
+}
+
 const KeyTable& ddp_powersgd_keys() {
   static const KeyTable table{{"matrix_approximation_rank", "start_powerSGD_iter",
                                "min_compression_rate", "use_error_feedback", "warm_start",
@@ -141,6 +147,40 @@ void read_cuda_graph(const Value& block, CudaGraphConfig& graph) {
       graph.warmup_steps = v.as_count();
     } else if (key == "max_captures") {
       graph.max_captures = v.as_count();
+    }
+  });
+}
+
+// preemption: {enabled, signals, checkpoint_dir, save, requeue}.
+void read_preemption(const Value& block, PreemptionConfig& preemption) {
+  expect_map(block, "give a block, e.g. preemption: {enabled: true, checkpoint_dir: ckpt}, or "
+                    "remove the key");
+  if (block.is_null()) return;
+  for_each_key(block, preemption_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "enabled") {
+      preemption.enabled = v.as_bool();
+    } else if (key == "signals") {
+      preemption.signals.clear();
+      for (const Value& item : v.elements()) {
+        std::string name = item.as_string();
+        for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+        if (name != "USR1" && name != "USR2" && name != "TERM" && name != "INT" && name != "HUP") {
+          item.fail("'" + item.as_string() + "' is not a signal preemption can handle",
+                    "use USR1, USR2, TERM, INT or HUP");
+        }
+        preemption.signals.push_back(name);
+      }
+      if (preemption.signals.empty()) {
+        v.fail("the list is empty", "name at least one signal, e.g. [USR1, TERM]");
+      }
+    } else if (key == "checkpoint_dir") {
+      preemption.checkpoint_dir = v.is_null() ? "" : v.as_string();
+    } else if (key == "save") {
+      preemption.save = v.as_bool();
+    } else if (key == "requeue") {
+      const std::string text = v.as_string();
+      preemption.requeue = text == "auto" || text == "AUTO" ? "auto" : v.as_bool() ? "true" : "false";
     }
   });
 }
@@ -174,6 +214,8 @@ void read_tandem_document(const Value& root, Config& config) {
       read_activation_checkpointing(v, config, Dialect::kTandem);
     } else if (key == "cuda_graph") {
       read_cuda_graph(v, config.cuda_graph);
+    } else if (key == "preemption") {
+      read_preemption(v, config.preemption);
     } else if (key == "enable_cpu_affinity") {
       config.enable_cpu_affinity = v.as_bool();
     } else if (key == "debug") {

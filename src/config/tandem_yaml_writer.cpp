@@ -111,6 +111,17 @@ void write_training(Writer& w, const Config& c) {
   w.line(1, "enabled", flag(c.cuda_graph.enabled));
   w.line(1, "warmup_steps", fmt::format("{}", c.cuda_graph.warmup_steps));
   w.line(1, "max_captures", fmt::format("{}", c.cuda_graph.max_captures));
+
+  w.comment("On a signal, save a checkpoint at an agreed step and exit (docs/slurm.md).");
+  w.line(0, "preemption", "");
+  w.line(1, "enabled", flag(c.preemption.enabled));
+  std::string signals;
+  for (const auto& s : c.preemption.signals) signals += (signals.empty() ? "" : ", ") + s;
+  w.line(1, "signals", "[" + signals + "]");
+  w.line(1, "checkpoint_dir",
+         c.preemption.checkpoint_dir.empty() ? "null" : quote(c.preemption.checkpoint_dir));
+  w.line(1, "save", flag(c.preemption.save));
+  w.line(1, "requeue", c.preemption.requeue);
 }
 
 void write_zero(Writer& w, const Config& c) {

@@ -5,7 +5,11 @@
 // (tests/multinode/test_hostfile_job.cpp).
 //
 //   quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors [CKPT_DIR SAVE_EVERY]
+//   quickstart_worker --checkpoint-dir CKPT_DIR STEPS GLOBAL_BATCH OUT.safetensors
 //
+// (the second form, as examples/slurm/train.sbatch passes it: SAVE_EVERY 0).
+// With TANDEM_TEST_STEP_DELAY_MS=D each step also sleeps D ms and rank 0
+// prints "step N" after it, so that a test can signal at a known step.
 // With CKPT_DIR it saves a checkpoint every SAVE_EVERY steps and resumes
 // from the latest one there (at whatever world size it now runs). With
 // TANDEM_TEST_HANG_AFTER_STEP=K (restart 0 only) every rank, having saved
@@ -31,6 +35,13 @@
 namespace quickstart_worker {
 
 int main(int argc, char** argv) {
+  std::string flag_ckpt;
+  if (argc > 2 && std::string(argv[1]) == "--checkpoint-dir") {
+    flag_ckpt = argv[2];
+    argv[2] = argv[0];
+    argv += 2;
+    argc -= 2;
+  }
   if (argc != 4 && argc != 6) {
     std::fprintf(stderr, "usage: quickstart_worker STEPS GLOBAL_BATCH OUT.safetensors "
                          "[CKPT_DIR SAVE_EVERY]\n");
@@ -39,7 +50,7 @@ int main(int argc, char** argv) {
   const int64_t steps = std::atoll(argv[1]);
   const int64_t global_batch = std::atoll(argv[2]);
   const std::string out = argv[3];
-  const std::string ckpt = argc == 6 ? argv[4] : "";
+  const std::string ckpt = argc == 6 ? argv[4] : flag_ckpt;
   const int64_t save_every = argc == 6 ? std::atoll(argv[5]) : 0;
   const char* hang_after = std::getenv("TANDEM_TEST_HANG_AFTER_STEP");
   const char* restart = std::getenv("TANDEM_RESTART_COUNT");
@@ -84,6 +95,10 @@ int main(int argc, char** argv) {
     loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
     const int64_t step = accelerator.step();
     if (save_every > 0 && step % save_every == 0) accelerator.save_state(ckpt);
+    if (const char* delay = std::getenv("TANDEM_TEST_STEP_DELAY_MS")) {
+      ::usleep(static_cast<useconds_t>(std::atoi(delay)) * 1000);
+      accelerator.print("step {}", step);
+    }
     if (step == hang_at) {
       if (const char* dir = std::getenv("TANDEM_TEST_PID_DIR")) {
         std::ofstream(std::string(dir) + "/rank" + std::to_string(accelerator.process_index()) +

@@ -336,6 +336,13 @@ int run_launch_command(int argc, char** argv) {
                       opts.grace_period_s, opts.prefix_output);
     if (opts.env_from_stdin) group.stop_when_closed(STDIN_FILENO);  // the head is gone
     GroupResult result = group.run();
+    if (result.preempted && !result.has_first_failure) {
+      std::fprintf(stderr,
+                   "tandem launch: the workers stopped for preemption after saving a checkpoint "
+                   "(exit code %d); not restarting\n",
+                   kPreemptedExitCode);
+      return kPreemptedExitCode;
+    }
     if (result.success) return 0;
     if (int code = report_failure(result, opts, run_dir, attempt); code != 0) return code;
   }

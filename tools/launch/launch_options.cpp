@@ -293,7 +293,9 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--redirects", opts.redirects, "streams sent to files only: 1 out, 2 err, 3 both");
   app.add_option("--include", opts.include, "DeepSpeed filter: host:0,1@host2:2");
   app.add_option("--exclude", opts.exclude, "DeepSpeed filter: host:1");
-  app.add_option("--grace-period", opts.grace_period_s, "seconds between SIGTERM and SIGKILL");
+  app.add_option("--grace-period", opts.grace_period_s,
+                 "seconds between SIGTERM and SIGKILL (600 with the config's preemption block)")
+      ->each([&](const std::string&) { opts.grace_period_given = true; });
   bool no_prefix = false;
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
   app.add_flag("--no-python", opts.no_python,
@@ -371,10 +373,16 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
       TANDEM_THROW(UsageError,
                    "{}: deepspeed_multinode_launcher {} is not supported: tandem launch starts "
                    "a deepspeed_hostfile's hosts over ssh (pdsh, or leave the key out). Under "
-                   "mpirun or srun, start the program directly: tandem reads OMPI_* and SLURM_* "
-                   "(docs/config.md)",
+                   "Slurm, run one `tandem launch` per node with srun, or start the program "
+                   "directly with srun (docs/slurm.md); under mpirun, start the program "
+                   "directly: tandem reads OMPI_* and SLURM_*",
                    config.source_path, how);
     }
+  }
+  if (config.preemption.enabled && !opts.grace_period_given) {
+    // The workers finish their step and save after a SIGTERM; Slurm's
+    // KillWait, not the launcher, bounds how long that may take.
+    opts.grace_period_s = 600;
   }
   if (!opts.standalone) {
     // A hostfile job's head numbers the hosts from the file.

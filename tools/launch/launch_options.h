@@ -31,6 +31,7 @@ struct LaunchOptions {
   std::string include;  // DeepSpeed host filter, e.g. "host:0,1@host2:2"
   std::string exclude;
   double grace_period_s = 3.0;  // SIGTERM -> SIGKILL
+  bool grace_period_given = false;
   std::vector<std::string> program;  // PROGRAM followed by its arguments
   // torchrun's rendezvous flags. "c10d" with several nodes and no node rank:
   // the launchers agree on node ranks through the store (node_rendezvous.h).

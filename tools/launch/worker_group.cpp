@@ -50,7 +50,9 @@ void install_launcher_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
+    ::sigaction(sig, &sa, nullptr);
+  }
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 
@@ -100,7 +102,7 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher) ::_exit(125);  // launcher already gone
     ::signal(SIGPIPE, SIG_DFL);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(sig, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
     if (in_pipe[0] >= 0) {
       ::dup2(in_pipe[0], STDIN_FILENO);
@@ -178,6 +180,7 @@ void WorkerGroup::reap(GroupResult& result) {
     exit.stopped = stopping_;
     pids_[i] = 0;
     result.exits.push_back(exit);
+    result.preempted = result.preempted || exit.preempted();
     if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0 &&
         result.stop_reason.empty()) {
       result.has_first_failure = true;
@@ -248,6 +251,12 @@ GroupResult WorkerGroup::run() {
       unsigned char sig;
       while (::read(g_signal_pipe[0], &sig, 1) == 1) {
         if (sig == SIGCHLD) continue;
+        if (sig == SIGUSR1 || sig == SIGUSR2) {
+          // A warning (Slurm's --signal before a time limit): the workers
+          // decide what it means (the preemption block); the job goes on.
+          signal_all(sig);
+          continue;
+        }
         if (result.launcher_signal != 0) {
           signal_all(SIGKILL);  // second signal: stop now
           killed = true;

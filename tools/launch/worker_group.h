@@ -4,7 +4,8 @@
 // Each worker runs in its own process group, with PR_SET_PDEATHSIG so that
 // it dies with the launcher even when the launcher is SIGKILLed. The first
 // worker to fail stops all the others (SIGTERM, then SIGKILL after a grace
-// period). SIGINT/SIGTERM sent to the launcher are forwarded the same way.
+// period). SIGINT/SIGTERM sent to the launcher are forwarded the same way;
+// SIGUSR1/SIGUSR2 are forwarded and nothing more (Slurm's warning signals).
 // Single-threaded: run() owns the calling thread until every worker is gone.
 
 #include <functional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "launch/output_pump.h"
+#include "tandem/config/config.h"
 
 namespace tandem::cli {
 
@@ -42,7 +44,11 @@ struct WorkerExit {
   double seconds = 0; // since start
   double wall_time = 0;  // when the launcher saw it end, seconds since the Unix epoch
   bool stopped = false;   // ended after the launcher began stopping the group
-  bool failed() const { return signal != 0 || exit_code != 0; }
+  // Stopped for preemption with its checkpoint saved (kPreemptedExitCode):
+  // not a failure, and no reason to stop the others, which stop at the same
+  // step.
+  bool preempted() const { return signal == 0 && exit_code == kPreemptedExitCode; }
+  bool failed() const { return signal != 0 || (exit_code != 0 && !preempted()); }
 };
 
 struct GroupResult {
@@ -51,6 +57,7 @@ struct GroupResult {
   bool has_first_failure = false;
   WorkerExit first_failure;          // the root cause when !success
   std::string stop_reason;           // why stop_when()'s check stopped the group, if it did
+  bool preempted = false;            // some worker exited with kPreemptedExitCode
   std::vector<WorkerExit> exits;     // every worker, in exit order
 };
 

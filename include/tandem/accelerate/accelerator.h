@@ -191,23 +191,10 @@ class Accelerator {
   void backward(const at::Tensor& loss);
   // RAII guard for one micro-step: gradients are synchronised only on
   // accumulation boundaries and on the last batch of a pass.
-  class AccumulateGuard {
-   public:
-    ~AccumulateGuard();
-    AccumulateGuard(const AccumulateGuard&) = delete;
-    AccumulateGuard& operator=(const AccumulateGuard&) = delete;
-   private:
-    friend class Accelerator;
-    explicit AccumulateGuard(std::shared_ptr<detail::StepController> controller);
-    std::shared_ptr<detail::StepController> controller_;
-    bool outer_was_open_;
-  };
+  class AccumulateGuard;  // accelerator_guards.h
   // One micro-step for every backward inside; the models are prepared ones.
   template <typename... Models>
-  [[nodiscard]] AccumulateGuard accumulate(const Models&... models) {
-    (check_prepared(module_of(models), "accumulate"), ...);
-    return begin_accumulate();
-  }
+  [[nodiscard]] AccumulateGuard accumulate(const Models&... models);
   // One micro-step as a callable: `loss` under autocast, backward, clipping
   // and the optimizer step; with cuda_graph enabled the whole step is
   // captured as CUDA graphs and replayed (tandem/accelerate/train_step.h).
@@ -223,24 +210,9 @@ class Accelerator {
   void clip_grad_value(double clip_value);
   // No gradient communication for one prepared model while the guard lives
   // (nestable; UsageError under ZeRO 2 and 3). Call outside backward.
-  class NoSyncGuard {
-   public:
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-   private:
-    friend class Accelerator;
-    NoSyncGuard(std::shared_ptr<detail::ModelStrategy> strategy,
-                std::shared_ptr<detail::StepController> controller);
-    std::shared_ptr<detail::ModelStrategy> strategy_;
-    std::shared_ptr<detail::StepController> controller_;
-  };
+  class NoSyncGuard;  // accelerator_guards.h
   template <typename Model>
-  [[nodiscard]] NoSyncGuard no_sync(const Model& model) {
-    return no_sync_at(check_prepared(module_of(model), "no_sync"));
-  }
+  [[nodiscard]] NoSyncGuard no_sync(const Model& model);
   // The next backward's loss scale, and the steps skipped on overflow.
   double loss_scale() const;
   int64_t skipped_steps() const;
@@ -249,16 +221,7 @@ class Accelerator {
   // ---- Uneven inputs (Join) ------------------------------------------------
   // Passes that start while the guard lives are joined: ranks out of data
   // take shadow steps (zero gradient) until all are. One guard at a time.
-  class JoinGuard {
-   public:
-    ~JoinGuard();
-    JoinGuard(const JoinGuard&) = delete;
-    JoinGuard& operator=(const JoinGuard&) = delete;
-   private:
-    friend class Accelerator;
-    explicit JoinGuard(std::shared_ptr<detail::StepController> controller);
-    std::shared_ptr<detail::StepController> controller_;
-  };
+  class JoinGuard;  // accelerator_guards.h
   [[nodiscard]] JoinGuard join_uneven_inputs();
   bool is_shadow_batch() const;     // this rank's batch is a shadow one
   int64_t ranks_with_data() const;  // ranks with a real batch this step
@@ -330,19 +293,14 @@ class Accelerator {
   using StatePreHook = std::function<void(
       const std::vector<std::shared_ptr<torch::nn::Module>>& models, const std::string& dir)>;
   // Removes its hook (again, or after the Accelerator: nothing).
-  class HookHandle {
-   public:
-    void remove();
-   private:
-    friend class Accelerator;
-    HookHandle(std::weak_ptr<detail::StateHooks> hooks, bool save, int64_t id)
-        : hooks_(std::move(hooks)), save_(save), id_(id) {}
-    std::weak_ptr<detail::StateHooks> hooks_;
-    bool save_;
-    int64_t id_;
-  };
+  class HookHandle;  // accelerator_guards.h
   HookHandle register_save_state_pre_hook(StatePreHook hook);
   HookHandle register_load_state_pre_hook(StatePreHook hook);
+  // With the preemption block (docs/slurm.md): a step boundary for a loop
+  // without a prepared loader (a prepared loader makes its own). After a
+  // signal on any rank, every rank saves here at the same step and the
+  // process exits with kPreemptedExitCode. Collective: once per step.
+  void preemption_point();
   // True when DIR holds a committed checkpoint load_state(dir) would load.
   static bool has_checkpoint(const std::string& dir);
   // Consolidated weights as DIR/model.safetensors, from rank 0. Collective.
@@ -404,3 +362,5 @@ class Accelerator {
 };
 
 }  // namespace tandem
+
+#include "tandem/accelerate/accelerator_guards.h"

@@ -82,6 +82,9 @@ struct AcceleratorOptions {
   // Capture whole training steps as CUDA graphs (Accelerator::train_step,
   // tandem/accelerate/train_step.h), beating the config's cuda_graph block.
   std::optional<CudaGraphConfig> cuda_graph;
+  // Save and stop on a signal (Slurm preemption and time limits;
+  // docs/slurm.md), beating the config's preemption block.
+  std::optional<PreemptionConfig> preemption;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor

@@ -170,6 +170,31 @@ struct CudaGraphConfig {
   int64_t max_captures = 4;
 };
 
+// tandem's preemption block: on a signal (Slurm's `--signal` warning before
+// a time limit, `scancel --signal`, a preemption's SIGTERM), every rank
+// finishes its optimizer step, the ranks agree on the step through one
+// collective, save a checkpoint there, the main process requeues the Slurm
+// job where asked, and every process exits with kPreemptedExitCode
+// (docs/slurm.md). Off by default.
+struct PreemptionConfig {
+  bool enabled = false;
+  // The signals that start it, by name without "SIG": USR1, USR2, TERM,
+  // INT, HUP. Default: USR1 (`sbatch --signal=B:USR1@60`) and TERM.
+  std::vector<std::string> signals = {"USR1", "TERM"};
+  // save_state()'s folder for the checkpoint; required while save is on.
+  std::string checkpoint_dir;
+  bool save = true;
+  // Requeue the Slurm batch job (`scontrol requeue $SLURM_JOB_ID`) after
+  // the save: "auto" in a Slurm batch job, "true" (refused outside Slurm),
+  // "false".
+  std::string requeue = "auto";
+};
+
+// The exit code of a process that stopped for preemption after its
+// checkpoint was committed (EX_TEMPFAIL: try again later). `tandem launch`
+// passes it on, and does not count it as a failure or restart on it.
+inline constexpr int kPreemptedExitCode = 75;
+
 struct Config {
   ConfigFormat format = ConfigFormat::kDefaults;
   std::string source_path;  // the file read; empty for defaults
@@ -208,6 +233,7 @@ struct Config {
   DdpConfig ddp;
   ActivationCheckpointingConfig activation_checkpointing;
   CudaGraphConfig cuda_graph;
+  PreemptionConfig preemption;
   // Accelerate's enable_cpu_affinity: `tandem launch` pins each local
   // worker to its own share of the launcher's CPUs.
   bool enable_cpu_affinity = false;
@@ -294,6 +320,7 @@ struct ConfigOverrides {
   std::optional<bool> wall_clock_breakdown;
   std::optional<int64_t> steps_per_print;  // >= 1
   std::optional<CudaGraphConfig> cuda_graph;
+  std::optional<PreemptionConfig> preemption;
 };
 
 // Applies env then overrides on top of `file` (precedence as above), fills

@@ -1,0 +1,61 @@
+#pragma once
+// Preemption: save and stop on a signal (the config's preemption block,
+// docs/slurm.md). Owned by the Accelerator while the block is enabled.
+//
+//   signals   handlers for the block's signals only note which arrived (a
+//             flag, async-signal-safe); nothing else happens in the handler
+//   poll()    at a step boundary (a prepared loader about to hand out a
+//             batch with no gradients pending, or Accelerator::
+//             preemption_point()), every rank contributes what it saw to one
+//             all-reduce: all ranks learn the same answer at the same step
+//   stop()    the Accelerator saves there, then the main process requeues
+//             the Slurm job where asked, and every process exits with
+//             kPreemptedExitCode
+//
+// Handlers are process-wide: one Preemption at a time per process (ranks
+// run as threads share it); the destructor puts the previous ones back.
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/comm/process_group.h"
+#include "tandem/config/config.h"
+
+namespace tandem::detail {
+
+class Preemption {
+ public:
+  // Installs the handlers; UsageError for a block that cannot work
+  // (save without checkpoint_dir, requeue "true" outside a Slurm job).
+  Preemption(const PreemptionConfig& config, std::shared_ptr<ProcessGroup> group);
+  ~Preemption();
+  Preemption(const Preemption&) = delete;
+  Preemption& operator=(const Preemption&) = delete;
+
+  const PreemptionConfig& config() const { return config_; }
+
+  // Collective: the signal some rank received since the handlers went in
+  // (the lowest number when several did), or 0 when none did. Every rank
+  // must call it at the same step boundaries.
+  int poll();
+
+  // The main process's `scontrol requeue` of the Slurm job, when the block
+  // asks for it; "" when not asked, else what happened (for the message).
+  std::string requeue();
+
+  // The SIG name of `signal` ("SIGUSR1").
+  static std::string signal_name(int signal);
+
+ private:
+  PreemptionConfig config_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::vector<std::pair<int, struct sigaction>> previous_;
+};
+
+// Whether a step boundary may poll: set by the Accelerator, consulted by the
+// step controller's boundary hook.
+int signal_number(const std::string& name);
+
+}  // namespace tandem::detail
