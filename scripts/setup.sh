@@ -36,6 +36,7 @@ packages=(
   openmpi-bin libopenmpi-dev   # tests that tandem workers also run under mpirun
   iproute2                     # the multi-node tests' hosts as network namespaces (tests/support/test_cluster.h)
   openssh-server openssh-client  # an ssh server on each of those hosts, with keys the test makes
+  slurm-wlm munge              # a real Slurm on those hosts (tests/support/slurm_cluster.h; the tests start and stop its daemons)
   clang libclang-rt-dev        # libFuzzer targets (scripts/fuzz.sh): clang and its fuzzer/ASan runtimes
 )
 

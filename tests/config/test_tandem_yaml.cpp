@@ -50,6 +50,7 @@ Config unusual_config() {
   c.ddp.powersgd = {4, 7, 1.5, false, false, 1e-8, 42};
   c.activation_checkpointing.enabled = true;
   c.cuda_graph = {true, 7, 2};
+  c.preemption = {true, {"USR2", "HUP"}, "ck pt/dir", false, "false"};
   return c;
 }
 
@@ -231,6 +232,36 @@ TEST(TandemYaml, ReadsTheCudaGraphBlockAndRefusesAnUnknownKey) {
     EXPECT_NE(std::string(e.what()).find("enable"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_config_text("cuda_graph:\n  warmup_steps: 0\n", "t.yaml"), UsageError);
+}
+
+TEST(TandemYaml, ReadsThePreemptionBlockAndRefusesWhatCannotWork) {
+  Config c = parse_config_text(
+      "preemption:\n  enabled: true\n  signals: [sigusr1, Term]\n  checkpoint_dir: ckpt\n"
+      "  requeue: true\n",
+      "t.yaml");
+  EXPECT_TRUE(c.preemption.enabled);
+  EXPECT_EQ(c.preemption.signals, (std::vector<std::string>{"USR1", "TERM"}));
+  EXPECT_EQ(c.preemption.checkpoint_dir, "ckpt");
+  EXPECT_TRUE(c.preemption.save);
+  EXPECT_EQ(c.preemption.requeue, "true");
+  EXPECT_EQ(parse_config_text("preemption:\n  requeue: auto\n", "t.yaml").preemption.requeue,
+            "auto");
+  const Config defaults = parse_config_text("seed: 1\n", "t.yaml");
+  EXPECT_FALSE(defaults.preemption.enabled);
+  EXPECT_EQ(defaults.preemption.signals, (std::vector<std::string>{"USR1", "TERM"}));
+  for (const std::string& bad :
+       {"preemption:\n  signals: [KILL]\n", "preemption:\n  signals: []\n",
+        "preemption:\n  requeue: maybe\n", "preemption:\n  checkpoint: x\n",
+        "preemption: true\n"}) {
+    EXPECT_THROW(parse_config_text(bad, "t.yaml"), UsageError) << bad;
+  }
+  try {
+    parse_config_text("preemption:\n  signals: [USR1, STOP]\n", "t.yaml");
+    ADD_FAILURE() << "SIGSTOP was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'STOP' is not a signal"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("t.yaml:2"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

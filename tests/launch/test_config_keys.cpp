@@ -36,7 +36,7 @@ const std::vector<std::string> kCandidates = {
     "true", "false", "1", "2", "0", "0.5", "29500", "\"auto\"", "\"static\"", "\"none\"",
     "\"cpu\"", "\"AdamW\"", "\"WarmupLR\"", "\"linear\"", "\"bf16\"", "\"all\"", "\"MULTI_GPU\"",
     "\"LOCAL_MACHINE\"", "\"127.0.0.1\"", "\"pdsh\"", "\"ds.json\"", "[0.9, 0.99]", "{}",
-    "\"x\"", "{\"a\": 7}", "12345", "\"TRANSFORMER_BASED_WRAP\"", "null"};
+    "\"x\"", "{\"a\": 7}", "12345", "\"TRANSFORMER_BASED_WRAP\"", "null", "[\"USR1\"]"};
 
 // fsdp_config keys that Accelerate accepts only next to others: the others,
 // as entries to add to the key's own mapping.
