@@ -57,6 +57,32 @@ TEST(Launch, FourRanksAllReduce) {
   }
 }
 
+// Slurm's warning signal (`sbatch --signal=B:USR1@T`) reaches the launcher:
+// it passes SIGUSR1 to every worker and goes on (before, SIGUSR1 ended it);
+// workers that stop for preemption (exit 75, kPreemptedExitCode) end the
+// launch with 75: not a failure, and no restart despite --max-restarts.
+TEST(Launch, ForwardsUsr1AndPassesOnThePreemptedExitCode) {
+  TempDir dir;
+  BackgroundProcess job(launch({"--nproc-per-node", "2", "--max-restarts", "2", "/bin/sh", "-c",
+                                "trap 'echo usr1 $RANK; exit 75' USR1; touch " + dir.path() +
+                                    "/$RANK; while :; do sleep 0.05; done"}));
+  ASSERT_TRUE(testing::wait_for_files(
+      dir.path(), [&] { return ::access((dir.path() + "/1").c_str(), F_OK) == 0 &&
+                               ::access((dir.path() + "/0").c_str(), F_OK) == 0; },
+      30));
+  ::kill(job.pid(), SIGUSR1);
+  auto r = job.wait(30);
+  EXPECT_EQ(r.exit_code, 75) << r.out << r.err;
+  for (const std::string rank : {"0", "1"}) {
+    const std::string line = "[rank" + rank + "]: usr1 " + rank + "\n";
+    EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(line), r.out.rfind(line)) << "restarted:\n" << r.out;
+  }
+  EXPECT_NE(r.err.find("stopped for preemption after saving a checkpoint (exit code 75)"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(Launch, BadInputExitsWithCodeTwoAndSaysWhy) {
   auto missing = run_process(launch({"--nproc-per-node", "2"}), 10);
   EXPECT_EQ(missing.exit_code, 2);
