@@ -273,6 +273,15 @@ void ProcessGroup::setup_shared_memory(const std::vector<std::string>& hosts) {
   const int world = impl_->world_size;
   const std::size_t bytes = detail::ShmTransport::segment_bytes(world);
   detail::ShmSegment segment;
+  // The name stays in /dev/shm only until every rank has mapped it, also
+  // when a peer is gone and the gathers below throw.
+  struct UnlinkOnExit {
+    detail::ShmSegment& segment;
+    bool creator;
+    ~UnlinkOnExit() {
+      if (creator && segment.valid()) segment.unlink();
+    }
+  } unlink_on_exit{segment, impl_->rank == 0};
   std::string error;
   if (impl_->rank == 0) {
     try {
@@ -290,7 +299,7 @@ void ProcessGroup::setup_shared_memory(const std::vector<std::string>& hosts) {
     }
   }
   auto errors = all_gather_strings(error);  // also: every rank has mapped it
-  if (impl_->rank == 0 && segment.valid()) segment.unlink();
+  if (impl_->rank == 0 && segment.valid()) segment.unlink();  // now, not at the scope's end
   for (const auto& e : errors) {
     if (!e.empty()) {
       if (impl_->rank == 0) log_warn("shared memory is unavailable, all-reduce uses Gloo: {}", e);

@@ -44,7 +44,12 @@ ShmChannel ShmChannel::attach(c10d::Store& store, const std::string& key) {
   } else {
     ShmSegment mine = ShmSegment::create(kBytes, 0, 1);
     const std::vector<std::uint8_t> name(mine.name().begin(), mine.name().end());
-    winner = store.compareSet(key, {}, name);
+    try {
+      winner = store.compareSet(key, {}, name);
+    } catch (...) {
+      mine.unlink();  // the store is gone: no peer will ever look for the name
+      throw;
+    }
     if (winner == name) return ShmChannel(std::move(mine), true);
     mine.unlink();  // the peer won the race between check and compare-and-set
   }

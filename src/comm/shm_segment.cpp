@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 
+#include "tandem/comm/shm_cleanup.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {
@@ -66,6 +68,8 @@ ShmSegment ShmSegment::create(std::size_t data_bytes, int rank, int world_size) 
   TANDEM_CHECK_ARG(world_size <= kMaxRanks, "shared memory supports up to {} ranks per host",
                    kMaxRanks);
   const std::size_t total = kControlBytes + data_bytes;
+  static std::once_flag swept;  // names dead processes left behind, once per process
+  std::call_once(swept, [] { remove_stale_shared_memory(600); });
   std::string name = fresh_name();
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {

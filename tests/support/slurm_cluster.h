@@ -206,6 +206,33 @@ class SlurmCluster {
     return state;
   }
 
+  // What a job left on `host`: processes other than the daemons (munged,
+  // slurmctld and its slurmscriptd, slurmd), and listening TCP ports other than Slurm's (6817,
+  // 6818). "" when nothing is left.
+  std::string leftovers(int host) const {
+    std::string out;
+    for (pid_t pid : const_cast<TestCluster&>(cluster_).pids(host)) {
+      std::string comm = read_file("/proc/" + std::to_string(pid) + "/comm");
+      if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+      if (comm.empty() || comm == "munged" || comm == "slurmctld" || comm == "slurmscriptd" ||
+          comm == "slurmd") {
+        continue;
+      }
+      out += "process " + std::to_string(pid) + " (" + comm + "): " +
+             read_file("/proc/" + std::to_string(pid) + "/cmdline") + "\n";
+    }
+    auto r = run_process(cluster_.on(host, {"ss", "-Hltn"}), 20);
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string state, recv, send, local;
+      words >> state >> recv >> send >> local;
+      const std::string port = local.substr(local.rfind(':') + 1);
+      if (port != "6817" && port != "6818") out += "listening: " + line + "\n";
+    }
+    return out;
+  }
+
   // The daemons' logs (their last lines), for a failure message.
   std::string diagnostics() const {
     std::string out;

@@ -139,6 +139,9 @@ class BackgroundProcess {
   }
   pid_t pid() const { return pid_; }
   void send(int sig) { ::kill(pid_, sig); }
+  // Where its stdout and stderr go, to read while it runs.
+  const std::string& out_path() const { return out_path_; }
+  const std::string& err_path() const { return err_path_; }
 
   // Waits up to timeout_s; on timeout kills the process and says so.
   ProcessResult wait(double timeout_s) {

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "tandem/comm/shm_cleanup.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -178,6 +179,9 @@ void WorkerGroup::reap(GroupResult& result) {
     if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
     if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
     exit.stopped = stopping_;
+    // Shared memory the worker created and had not yet unlinked (it died
+    // while its peers were still mapping it) goes with it.
+    remove_shared_memory_of(pids_[i]);
     pids_[i] = 0;
     result.exits.push_back(exit);
     result.preempted = result.preempted || exit.preempted();
