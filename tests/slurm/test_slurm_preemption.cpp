@@ -43,6 +43,7 @@ std::string config_file(const SlurmCluster& slurm, const std::string& name,
 // shared/<name>.out, its parameters to shared/<name>.safetensors.
 std::string submit(SlurmCluster& slurm, const std::string& name, const std::string& mode,
                    const std::string& extra_config) {
+  const bool stage3 = extra_config.find("stage: 3") != std::string::npos;
   const std::string dir = slurm.shared();
   const std::string ckpt = dir + "/" + name + "-ckpt";
   const std::string config = config_file(slurm, name, ckpt, extra_config);
@@ -51,7 +52,8 @@ std::string submit(SlurmCluster& slurm, const std::string& name, const std::stri
       {"--chdir", dir, "--output", dir + "/" + name + ".out", "--cpus-per-task=2",
        "--export=ALL,MODE=" + mode + ",WORKERS_PER_NODE=2,TANDEM=" + bin("tandem") +
            ",PROGRAM=" + bin("quickstart_worker") + ",CHECKPOINT_DIR=" + ckpt +
-           ",TANDEM_CONFIG_FILE=" + config + ",TANDEM_TEST_STEP_DELAY_MS=40,TANDEM_TIMEOUT_S=60",
+           ",TANDEM_CONFIG_FILE=" + config + ",TANDEM_TEST_STEP_DELAY_MS=40,TANDEM_TIMEOUT_S=60" +
+           (stage3 ? ",TANDEM_TEST_SHARDED=1" : ""),
        std::string(TANDEM_SOURCE_DIR) + "/examples/slurm/train.sbatch", std::to_string(kPreemptedJobSteps),
        "24", dir + "/" + name + ".safetensors"},
       &error);
@@ -95,6 +97,11 @@ void preempt_requeue_resume(const std::string& mode, const std::string& signal,
   // Requeued: pending again, eligible only after Slurm's delay; start it now.
   const std::string pending = slurm.wait_for_job(job, {"PENDING", "COMPLETED", "FAILED"}, 120);
   ASSERT_EQ(pending, "PENDING") << read_file(out) << slurm.diagnostics();
+  // slurmd refuses a launch credential made in the same second as the
+  // kill the requeue caused ("Job N already killed, do not launch batch
+  // job": its revocation check counts whole seconds); Slurm's own requeue
+  // delay is far longer. Two seconds clear it.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
   auto now = run_process(slurm.login({"scontrol", "update", "JobId=" + job, "StartTime=now"}), 30);
   ASSERT_EQ(now.exit_code, 0) << now.out << now.err;
   ASSERT_EQ(slurm.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED"}, 180), "COMPLETED")
@@ -125,6 +132,10 @@ TEST(SlurmPreemption, Usr1AtARandomStepSavesRequeuesAndResumesBitExactly) {
 
 TEST(SlurmPreemption, SigtermUnderOneLauncherPerNodeWithZero2ResumesBitExactly) {
   preempt_requeue_resume("launch", "TERM", "zero_optimization:\n  stage: 2\n");
+}
+
+TEST(SlurmPreemption, Usr1WithZero3ShardedUnitsResumesBitExactly) {
+  preempt_requeue_resume("srun", "USR1", "zero_optimization:\n  stage: 3\n");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 //   quickstart_worker --checkpoint-dir CKPT_DIR STEPS GLOBAL_BATCH OUT.safetensors
 //
 // (the second form, as examples/slurm/train.sbatch passes it: SAVE_EVERY 0).
+// TANDEM_TEST_SHARDED=1 makes both layers tandem::Sharded units (ZeRO-3).
 // With TANDEM_TEST_STEP_DELAY_MS=D each step also sleeps D ms and rank 0
 // prints "step N" after it, so that a test can signal at a known step.
 // With CKPT_DIR it saves a checkpoint every SAVE_EVERY steps and resumes
@@ -33,6 +34,16 @@
 // One of the programs in tandem_test_workers (workers/main.cpp picks it by
 // the name it runs under).
 namespace quickstart_worker {
+
+// The quickstart model with its layers as tandem::Sharded units, under
+// Sequential's parameter names.
+struct ShardedMlp : torch::nn::Module {
+  ShardedMlp()
+      : first(register_module("0", tandem::Sharded<torch::nn::LinearImpl>(16, 64))),
+        last(register_module("2", tandem::Sharded<torch::nn::LinearImpl>(64, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return last->forward(torch::relu(first->forward(x))); }
+  tandem::Sharded<torch::nn::LinearImpl> first, last;
+};
 
 int main(int argc, char** argv) {
   std::string flag_ckpt;
@@ -70,8 +81,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   torch::manual_seed(0);
-  auto model = torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(),
-                                     torch::nn::Linear(64, 1));
+  // TANDEM_TEST_SHARDED=1: the same layers (same initial values) as
+  // tandem::Sharded units, which ZeRO-3 needs.
+  const char* sharded = std::getenv("TANDEM_TEST_SHARDED");
+  const bool as_units = sharded != nullptr && std::string(sharded) == "1";
+  auto model = as_units ? std::shared_ptr<torch::nn::Module>(std::make_shared<ShardedMlp>())
+                        : torch::nn::Sequential(torch::nn::Linear(16, 64), torch::nn::ReLU(),
+                                                torch::nn::Linear(64, 1))
+                              .ptr();
+  auto forward = [&](const torch::Tensor& x) {
+    return as_units ? std::static_pointer_cast<ShardedMlp>(model)->forward(x)
+                    : std::static_pointer_cast<torch::nn::SequentialImpl>(model)->forward(x);
+  };
   auto adam = std::make_shared<torch::optim::Adam>(model->parameters(),
                                                    torch::optim::AdamOptions(1e-2));
   const auto x = torch::randn({steps * global_batch, 16});
@@ -89,7 +110,7 @@ int main(int argc, char** argv) {
   double loss_value = 0;
   for (auto& batch : *loader) {
     optimizer->zero_grad();
-    auto loss = torch::mse_loss(model->forward(batch[0]), batch[1]);
+    auto loss = torch::mse_loss(forward(batch[0]), batch[1]);
     accelerator.backward(loss);
     optimizer->step();
     loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
