@@ -229,10 +229,14 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   for (; i < argc; ++i) opts.program.emplace_back(argv[i]);
 
   CLI::App app{"Start a job of N processes per node (torchrun-compatible).", "tandem launch"};
+  // As torchrun, each node option also reads PET_<NAME> (Kubeflow's
+  // PyTorchJob sets PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT, ... per
+  // pod); a flag beats it.
   // Each with the names accelerate launch and the deepspeed launcher give it.
   app.add_option("--nproc-per-node,--num-gpus", opts.nproc_per_node,
                  "processes on this node (deepspeed: --num_gpus)")
-      ->each([&](const std::string&) { opts.nproc_given = true; });
+      ->each([&](const std::string&) { opts.nproc_given = true; })
+      ->envname("PET_NPROC_PER_NODE");
   std::optional<int> total_processes;
   app.add_option("--num-processes", total_processes,
                  "accelerate's spelling: processes over all nodes, divided by --nnodes");
@@ -240,16 +244,20 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--nnodes,--num-machines,--num-nodes", nnodes,
                  "number of nodes (accelerate: --num_machines, deepspeed: --num_nodes); "
                  "torchrun's MIN:MAX only as N:N")
-      ->each([&](const std::string&) { opts.nnodes_given = true; });
+      ->each([&](const std::string&) { opts.nnodes_given = true; })
+      ->envname("PET_NNODES");
   app.add_option("--node-rank,--machine-rank", opts.node_rank,
                  "rank of this node, 0..nnodes-1 (accelerate: --machine_rank)")
-      ->each([&](const std::string&) { opts.node_rank_given = true; });
+      ->each([&](const std::string&) { opts.node_rank_given = true; })
+      ->envname("PET_NODE_RANK");
   app.add_option("--master-addr,--main-process-ip", opts.master_addr,
                  "address of node 0 (accelerate: --main_process_ip)")
-      ->each([&](const std::string&) { opts.master_addr_given = true; });
+      ->each([&](const std::string&) { opts.master_addr_given = true; })
+      ->envname("PET_MASTER_ADDR");
   app.add_option("--master-port,--main-process-port", opts.master_port,
                  "rendezvous port on node 0; 0 picks a free one (accelerate: --main_process_port)")
-      ->each([&](const std::string&) { opts.master_port_given = true; });
+      ->each([&](const std::string&) { opts.master_port_given = true; })
+      ->envname("PET_MASTER_PORT");
   bool multi_gpu = false;
   app.add_flag("--multi-gpu", multi_gpu,
                "accelerate's spelling: one process per slot, as tandem launch always runs");
@@ -269,25 +277,30 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_flag("--standalone", opts.standalone, "single node on a free local port");
   std::string rdzv_endpoint;
   std::string rdzv_conf;
-  app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port");
+  app.add_option("--rdzv-endpoint", rdzv_endpoint, "HOST:PORT, same as --master-addr/--master-port")
+      ->envname("PET_RDZV_ENDPOINT");
   app.add_option("--rdzv-backend", opts.rdzv_backend,
                  "static (each node gives --node-rank) or c10d (without --node-rank the nodes "
                  "agree on node ranks at the store; the config's rdzv_backend when not given)")
-      ->each([&](const std::string&) { opts.rdzv_backend_given = true; });
-  app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)");
+      ->each([&](const std::string&) { opts.rdzv_backend_given = true; })
+      ->envname("PET_RDZV_BACKEND");
+  app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)")
+      ->envname("PET_RDZV_ID");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
                  "seconds a node waits for the others to arrive (c10d; default 600)");
   app.add_option("--rdzv-conf", rdzv_conf,
                  "c10d rendezvous settings KEY=VALUE,...: join_timeout (as --rdzv-timeout), "
                  "last_call_timeout (seconds a round stays open for more nodes once MIN "
                  "joined; default 30), keep_alive_interval and keep_alive_max_attempt (a node "
-                 "silent for their product, default 5 x 3 s, is lost)");
+                 "silent for their product, default 5 x 3 s, is lost)")
+      ->envname("PET_RDZV_CONF");
   app.add_option("--monitor-interval", opts.monitor_interval_s,
                  "seconds between a c10d node's looks at the store for restarts and joining "
                  "nodes (default 0.5), or a --hostfile head's probes of the hosts an elastic "
                  "job runs without (default 5); no effect otherwise (warned)")
       ->each([&](const std::string&) { opts.monitor_interval_given = true; });
-  app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times");
+  app.add_option("--max-restarts", opts.max_restarts, "restart the whole group up to N times")
+      ->envname("PET_MAX_RESTARTS");
   app.add_option("--log-dir", opts.log_dir, "write each rank's stdout/stderr under DIR");
   app.add_option("--tee", opts.tee, "streams copied to files and console: 1 out, 2 err, 3 both");
   app.add_option("--redirects", opts.redirects, "streams sent to files only: 1 out, 2 err, 3 both");
