@@ -55,13 +55,18 @@ void check_same_settings(const std::vector<std::string>& settings,
                settings[static_cast<std::size_t>(odd[0])]);
 }
 
+// The machine (host name and boot id) and its network namespace: ranks in
+// different network namespaces of one machine are on different hosts, as
+// the multi-node tests' hosts are.
 std::string default_host_id() {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   std::getline(boot, boot_id);
-  return std::string(host) + "/" + boot_id;
+  char net[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/net", net, sizeof(net) - 1);
+  return std::string(host) + "/" + boot_id + (n > 0 ? "/" + std::string(net, n) : "");
 }
 
 }  // namespace

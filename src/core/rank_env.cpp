@@ -183,7 +183,10 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     env.world_size = parse_int(vars, "OMPI_COMM_WORLD_SIZE", 1, 1);
     env.local_rank = parse_int(vars, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
     env.local_world_size = parse_int(vars, "OMPI_COMM_WORLD_LOCAL_SIZE", env.world_size, 1);
-    env.node_rank = parse_int(vars, "OMPI_COMM_WORLD_NODE_RANK", 0, 0);
+    // Open MPI names no node index (OMPI_COMM_WORLD_NODE_RANK is a process's
+    // rank on its node, like the local rank): hosts are told apart by their
+    // host id (ProcessGroup::init) alone.
+    env.node_rank = 0;
     read_master(vars, env);
     validate(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
   }
