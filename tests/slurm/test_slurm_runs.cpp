@@ -70,6 +70,32 @@ TEST(Slurm, SrunStartsTwoTasksOnEachOfTwoHostsAsOneWorldOfFour) { srun_direct(2,
 
 TEST(Slurm, SrunStartsOneTaskOnEachOfThreeHostsAsOneWorldOfThree) { srun_direct(3, 1); }
 
+// Each srun task's place on its node (SLURM_LOCALID, its node's entry of
+// SLURM_STEP_TASKS_PER_NODE: 2 tasks on n0, 1 on n1 here) and its threads
+// (--cpus-per-task, unless OMP_NUM_THREADS says otherwise). Needs a
+// machine with 2 cores or more to tell the two apart.
+TEST(Slurm, SrunTasksTakeTheirLocalRankAndCpusPerTaskThreads) {
+  SlurmCluster slurm(2);
+  if (!slurm.ok()) GTEST_SKIP() << "skipped: " << slurm.why();
+  auto r = run_process(slurm.login({"srun", "-n3", "--distribution=block", "-w", "n0,n1",
+                                    "--ntasks-per-node=2", "--cpus-per-task=1",
+                                    "--kill-on-bad-exit=1", bin("launch_test_worker"),
+                                    "allreduce"}),
+                       120, {kToken, "TANDEM_TIMEOUT_S=60"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << slurm.diagnostics();
+  for (const std::string line :
+       {"rank 0/3 allreduce ok sum=6 source=slurm local=0/2 threads=1",
+        "rank 1/3 allreduce ok sum=6 source=slurm local=1/2 threads=1",
+        "rank 2/3 allreduce ok sum=6 source=slurm local=0/1 threads=1"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+  }
+  // (LibTorch's own default here would be the machine's cores.)
+  auto told = run_process(slurm.login({"srun", "-N1", "-n1", "--cpus-per-task=1",
+                                       bin("launch_test_worker"), "allreduce"}),
+                          60, {"OMP_NUM_THREADS=2"});
+  EXPECT_NE(told.out.find("threads=2"), std::string::npos) << told.out << told.err;
+}
+
 TEST(Slurm, OneLauncherPerNodeUnderSrunIsOneJob) {
   SlurmCluster slurm(2);
   if (!slurm.ok()) GTEST_SKIP() << "skipped: " << slurm.why();

@@ -107,8 +107,10 @@ int main(int argc, char** argv) {
       pg->all_reduce(t);
       const float want = pg->world_size() * (pg->world_size() + 1) / 2.0f;
       const bool ok = t.eq(want).all().item<bool>();
-      std::printf("rank %d/%d allreduce %s sum=%g source=%s\n", pg->rank(), pg->world_size(),
-                  ok ? "ok" : "WRONG", t[0].item<float>(), tandem::to_string(env.source));
+      std::printf("rank %d/%d allreduce %s sum=%g source=%s local=%d/%d threads=%d\n",
+                  pg->rank(), pg->world_size(), ok ? "ok" : "WRONG", t[0].item<float>(),
+                  tandem::to_string(env.source), env.local_rank, env.local_world_size,
+                  at::get_num_threads());
       pg->barrier();
       return ok ? 0 : 1;
     }
