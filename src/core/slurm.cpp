@@ -25,15 +25,22 @@ bool all_digits(const std::string& text) {
   TANDEM_THROW(UsageError, "Slurm host list '{}' is malformed: {}", list, why);
 }
 
+// "a,b,,c" -> a b "" c (every item, empty ones too).
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  for (std::size_t comma; (comma = text.find(',', start)) != std::string::npos; start = comma + 1) {
+    items.push_back(text.substr(start, comma - start));
+  }
+  items.push_back(text.substr(start));
+  return items;
+}
+
 // The names one bracket expression stands for: "01-03,7" -> 01 02 03 7,
 // each range keeping the width of its first bound.
 std::vector<std::string> expand_bracket(const std::string& list, const std::string& inside) {
   std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= inside.size()) {
-    std::size_t comma = inside.find(',', start);
-    if (comma == std::string::npos) comma = inside.size();
-    const std::string item = inside.substr(start, comma - start);
+  for (const std::string& item : split_commas(inside)) {
     const std::size_t dash = item.find('-');
     const std::string low = item.substr(0, dash);
     const std::string high = dash == std::string::npos ? low : item.substr(dash + 1);
@@ -48,7 +55,6 @@ std::vector<std::string> expand_bracket(const std::string& list, const std::stri
       if (digits.size() < low.size()) digits.insert(0, low.size() - digits.size(), '0');
       out.push_back(digits);
     }
-    start = comma + 1;
   }
   return out;
 }
@@ -126,11 +132,7 @@ std::vector<std::string> expand_slurm_host_list(const std::string& list) {
 
 std::vector<int> expand_slurm_tasks_per_node(const std::string& list) {
   std::vector<int> counts;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    const std::string item = list.substr(start, comma - start);
+  for (const std::string& item : split_commas(list)) {
     const std::size_t paren = item.find("(x");
     const std::string count = item.substr(0, paren);
     std::string repeat = "1";
@@ -146,7 +148,6 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& list) {
                    item);
     }
     counts.insert(counts.end(), std::stoul(repeat), std::stoi(count));
-    start = comma + 1;
   }
   return counts;
 }
