@@ -163,8 +163,9 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     env.agent_store = agent == "True" || agent == "true" || agent == "1";
     read_master(vars, env);
     validate(env, "RANK", "WORLD_SIZE");
-  } else if (auto step = SlurmStep::from_map(vars)) {
+  } else if (auto step = SlurmStep::from_map(vars); step && !step->in_batch_script()) {
     // srun started this process as one task of its step (docs/slurm.md).
+    // A program the batch script runs directly is alone: no launcher.
     env.source = RankEnvSource::kSlurm;
     env.rank = step->proc_id;
     env.world_size = step->num_tasks;

@@ -159,7 +159,7 @@ int slurm_job_port(const std::string& job_id) {
 
 std::string SlurmStep::describe() const {
   return fmt::format("Slurm job {}{} on {}: node {} of {}, task {} of {}", job_id,
-                     step_id.empty() ? " (batch script)" : "." + step_id, node_list, node_id,
+                     in_batch_script() ? " (batch script)" : "." + step_id, node_list, node_id,
                      num_nodes(), proc_id, num_tasks);
 }
 

@@ -5,6 +5,7 @@
 
 #include "support/usage_error.h"
 #include "tandem/core/error.h"
+#include "tandem/core/rank_env.h"
 #include "tandem/core/slurm.h"
 
 namespace tandem {
@@ -85,6 +86,27 @@ TEST(SlurmStep, ReadsAnSrunTask) {
   EXPECT_EQ(step->describe(), "Slurm job 42.0 on n[0-1]: node 1 of 2, task 3 of 4");
   EXPECT_FALSE(SlurmStep::from_map({{"SLURM_PROCID", "0"}}).has_value());
   EXPECT_FALSE(SlurmStep::from_map({}).has_value());
+}
+
+// sbatch's script runs outside any step, with the job's task count: a
+// program it starts directly is alone, not rank 0 of a world that never
+// comes.
+TEST(SlurmStep, AProgramTheBatchScriptRunsDirectlyIsAlone) {
+  auto vars = srun_task();
+  vars.erase("SLURM_STEP_ID");
+  vars.erase("SLURM_STEP_NODELIST");
+  vars.erase("SLURM_STEP_NUM_TASKS");
+  vars.erase("SLURM_STEP_TASKS_PER_NODE");
+  vars["SLURM_NODEID"] = "0";
+  vars["SLURM_PROCID"] = "0";
+  vars["SLURM_LOCALID"] = "0";
+  auto step = SlurmStep::from_map(vars);
+  ASSERT_TRUE(step.has_value());
+  EXPECT_TRUE(step->in_batch_script());
+  EXPECT_EQ(step->describe(), "Slurm job 42 (batch script) on n[0-1]: node 0 of 2, task 0 of 4");
+  const RankEnv env = RankEnv::from_map(vars);
+  EXPECT_FALSE(env.launched());
+  EXPECT_EQ(env.world_size, 1);
 }
 
 TEST(SlurmStep, UnevenTasksPerNodeGiveEachNodeItsOwnCount) {

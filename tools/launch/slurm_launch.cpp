@@ -20,7 +20,7 @@ std::string ways_to_run(const SlurmStep& step, const LaunchOptions& opts) {
 
 std::string apply_slurm_step(const std::optional<SlurmStep>& step, LaunchOptions& opts) {
   if (!step || !opts.hostfile.empty() || opts.standalone || opts.env_from_stdin) return "";
-  if (step->step_id.empty()) {
+  if (step->in_batch_script()) {
     // The batch script itself, on the job's first node only.
     if (step->num_nodes() == 1 || opts.nnodes_given) return "";
     TANDEM_THROW(UsageError,

@@ -43,6 +43,9 @@ struct SlurmStep {
   int restart_count = 0;          // SLURM_RESTART_COUNT: times the job was requeued
 
   int num_nodes() const { return static_cast<int>(hosts.size()); }
+  // The batch script itself (sbatch), outside any srun step: one process on
+  // the job's first node, whatever the job's task count says.
+  bool in_batch_script() const { return step_id.empty() && !job_id.empty(); }
   // Tasks Slurm started on this task's host.
   int local_tasks() const { return tasks_per_node.at(static_cast<std::size_t>(node_id)); }
   // "job 12.0 on n[0-1]: node 1 of 2, task 3 of 4": for messages.
