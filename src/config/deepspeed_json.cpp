@@ -46,6 +46,26 @@ std::vector<KeyNote> warned_top_level_keys() {
   add({"torch_autocast"}, "is not implemented: tandem's mixed precision comes from the fp16 or "
                           "bf16 block (or mixed_precision); ignored");
   add({"weight_quantization"}, "is not implemented: tandem trains unquantized weights; ignored");
+  add({"datastates_ckpt"}, "configures DeepSpeed's DataStates checkpoint engine: tandem writes "
+                          "its own checkpoints (docs/checkpoints.md); ignored");
+  add({"disable_python_gc"}, "tunes Python's garbage collector, which a C++ program does not "
+                             "have; ignored", {"false", "true"});
+  add({"expert_parallel", "use_data_before_expert_parallelism"},
+      "configures mixture-of-experts parallelism, which tandem does not do; ignored",
+      {"false"});
+  add({"gradient_allreduce_op"}, "is mean in tandem, which averages gradients over the ranks",
+      {"mean", "MEAN"}, [](const Value& v) {
+        const std::string op = v.as_string();
+        if (op != "mean" && op != "MEAN") {
+          v.fail("'" + op + "' is not implemented: tandem averages gradients over the ranks",
+                 "use mean or remove the key");
+        }
+      });
+  add({"log_level"}, "is DeepSpeed's logging level: tandem's own logging decides; ignored");
+  add({"managed_gradient_accumulation"},
+      "false is not implemented: the Accelerator manages gradient accumulation; ignored",
+      {"true"}, check_bool);
+  add({"vocabulary_size"}, "only feeds DeepSpeed's tensor-core alignment warning; ignored");
   add({"zero_force_ds_cpu_optimizer"},
       "is not implemented: with offload tandem always steps its own CPU Adam; ignored",
       {"true"});

@@ -77,19 +77,27 @@ const std::vector<std::string>& optimizer_types() {
 const KeyTable& optimizer_params_keys(const std::string& type) {
   const std::string clip = "is not implemented: clip with gradient_clipping (the config's "
                            "top level) instead; ignored";
+  // torch.optim's implementation switches, which DeepSpeed passes through.
+  const std::string implementation =
+      "picks torch.optim's implementation: tandem steps prepared Adam/AdamW with PyTorch's fused "
+      "kernels on CUDA and its own loop on the CPU; ignored";
   static const KeyTable adam_params{
       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
       {{"amsgrad", "is not implemented: tandem's Adam keeps no max of the second moments; "
                    "ignored", {"false"}},
        {"bias_correction", "is not implemented: tandem's Adam always corrects the moments' "
                            "bias; ignored", {"true"}},
-       {"max_grad_norm", clip, {"0", "0.0", "null"}}},
+       {"max_grad_norm", clip, {"0", "0.0", "null"}},
+       {"fused", implementation, {"null"}},
+       {"foreach", implementation, {"null"}}},
       {}};
   static const KeyTable sgd_params{
       {"lr", "momentum", "weight_decay"},
       {{"nesterov", "is not implemented: tandem's SGD uses plain momentum; ignored", {"false"}},
        {"dampening", "is not implemented: tandem's SGD has no dampening; ignored", {"0", "0.0"}},
-       {"max_grad_norm", clip, {"0", "0.0", "null"}}},
+       {"max_grad_norm", clip, {"0", "0.0", "null"}},
+       {"fused", implementation, {"null"}},
+       {"foreach", implementation, {"null"}}},
       {}};
   return type == "SGD" ? sgd_params : adam_params;
 }

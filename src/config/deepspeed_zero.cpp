@@ -18,8 +18,8 @@ OffloadDevice read_device(const Value& v) {
 }
 
 // offload_optimizer / offload_param: {device, pin_memory, ...}.
-void read_offload(const Value& block, OffloadDevice& device, Config& config) {
-  for_each_key(block, offload_keys(), [&](const std::string& key, const Value& v) {
+void read_offload(const Value& block, bool optimizer, OffloadDevice& device, Config& config) {
+  for_each_key(block, offload_keys(optimizer), [&](const std::string& key, const Value& v) {
     if (key == "device") device = read_device(v);
     if (key == "pin_memory") config.zero.offload_pin_memory = v.as_bool();
   });
@@ -38,16 +38,38 @@ int64_t read_size(const Value& v, int64_t current, int64_t min, bool auto_allowe
 
 }  // namespace
 
-const KeyTable& offload_keys() {
-  static const KeyTable table{
+// DeepSpeed's two offload models take different keys (and refuse the
+// other's, as tandem does).
+const KeyTable& offload_keys(bool optimizer) {
+  static const std::string tunes =
+      "tunes DeepSpeed's NVMe or partial offload: tandem offloads the whole state to CPU "
+      "memory; ignored";
+  static const KeyTable optimizer_table{
       {"device", "pin_memory"},
-      notes_for({"nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
-                 "pipeline_write", "fast_init", "ratio", "pipeline"},
-                "tunes DeepSpeed's NVMe or partial offload: tandem offloads the whole state to "
-                "CPU memory; ignored",
-                {"null", "false"}),
-      {}};
-  return table;
+      [] {
+        auto keys = notes_for({"nvme_path", "buffer_count", "pipeline_read", "pipeline_write",
+                               "fast_init", "ratio"},
+                              tunes, {"null", "false"});
+        for (auto& n : notes_for({"super_offload", "cpuadam_cores_perc"},
+                                 "tunes DeepSpeed's SuperOffload CPU optimizer: tandem's CPU Adam "
+                                 "uses the intra-op threads; ignored",
+                                 {"false"})) {
+          keys.push_back(std::move(n));
+        }
+        return keys;
+      }(),
+      notes_for({"buffer_size", "max_in_cpu", "pipeline"},
+                "is not a key of offload_optimizer (DeepSpeed refuses it too: buffer_size and "
+                "max_in_cpu belong to offload_param, pipeline is pipeline_read/pipeline_write); "
+                "remove it")};
+  static const KeyTable param_table{
+      {"device", "pin_memory"},
+      notes_for({"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}, tunes, {"null"}),
+      notes_for({"pipeline_read", "pipeline_write", "pipeline", "fast_init", "ratio",
+                 "super_offload", "cpuadam_cores_perc"},
+                "is not a key of offload_param (DeepSpeed refuses it too; it belongs to "
+                "offload_optimizer); remove it")};
+  return optimizer ? optimizer_table : param_table;
 }
 
 namespace {
@@ -65,8 +87,10 @@ std::vector<KeyNote> zero_warned_keys() {
        "zero_quantized_weights", "zero_quantized_nontrainable_weights",
        "zero_quantized_gradients", "memory_efficient_linear",
        "stage3_model_persistence_threshold", "model_persistence_threshold",
-       "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
-       "stage3_allgather_sequential", "use_multi_rank_bucket_allreduce", "override_module_apply",
+       "stage3_module_granularity_threshold", "module_granularity_threshold",
+       "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+       "stage3_allgather_sequential", "allgather_sequential", "parameter_alignment",
+       "use_multi_rank_bucket_allreduce", "override_module_apply",
        "pipeline_loading_checkpoint", "log_trace_cache_warnings", "enable_sanity_checks",
        "leaf_module", "zenflow"},
       "is not implemented by tandem's ZeRO; ignored");
@@ -75,6 +99,11 @@ std::vector<KeyNote> zero_warned_keys() {
                  const std::function<void(const Value&)>& check) {
     for (auto& n : notes_for(names, note, quiet, check)) keys.push_back(std::move(n));
   };
+  add({"compute_grad_norm"}, "is not implemented: tandem computes the gradient norm when "
+                             "clipping asks for it; ignored", {"true"}, check_bool);
+  add({"save_muon_momentum_buffer_in_memory"},
+      "tunes DeepSpeed's Muon optimizer, which tandem does not have; ignored", {"false"},
+      check_bool);
   add({"contiguous_gradients"},
       "false is not implemented: tandem's reduce-scatter needs each bucket's (or unit's) "
       "gradients in one flat buffer, so they are always packed as they arrive (true); ignored",
@@ -125,9 +154,9 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
     if (key == "stage") {
       zero.stage = static_cast<int>(v.as_int(0, 3, "set it to 0, 1, 2 or 3"));
     } else if (key == "offload_optimizer") {
-      read_offload(v, zero.offload_optimizer, config);
+      read_offload(v, /*optimizer=*/true, zero.offload_optimizer, config);
     } else if (key == "offload_param") {
-      read_offload(v, zero.offload_param, config);
+      read_offload(v, /*optimizer=*/false, zero.offload_param, config);
     } else if (key == "reduce_bucket_size") {
       // In tandem YAML 0 means every gradient is reduced on its own (a
       // bucket is flushed once it would exceed the size). DeepSpeed's

@@ -13,8 +13,8 @@ std::vector<KeyLevel> key_levels() {
   // The blocks tandem YAML takes from DeepSpeed, read in each one's dialect.
   auto add_shared_blocks = [&](ConfigFormat format, Dialect dialect) {
     add(format, "zero_optimization", zero_optimization_keys(dialect));
-    add(format, "zero_optimization.offload_optimizer", offload_keys());
-    add(format, "zero_optimization.offload_param", offload_keys());
+    add(format, "zero_optimization.offload_optimizer", offload_keys(true));
+    add(format, "zero_optimization.offload_param", offload_keys(false));
     add(format, "optimizer", optimizer_keys());
     for (const auto& type : optimizer_types()) {
       add(format, "optimizer.params", optimizer_params_keys(type), type);

@@ -163,6 +163,29 @@ TEST(DeepSpeedJson, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {
   EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);
 }
 
+// DeepSpeed 0.19.8's keys: accepted (warned, or quiet at their defaults);
+// what tandem cannot do is refused; each offload block refuses the other's
+// keys, as DeepSpeed's models do.
+TEST(DeepSpeedJson, ReadsDeepSpeed0198KeysAndRefusesWhatItCannotDo) {
+  Config c = parse_config_text(
+      R"({"gradient_allreduce_op": "mean", "disable_python_gc": true,
+          "managed_gradient_accumulation": true, "vocabulary_size": 50304,
+          "zero_optimization": {"stage": 2, "compute_grad_norm": true,
+                                "offload_optimizer": {"device": "cpu", "super_offload": false}}})",
+      "ds.json");
+  EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);
+  ASSERT_EQ(c.warnings.size(), 1u);  // vocabulary_size only: the rest are at their defaults
+  EXPECT_TRUE(contains(c.warnings[0], "vocabulary_size")) << c.warnings[0];
+  EXPECT_TRUE(contains(parse_error(R"({"gradient_allreduce_op": "sum"})", "ds.json"),
+                       "'sum' is not implemented: tandem averages gradients"));
+  EXPECT_TRUE(contains(
+      parse_error(R"({"zero_optimization": {"offload_optimizer": {"buffer_size": 1}}})", "ds.json"),
+      "is not a key of offload_optimizer"));
+  EXPECT_TRUE(contains(
+      parse_error(R"({"zero_optimization": {"offload_param": {"ratio": 0.5}}})", "ds.json"),
+      "is not a key of offload_param"));
+}
+
 TEST(DeepSpeedJson, LastBatchIterationMinusOneIsAcceptedSilently) {
   Config c = parse_config_text(
       R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1}}})",
