@@ -212,6 +212,30 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
                                          file_origin(config, "zero_optimization.offload_param"),
                                          config.zero.stage));
   }
+  // zero3_init (Accelerate's zero3_init_flag) builds Sharded units as
+  // shards, which exist at stage 3 only: off below it, as Accelerate turns
+  // it off, and said.
+  if (config.zero.zero3_init && config.zero.stage < 3) {
+    config.zero.zero3_init = false;
+    add_warning_once(config, fmt::format("{}: zero3_init (zero3_init_flag) applies to ZeRO stage 3 "
+                                         "only; turned off at stage {}",
+                                         config.source_path.empty() ? "the config"
+                                                                    : config.source_path,
+                                         config.zero.stage));
+  }
+  // The stage-3 limits DeepSpeed takes silently at any stage.
+  if (config.zero.stage < 3) {
+    for (const char* key : {"stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                            "stage3_param_persistence_threshold", "param_persistence_threshold",
+                            "stage3_max_live_parameters", "max_live_parameters"}) {
+      const std::string path = std::string("zero_optimization.") + key;
+      if (config.key_locations.count(path) && !config.auto_keys.count(path)) {
+        add_warning_once(config, fmt::format("{}: '{}' applies to ZeRO stage 3 only; it has no "
+                                             "effect at stage {}",
+                                             file_origin(config, path), path, config.zero.stage));
+      }
+    }
+  }
   return config;
 }
 

@@ -169,6 +169,34 @@ TEST(ResolveConfig, ParamOffloadBelowStage3AddsOneWarning) {
                                       "only; it has no effect at stage 2"));
 }
 
+// Settings that mean something at ZeRO stage 3 only are said to change
+// nothing below it: zero3_init is turned off (as Accelerate turns
+// zero3_init_flag off), and the stage-3 limits DeepSpeed takes silently warn.
+TEST(ResolveConfig, StageThreeOnlySettingsBelowStageThreeWarn) {
+  Config c = resolve(parse_config_text(R"({"zero_optimization": {"stage": 2,
+      "stage3_max_live_parameters": 1000, "stage3_prefetch_bucket_size": "auto"}})",
+                                       "ds.json"),
+                     2);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("'zero_optimization.stage3_max_live_parameters' applies to ZeRO "
+                               "stage 3 only"),
+            std::string::npos)
+      << c.warnings[0];
+  Config init = parse_config_text("zero_optimization:\n  stage: 2\n  zero3_init: true\n", "t.yaml");
+  EXPECT_TRUE(init.zero.zero3_init);
+  init = resolve(init, 2);
+  EXPECT_FALSE(init.zero.zero3_init);
+  ASSERT_EQ(init.warnings.size(), 1u);
+  EXPECT_NE(init.warnings[0].find("zero3_init (zero3_init_flag) applies to ZeRO stage 3 only; "
+                                  "turned off at stage 2"),
+            std::string::npos)
+      << init.warnings[0];
+  EXPECT_TRUE(resolve(parse_config_text("zero_optimization:\n  stage: 3\n  zero3_init: true\n",
+                                        "t.yaml"),
+                      2)
+                  .zero.zero3_init);
+}
+
 TEST(ResolveConfig, ResolvedJsonHasTheDocumentedKeys) {
   Config file = load_config_file(config_data("ds_zero2_offload.json"));
   Config r = resolve(file, 4);

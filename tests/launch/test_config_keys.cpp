@@ -65,6 +65,13 @@ std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
   for (size_t i = parts.size(); i-- > 1;) {
     std::string entry = "\"" + parts[i] + "\": " + inner;
     if (fsdp && i == parts.size() - 1) entry += fsdp_prerequisites(parts[i]);
+    // The stage-3 limits warn below stage 3 (they would change nothing).
+    if (i == 1 && parts[0] == "zero_optimization" && parts.size() == 2 &&
+        (parts[1].find("prefetch_bucket_size") != std::string::npos ||
+         parts[1].find("param_persistence_threshold") != std::string::npos ||
+         parts[1].find("max_live_parameters") != std::string::npos)) {
+      entry += ", \"stage\": 3";
+    }
     // optimizer and scheduler blocks need a type, which picks the params.
     const bool typed_block = parts[i - 1] == "optimizer" || parts[i - 1] == "scheduler";
     if (typed_block && parts[i] != "type") {

@@ -243,7 +243,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   std::string nnodes;
   app.add_option("--nnodes,--num-machines,--num-nodes", nnodes,
                  "number of nodes (accelerate: --num_machines, deepspeed: --num_nodes); "
-                 "torchrun's MIN:MAX only as N:N")
+                 "N, or MIN:MAX for an elastic job (with --hostfile or --rdzv-backend c10d)")
       ->each([&](const std::string&) { opts.nnodes_given = true; })
       ->envname("PET_NNODES");
   app.add_option("--node-rank,--machine-rank", opts.node_rank,
