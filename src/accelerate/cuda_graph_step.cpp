@@ -57,8 +57,7 @@ struct Captured {
   std::vector<at::Tensor> inputs;  // static, on the device: each replay reads these
   std::unique_ptr<at::cuda::CUDAGraph> accumulate, step;
   at::Tensor accumulate_loss, step_loss;  // static outputs
-  // Without accumulation, the gradients the stepping graph's backward made
-  // (in the graph's pool) and its update reads: kept alive with the graph.
+  // Without accumulation: the gradients the stepping graph made, kept with it.
   std::vector<at::Tensor> grads;
 };
 
@@ -86,8 +85,7 @@ class CudaGraphStep final : public GraphedStep {
   at::Tensor run(const std::vector<at::Tensor>& batch) override {
     replayed_ = false;
     const GradientState& state = p_.controller->state();
-    // Captures start at the start of an accumulation cycle, once the
-    // warm-up steps were taken.
+    // Capture from an accumulation cycle's start, after the warm-up steps.
     if (!capturing_ && (eager_steps_ < p_.config.warmup_steps || state.micro_step != 0)) {
       return warm_up(batch);
     }
@@ -161,11 +159,10 @@ class CudaGraphStep final : public GraphedStep {
     return loss;
   }
 
-  // Builds the buckets from the optimizer as it stands: the parameters with
-  // a state (an eager step updated them). With accumulation their gradients
-  // are allocated here, outside any graph, so that every graph accumulates
-  // into the same ones; without, each stepping capture's backward makes
-  // them (adopted, as an eager backward after zero_grad does: no add).
+  // Buckets of the parameters with a state (an eager step updated them). With
+  // accumulation their gradients are allocated here, outside any graph, so
+  // every graph accumulates into the same ones; without, each stepping
+  // capture's backward makes them (adopted, as after zero_grad: no add).
   void build_buckets() {
     buckets_.clear();
     constants_.clear();
@@ -307,9 +304,8 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
-  // The factor backward multiplies the fp32 loss by, on the device:
-  // 1 / accumulation steps, times the scaler's scale under fp16 (computed in
-  // double on the host, as Accelerator::backward computes it).
+  // On the device, the factor backward multiplies the fp32 loss by: 1 /
+  // accumulation steps, times the scale under fp16 (in double, as backward()).
   void refresh_loss_factor() {
     const double factor =
         p_.core->loss_scale() / static_cast<double>(p_.controller->state().accumulation_steps);
@@ -451,14 +447,4 @@ std::unique_ptr<GraphedStep> make_graphed_step(GraphedStepParts parts) {
 
 }  // namespace tandem::detail
 
-#else  // a CPU-only LibTorch
-
-namespace tandem::detail {
-
-bool cuda_graphs_built() { return false; }
-
-std::unique_ptr<GraphedStep> make_graphed_step(GraphedStepParts) { return nullptr; }
-
-}  // namespace tandem::detail
-
-#endif
+#endif  // TANDEM_WITH_CUDA (cuda_graph_step_cpu.cpp: a CPU-only LibTorch)

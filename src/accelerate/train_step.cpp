@@ -40,7 +40,7 @@ namespace {
 // Why a captured step cannot run here, or empty. Checked when the step is
 // made, so that a misconfigured run stops before its first batch.
 std::string graph_refusal(const Accelerator& accelerator, const Config& config,
-                          detail::OptimizerCore& core) {
+                          bool sharded, detail::OptimizerCore& core) {
   const CudaGraphConfig& graph = config.cuda_graph;
   if (graph.warmup_steps < 1 || graph.max_captures < 1) {
     return fmt::format("cuda_graph.warmup_steps ({}) and max_captures ({}) must be at least 1",
@@ -64,12 +64,10 @@ std::string graph_refusal(const Accelerator& accelerator, const Config& config,
         "turn cuda_graph off",
         accelerator.num_processes(), accelerator.process_group()->backend_name());
   }
-  if (config.zero.stage > 0) {
-    return fmt::format(
-        "ZeRO stage {} keeps its own flat buffers and gathers parameters on the host's "
-        "schedule, which a captured step does not replay. Set zero_optimization.stage to 0, "
-        "or turn cuda_graph off",
-        config.zero.stage);
+  if (sharded) {
+    return "ZeRO (zero_optimization.stage 1-3) keeps its own flat buffers and gathers "
+           "parameters on the host's schedule, which a captured step does not replay. Set "
+           "zero_optimization.stage to 0, or turn cuda_graph off";
   }
   const auto& wrapped = typeid(core.wrapped());
   if (wrapped != typeid(torch::optim::AdamW) && wrapped != typeid(torch::optim::Adam)) {
@@ -102,7 +100,10 @@ TrainStep::TrainStep(Accelerator& accelerator, std::shared_ptr<AcceleratedOptimi
   detail::OptimizerCore& core = detail::PreparedAccess::core(*impl_->optimizer);
   const Config& config = accelerator.config();
   if (!config.cuda_graph.enabled) return;
-  const std::string refusal = graph_refusal(accelerator, config, core);
+  // The strategy factory says whether models are sharded (their optimizers
+  // bind to them); the stage is its to read.
+  const std::string refusal =
+      graph_refusal(accelerator, config, s.strategies->binds_optimizers(), core);
   TANDEM_CHECK_ARG(refusal.empty(), "cuda_graph: {}", refusal);
   detail::GraphedStepParts parts;
   parts.optimizer = impl_->optimizer.get();
