@@ -54,8 +54,7 @@ class Preemption {
   std::vector<std::pair<int, struct sigaction>> previous_;
 };
 
-// Whether a step boundary may poll: set by the Accelerator, consulted by the
-// step controller's boundary hook.
+// The signal a preemption block's name stands for ("USR1" -> SIGUSR1).
 int signal_number(const std::string& name);
 
 }  // namespace tandem::detail

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/store_engine.h"
+#include "core/text.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -77,23 +78,7 @@ bool is_loopback_host(const std::string& host) {
   return all;
 }
 
-std::string random_store_token() {
-  unsigned char bytes[32];
-  std::size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) TANDEM_THROW(Error, "getrandom() failed: {}", std::strerror(errno));
-    got += static_cast<std::size_t>(n);
-  }
-  static const char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) {
-    token += kHex[b >> 4];
-    token += kHex[b & 15];
-  }
-  return token;
-}
+std::string random_store_token() { return detail::random_token_hex(); }
 
 StoreServer::StoreServer(const StoreServerOptions& options)
     : token_(options.token), handshake_timeout_(options.handshake_timeout) {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/text.h"
@@ -81,6 +82,24 @@ void validate(const RankEnv& env, const char* rank_var, const char* world_var) {
 
 }  // namespace
 
+std::string detail::random_token_hex() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) TANDEM_THROW(Error, "getrandom() failed: {}", std::strerror(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  return token;
+}
+
 const char* to_string(RankEnvSource source) {
   switch (source) {
     case RankEnvSource::kNone: return "none";
@@ -104,13 +123,7 @@ std::string store_token_from_file(const std::string& path) {
   };
   std::string token = read_token();
   if (!token.empty()) return token;
-  unsigned char bytes[32];
-  std::ifstream random("/dev/urandom", std::ios::binary);
-  if (!random.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
-    TANDEM_THROW(UsageError, "cannot read /dev/urandom for TANDEM_STORE_TOKEN_FILE={}", path);
-  }
-  static const char kHex[] = "0123456789abcdef";
-  for (unsigned char b : bytes) (token += kHex[b >> 4]) += kHex[b & 15];
+  token = detail::random_token_hex();
   const std::string temp = path + ".tmp" + std::to_string(::getpid());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0 || ::write(fd, (token + "\n").data(), token.size() + 1) !=

@@ -28,6 +28,10 @@ inline const std::string* find_variable(const std::map<std::string, std::string>
   return &it->second;
 }
 
+// 32 bytes from getrandom(2) as 64 hex digits: a store token
+// (random_store_token, TANDEM_STORE_TOKEN_FILE). Defined in rank_env.cpp.
+std::string random_token_hex();
+
 // "0, 1, 2": ranks for an error message, the first 16 and then
 // ", ... (N in all)", so that a message stays readable at 1000 ranks.
 inline std::string rank_list(const std::vector<int>& ranks) {
