@@ -3,6 +3,9 @@
 // files because tandem YAML shares them.
 
 #include <map>
+#include <optional>
+
+#include <torch/cuda.h>
 
 #include "config/readers.h"
 
@@ -43,8 +46,6 @@ std::vector<KeyNote> warned_top_level_keys() {
       "ignored", {"1", "1.0", "false"});
   add({"hybrid_engine"}, "is DeepSpeed's RLHF engine, which tandem does not have; ignored");
   add({"pipeline"}, "configures pipeline parallelism, which tandem does not do; ignored");
-  add({"torch_autocast"}, "is not implemented: tandem's mixed precision comes from the fp16 or "
-                          "bf16 block (or mixed_precision); ignored");
   add({"weight_quantization"}, "is not implemented: tandem trains unquantized weights; ignored");
   add({"datastates_ckpt"}, "configures DeepSpeed's DataStates checkpoint engine: tandem writes "
                           "its own checkpoints (docs/checkpoints.md); ignored");
@@ -114,6 +115,9 @@ std::optional<int64_t> read_batch_count(const Value& value) {
 struct PrecisionBlocks {
   std::string fp16_on;  // "fp16.enabled" once true
   std::string bf16_on;  // "bf16.enabled" or "bfloat16.enabled" once true
+  // torch_autocast.enabled once true, with the mode its dtype asks for.
+  std::optional<Value> autocast_on;
+  MixedPrecision autocast_mode = MixedPrecision::kNo;
 };
 
 [[noreturn]] void fail_both_enabled(const Value& v, const std::string& other) {
@@ -157,6 +161,53 @@ void read_bf16(const Value& block, Config& config, PrecisionBlocks& seen) {
     seen.bf16_on = v.path();
     config.mixed_precision = MixedPrecision::kBf16;
   });
+}
+
+// DeepSpeed's torch_autocast block: fp32 parameters, the forward pass under
+// torch.autocast in `dtype`, which is tandem's mixed_precision. Without a
+// dtype torch.autocast takes its device's default: fp16 on CUDA, bf16 on CPU.
+MixedPrecision autocast_dtype_mode(const Value& dtype) {
+  if (dtype.is_null()) {
+    return torch::cuda::is_available() ? MixedPrecision::kFp16 : MixedPrecision::kBf16;
+  }
+  // DeepSpeed's DtypeEnum spellings.
+  const std::string name = dtype.as_choice({"torch.bfloat16", "bf16", "bfloat16", "torch.float16",
+                                            "fp16", "float16", "half", "torch.float32", "fp32",
+                                            "float32", "float", "torch.int8", "int8"});
+  if (name.find("int8") != std::string::npos) {
+    dtype.fail("torch.autocast has no int8 mode", "use bfloat16 or float16");
+  }
+  if (name.find("32") != std::string::npos || name == "float") return MixedPrecision::kNo;
+  return name.find("bf") != std::string::npos ? MixedPrecision::kBf16 : MixedPrecision::kFp16;
+}
+
+void read_torch_autocast(const Value& block, PrecisionBlocks& seen) {
+  expect_map(block, "torch_autocast is a block: {\"enabled\": true, \"dtype\": \"bfloat16\"}");
+  const MixedPrecision mode = autocast_dtype_mode(block.child("dtype"));
+  for_each_key(block, deepspeed_torch_autocast_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "enabled" && v.as_bool()) {
+      seen.autocast_on = v;
+      seen.autocast_mode = mode;
+    }
+  });
+}
+
+// torch_autocast next to an fp16 or bf16 block: the same half type is one
+// mode (DeepSpeed's half-precision parameters under autocast), a different
+// one is a clash.
+void apply_torch_autocast(const PrecisionBlocks& seen, Config& config) {
+  if (!seen.autocast_on || seen.autocast_mode == MixedPrecision::kNo) return;
+  const Value& v = *seen.autocast_on;
+  const std::string dtype = to_string(seen.autocast_mode);
+  if (!seen.fp16_on.empty() && seen.autocast_mode != MixedPrecision::kFp16) {
+    v.fail("torch_autocast casts to " + dtype + " but " + seen.fp16_on + " is true",
+           "give torch_autocast.dtype float16, or turn the fp16 block off");
+  }
+  if (!seen.bf16_on.empty() && seen.autocast_mode != MixedPrecision::kBf16) {
+    v.fail("torch_autocast casts to " + dtype + " but " + seen.bf16_on + " is true",
+           "give torch_autocast.dtype bfloat16, or turn the bf16 block off");
+  }
+  config.mixed_precision = seen.autocast_mode;
 }
 
 }  // namespace
@@ -207,7 +258,7 @@ const KeyTable& deepspeed_top_level_keys() {
                                "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
                                "tensor_parallel", "sequence_parallel_size",
                                "activation_checkpointing", "zero_allow_untested_optimizer",
-                               "wall_clock_breakdown", "steps_per_print"},
+                               "wall_clock_breakdown", "steps_per_print", "torch_autocast"},
                               warned_top_level_keys(), removed_keys()};
   return table;
 }
@@ -232,6 +283,19 @@ const KeyTable& deepspeed_bf16_keys() {
                 "is not implemented: tandem keeps fp32 master weights, gradients and optimizer "
                 "state under bf16, and checks no bf16 overflow; ignored",
                 {"false"}),
+      {}};
+  return table;
+}
+
+const KeyTable& deepspeed_torch_autocast_keys() {
+  static const KeyTable table{
+      {"enabled", "dtype"},
+      {{"lower_precision_safe_modules",
+        "names the Python module classes whose gradients DeepSpeed reduces in the autocast "
+        "dtype: tandem reduces every gradient in its parameter's dtype (fp32); ignored",
+        {}, [](const Value& v) {
+          for (const Value& name : v.elements()) (void)name.as_string();
+        }}},
       {}};
   return table;
 }
@@ -265,8 +329,11 @@ void read_deepspeed_document(const Value& root, Config& config) {
       (void)v.as_bool();
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);
+    } else if (key == "torch_autocast") {
+      read_torch_autocast(v, precision);
     }
   });
+  apply_torch_autocast(precision, config);
 }
 
 Config parse_deepspeed_text(const std::string& text, const std::string& name) {

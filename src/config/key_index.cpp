@@ -30,6 +30,7 @@ std::vector<KeyLevel> key_levels() {
   add(ConfigFormat::kDeepSpeedJson, "fp16", deepspeed_fp16_keys());
   add(ConfigFormat::kDeepSpeedJson, "bf16", deepspeed_bf16_keys());
   add(ConfigFormat::kDeepSpeedJson, "bfloat16", deepspeed_bf16_keys());
+  add(ConfigFormat::kDeepSpeedJson, "torch_autocast", deepspeed_torch_autocast_keys());
   add_shared_blocks(ConfigFormat::kDeepSpeedJson, Dialect::kDeepSpeed);
 
   add(ConfigFormat::kTandemYaml, "", tandem_top_level_keys());

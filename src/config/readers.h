@@ -97,6 +97,7 @@ std::string location_of(const Config& config, const std::string& path);
 const KeyTable& deepspeed_top_level_keys();
 const KeyTable& deepspeed_fp16_keys();
 const KeyTable& deepspeed_bf16_keys();  // also under the legacy name bfloat16
+const KeyTable& deepspeed_torch_autocast_keys();
 const KeyTable& zero_optimization_keys(Dialect dialect);
 const KeyTable& offload_keys(bool optimizer);  // offload_optimizer (true) or offload_param
 const KeyTable& activation_checkpointing_keys(Dialect dialect);

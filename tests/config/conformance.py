@@ -120,6 +120,12 @@ def deepspeed_view(path_or_dict, world_size):
 
     precision = ("fp16" if config.float16_config.enabled else
                  "bf16" if config.bfloat16_config.enabled else "no")
+    if config.torch_autocast_enabled:
+        # The engine enters torch.autocast(dtype=...); no dtype is the device's
+        # default, bf16 on this CPU-only box (the blocks' clash is tandem's).
+        import torch
+        dtype = config.torch_autocast_dtype or torch.get_autocast_dtype("cpu")
+        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, precision)
     return "accept", {
         "train_batch_size": config.train_batch_size,
         "train_micro_batch_size_per_gpu": config.train_micro_batch_size_per_gpu,

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <torch/cuda.h>
+
 #include "config_testing.h"
 
 namespace tandem {
@@ -155,6 +157,37 @@ TEST(DeepSpeedJson, SgdTakesMomentumAndRefusesBetas) {
 TEST(DeepSpeedJson, LegacyBfloat16BlockEnablesBf16) {
   Config c = parse_config_text(R"({"bfloat16": {"enabled": true}})", "ds.json");
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kBf16);
+}
+
+// torch_autocast is fp32 parameters with the forward pass under autocast:
+// tandem's mixed_precision, in the block's dtype.
+TEST(DeepSpeedJson, TorchAutocastSetsMixedPrecisionFromItsDtype) {
+  auto mode = [](const std::string& block) {
+    return parse_config_text(R"({"torch_autocast": )" + block + "}", "ds.json").mixed_precision;
+  };
+  EXPECT_EQ(mode(R"({"enabled": true, "dtype": "bfloat16"})"), MixedPrecision::kBf16);
+  EXPECT_EQ(mode(R"({"enabled": true, "dtype": "torch.float16"})"), MixedPrecision::kFp16);
+  EXPECT_EQ(mode(R"({"enabled": true, "dtype": "fp32"})"), MixedPrecision::kNo);
+  EXPECT_EQ(mode(R"({"enabled": false, "dtype": "bf16"})"), MixedPrecision::kNo);
+  // No dtype: torch.autocast's default for the device (bf16 on a CPU-only box).
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(mode(R"({"enabled": true})"), MixedPrecision::kBf16);
+  }
+  Config with_block = parse_config_text(
+      R"({"bf16": {"enabled": true}, "torch_autocast": {"enabled": true, "dtype": "bf16",
+          "lower_precision_safe_modules": ["torch.nn.modules.linear.Linear"]}})", "ds.json");
+  EXPECT_EQ(with_block.mixed_precision, MixedPrecision::kBf16);
+  ASSERT_EQ(with_block.warnings.size(), 1u);
+  EXPECT_TRUE(contains(with_block.warnings[0], "lower_precision_safe_modules"));
+  EXPECT_TRUE(contains(parse_error(R"({"torch_autocast": {"enabled": true, "dtype": "fp16"},
+                                      "bf16": {"enabled": true}})", "ds.json"),
+                       "torch_autocast casts to fp16 but bf16.enabled is true"));
+  EXPECT_TRUE(contains(parse_error(R"({"torch_autocast": {"enabled": true, "dtype": "int8"}})",
+                                   "ds.json"),
+                       "torch.autocast has no int8 mode"));
+  EXPECT_TRUE(contains(parse_error(R"({"torch_autocast": {"enabled": true, "dtype": "fp8"}})",
+                                   "ds.json"),
+                       "torch_autocast.dtype"));
 }
 
 TEST(DeepSpeedJson, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {

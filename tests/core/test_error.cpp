@@ -18,6 +18,25 @@ TEST(Error, CheckMessageCarriesRankAndCallSite) {
   clear_thread_rank_label();
 }
 
+TEST(Error, UserFacingErrorsCarryNoCallSite) {
+  set_thread_rank_label(0, 2);
+  auto message_of = [](auto thrower) {
+    try {
+      thrower();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("did not throw");
+  };
+  EXPECT_EQ(message_of([] { TANDEM_CHECK_ARG(false, "batch size {} is odd", 3); }),
+            "[rank 0/2] batch size 3 is odd");
+  EXPECT_EQ(message_of([] { TANDEM_THROW(CheckpointError, "ckpt/meta.json is truncated"); }),
+            "[rank 0/2] ckpt/meta.json is truncated");
+  EXPECT_NE(message_of([] { TANDEM_THROW(CommError, "peer closed"); }).find("(test_error.cpp:"),
+            std::string::npos);
+  clear_thread_rank_label();
+}
+
 TEST(Error, CheckEqPrintsBothValues) {
   int expected = 3;
   int got = 4;

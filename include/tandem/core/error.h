@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -46,19 +47,28 @@ class TimeoutError : public CommError {
 
 namespace detail {
 
-// Builds "[rank r/N] <message> (file:line)". Thread-safe.
+// Builds "[rank r/N] <message> (file:line)", or without " (file:line)"
+// when `file` is null. Thread-safe.
 std::string decorate_error(const std::string& message, const char* file, int line);
+
+// True for the errors a user fixes from the message alone (bad input, a bad
+// file): their messages carry no source location, which would only be noise.
+template <typename E>
+inline constexpr bool kUserFacingError =
+    std::is_base_of_v<UsageError, E> || std::is_base_of_v<CheckpointError, E>;
 
 template <typename E, typename... Args>
 [[noreturn]] void throw_error(const char* file, int line, fmt::format_string<Args...> format,
                               Args&&... args) {
-  throw E(decorate_error(fmt::format(format, std::forward<Args>(args)...), file, line));
+  throw E(decorate_error(fmt::format(format, std::forward<Args>(args)...),
+                         kUserFacingError<E> ? nullptr : file, line));
 }
 
 }  // namespace detail
 }  // namespace tandem
 
-// Throws ErrorType with a formatted message, the rank and the call site.
+// Throws ErrorType with a formatted message, the rank and (for internal
+// errors, not UsageError or CheckpointError) the call site.
 #define TANDEM_THROW(ErrorType, ...) \
   ::tandem::detail::throw_error<ErrorType>(__FILE__, __LINE__, __VA_ARGS__)
 
