@@ -33,6 +33,18 @@ std::string cache_root(const ConfigEnv& env) {
   return "";
 }
 
+// TANDEM_OFFLOAD_*_DEVICE: none or cpu (accelerate's nvme is not offered).
+std::optional<OffloadDevice> offload_variable(const VarMap& vars, const char* name) {
+  const std::string* text = find_variable(vars, name);
+  if (text == nullptr) return std::nullopt;
+  if (*text == "none") return OffloadDevice::kNone;
+  if (*text == "cpu") return OffloadDevice::kCpu;
+  TANDEM_THROW(UsageError,
+               "environment variable {}='{}' is not valid; set it to none or cpu (tandem "
+               "offloads to CPU memory only), or unset it",
+               name, *text);
+}
+
 }  // namespace
 
 ConfigEnv ConfigEnv::from_map(const VarMap& vars) {
@@ -72,14 +84,38 @@ ConfigEnv ConfigEnv::from_map(const VarMap& vars) {
     }
     env.seed = seed;
   }
+  if (const std::string* text = find_variable(vars, "TANDEM_ZERO_STAGE")) {
+    std::optional<int64_t> stage = config_detail::parse_integer_text(*text);
+    if (!stage || *stage < 0 || *stage > 3) {
+      TANDEM_THROW(UsageError,
+                   "environment variable TANDEM_ZERO_STAGE='{}' is not a ZeRO stage; set it to "
+                   "0, 1, 2 or 3, or unset it",
+                   *text);
+    }
+    env.zero_stage = static_cast<int>(*stage);
+  }
+  env.offload_optimizer = offload_variable(vars, "TANDEM_OFFLOAD_OPTIMIZER_DEVICE");
+  env.offload_param = offload_variable(vars, "TANDEM_OFFLOAD_PARAM_DEVICE");
+  if (const std::string* text = find_variable(vars, "TANDEM_GRADIENT_CLIPPING")) {
+    std::optional<double> norm = config_detail::parse_double_text(*text);
+    if (!norm || !(*norm >= 0) || *norm == std::numeric_limits<double>::infinity()) {
+      TANDEM_THROW(UsageError,
+                   "environment variable TANDEM_GRADIENT_CLIPPING='{}' is not a max gradient "
+                   "norm; set it to 0 (no clipping) or a positive number, or unset it",
+                   *text);
+    }
+    env.gradient_clipping = norm;
+  }
   return env;
 }
 
 ConfigEnv ConfigEnv::from_environment() {
   VarMap vars;
-  for (const char* name : {"TANDEM_CONFIG_FILE", "TANDEM_MIXED_PRECISION",
-                           "TANDEM_GRADIENT_ACCUMULATION_STEPS", "TANDEM_SEED", "XDG_CACHE_HOME",
-                           "HOME", "HF_HOME"}) {
+  for (const char* name :
+       {"TANDEM_CONFIG_FILE", "TANDEM_MIXED_PRECISION", "TANDEM_GRADIENT_ACCUMULATION_STEPS",
+        "TANDEM_SEED", "TANDEM_ZERO_STAGE", "TANDEM_OFFLOAD_OPTIMIZER_DEVICE",
+        "TANDEM_OFFLOAD_PARAM_DEVICE", "TANDEM_GRADIENT_CLIPPING", "XDG_CACHE_HOME", "HOME",
+        "HF_HOME"}) {
     if (const char* value = std::getenv(name)) vars[name] = value;
   }
   return from_map(vars);

@@ -180,6 +180,16 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
     origin.accumulation = "TANDEM_GRADIENT_ACCUMULATION_STEPS";
   }
   if (env.seed) config.seed = env.seed;
+  if (env.zero_stage) {
+    config.zero.stage = *env.zero_stage;
+    // accelerate launch --use_deepspeed / --zero_stage: a DeepSpeed job.
+    if (config.distributed_type != DistributedType::kFsdp) {
+      config.distributed_type = DistributedType::kDeepSpeed;
+    }
+  }
+  if (env.offload_optimizer) config.zero.offload_optimizer = *env.offload_optimizer;
+  if (env.offload_param) config.zero.offload_param = *env.offload_param;
+  if (env.gradient_clipping) config.gradient_clipping = *env.gradient_clipping;
 
   if (overrides.mixed_precision) config.mixed_precision = *overrides.mixed_precision;
   if (overrides.gradient_accumulation_steps) {

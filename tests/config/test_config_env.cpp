@@ -55,6 +55,35 @@ TEST(ConfigEnv, MalformedValuesNameTheVariable) {
                        "TANDEM_SEED='42x'"));
 }
 
+// What `tandem launch --zero_stage/--offload_*_device/--gradient_clipping`
+// exports: read, checked, and above the file in resolve_config.
+TEST(ConfigEnv, LaunchFlagVariablesBeatTheFile) {
+  ConfigEnv env = ConfigEnv::from_map({{"TANDEM_ZERO_STAGE", "3"},
+                                       {"TANDEM_OFFLOAD_OPTIMIZER_DEVICE", "cpu"},
+                                       {"TANDEM_OFFLOAD_PARAM_DEVICE", "none"},
+                                       {"TANDEM_GRADIENT_CLIPPING", "0.5"}});
+  Config file;
+  file.zero.stage = 1;
+  file.zero.offload_param = OffloadDevice::kCpu;
+  file.gradient_clipping = 1.0;
+  const Config r = resolve_config(file, env, {}, 2);
+  EXPECT_EQ(r.zero.stage, 3);
+  EXPECT_EQ(r.distributed_type, DistributedType::kDeepSpeed);
+  EXPECT_EQ(r.zero.offload_optimizer, OffloadDevice::kCpu);
+  EXPECT_EQ(r.zero.offload_param, OffloadDevice::kNone);
+  EXPECT_EQ(r.gradient_clipping, 0.5);
+  EXPECT_TRUE(contains(usage_error([] { ConfigEnv::from_map({{"TANDEM_ZERO_STAGE", "4"}}); }),
+                       "TANDEM_ZERO_STAGE='4' is not a ZeRO stage"));
+  EXPECT_TRUE(contains(usage_error([] {
+                         ConfigEnv::from_map({{"TANDEM_OFFLOAD_PARAM_DEVICE", "nvme"}});
+                       }),
+                       "TANDEM_OFFLOAD_PARAM_DEVICE='nvme' is not valid; set it to none or cpu"));
+  EXPECT_TRUE(contains(usage_error([] {
+                         ConfigEnv::from_map({{"TANDEM_GRADIENT_CLIPPING", "-1"}});
+                       }),
+                       "TANDEM_GRADIENT_CLIPPING='-1'"));
+}
+
 TEST(ConfigEnv, AccumulationStepsAcceptExponentForm) {
   EXPECT_EQ(ConfigEnv::from_map({{"TANDEM_GRADIENT_ACCUMULATION_STEPS", "1e1"}})
                 .gradient_accumulation_steps,

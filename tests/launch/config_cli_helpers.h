@@ -19,8 +19,9 @@ inline std::vector<std::string> tandem_in(const std::string& home, std::vector<s
                                           const std::vector<std::string>& vars = {}) {
   std::vector<std::string> argv = {"env"};
   for (const char* name : {"TANDEM_CONFIG_FILE", "TANDEM_MIXED_PRECISION",
-                           "TANDEM_GRADIENT_ACCUMULATION_STEPS", "TANDEM_SEED", "XDG_CACHE_HOME",
-                           "HF_HOME"}) {
+                           "TANDEM_GRADIENT_ACCUMULATION_STEPS", "TANDEM_SEED", "TANDEM_ZERO_STAGE",
+                           "TANDEM_OFFLOAD_OPTIMIZER_DEVICE", "TANDEM_OFFLOAD_PARAM_DEVICE",
+                           "TANDEM_GRADIENT_CLIPPING", "XDG_CACHE_HOME", "HF_HOME"}) {
     argv.insert(argv.end(), {"-u", name});
   }
   argv.push_back("HOME=" + home);

@@ -6,7 +6,10 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
+
 #include "launch/config_cli_helpers.h"
+#include "launch/cpu_affinity.h"
 #include "launch/launch_options.h"
 #include "tandem/core/error.h"
 
@@ -279,6 +282,70 @@ TEST(LaunchConfigMerge, AGpuConfigWithoutACountRunsOneProcessPerGpu) {
   auto flag = parse({"--nproc-per-node", "3", "prog"});
   cli::apply_launch_config(gpu, 4, flag);
   EXPECT_EQ(flag.nproc_per_node, 3);
+}
+
+// The launch lines of torchrun, accelerate launch and deepspeed that a port
+// brings along.
+TEST(LaunchFlags, TorchrunAccelerateAndDeepSpeedSpellingsMeanWhatTheyDoThere) {
+  const int cpus = static_cast<int>(cli::allowed_cpus().size());
+  EXPECT_EQ(parse({"--nproc-per-node", "cpu", "prog"}).nproc_per_node, cpus);
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(parse({"--nproc_per_node=auto", "prog"}).nproc_per_node, cpus);
+    EXPECT_THROW(parse({"--nproc-per-node", "gpu", "prog"}), UsageError);
+  }
+  EXPECT_THROW(parse({"--nproc-per-node", "many", "prog"}), UsageError);
+
+  auto module = parse({"-m", "pkg.train", "--lr", "1"});
+  EXPECT_TRUE(module.module);
+  EXPECT_EQ(module.program, (std::vector<std::string>{"pkg.train", "--lr", "1"}));
+  EXPECT_TRUE(parse({"--module", "pkg.train"}).module);  // deepspeed's spelling
+  auto both = parse({"--no_python", "-m", "pkg.train"});
+  EXPECT_THROW(cli::validate_launch_options(both), UsageError);
+  auto run_path = parse({"--run_path", "train.py"});
+  EXPECT_TRUE(run_path.run_path);
+  cli::validate_launch_options(run_path);
+
+  auto filtered = parse({"--nproc-per-node", "3", "--local_ranks_filter=0,2", "prog"});
+  EXPECT_EQ(filtered.local_ranks_filter, (std::vector<int>{0, 2}));
+  cli::validate_launch_options(filtered);
+  auto beyond = parse({"--nproc-per-node", "2", "--local-ranks-filter", "2", "prog"});
+  EXPECT_THROW(cli::validate_launch_options(beyond), UsageError);
+  EXPECT_THROW(parse({"--local-ranks-filter", "0,x", "prog"}), UsageError);
+
+  // accelerate launch --use_deepspeed: ZeRO stage 2 unless --zero_stage says.
+  EXPECT_EQ(parse({"--use_deepspeed", "prog"}).zero_stage, 2);
+  auto stage3 = parse({"--use_deepspeed", "--zero_stage", "3", "--offload_param_device", "cpu",
+                       "--gradient_clipping", "0.5", "--gradient_accumulation_steps", "4",
+                       "prog"});
+  EXPECT_EQ(stage3.zero_stage, 3);
+  EXPECT_EQ(stage3.offload_param_device, "cpu");
+  EXPECT_EQ(stage3.gradient_clipping, 0.5);
+  EXPECT_EQ(stage3.gradient_accumulation_steps, 4);
+  EXPECT_THROW(parse({"--offload_param_device", "nvme", "prog"}), UsageError);
+  auto bad_stage = parse({"--zero_stage", "4", "prog"});
+  EXPECT_THROW(cli::validate_launch_options(bad_stage), UsageError);
+  EXPECT_EQ(parse({"--deepspeed_config_file", "ds.json", "prog"}).config_file, "ds.json");
+
+  // --gpu_ids: the visible GPUs and, without a count, one process per id;
+  // a config's num_processes still counts.
+  auto gpus = parse({"--gpu_ids", "1,3", "prog"});
+  EXPECT_EQ(gpus.visible_devices, "1,3");
+  EXPECT_EQ(gpus.nproc_per_node, 2);
+  Config counted;
+  counted.num_processes = 1;
+  counted.gpu_ids = "0,1,2,3";
+  cli::apply_launch_config(counted, 4, gpus);
+  EXPECT_EQ(gpus.visible_devices, "1,3") << "the flag beats the file's gpu_ids";
+  EXPECT_EQ(gpus.nproc_per_node, 1);
+  EXPECT_TRUE(parse({"--gpu_ids", "all", "prog"}).visible_devices.empty());
+
+  // deepspeed's core binding and --no_local_rank (tandem never passes one).
+  auto bound = parse({"--bind_cores_to_rank", "--bind_core_list", "0,2-3", "--no_local_rank",
+                      "prog"});
+  EXPECT_TRUE(bound.cpu_affinity);
+  EXPECT_EQ(bound.bind_core_list, (std::vector<int>{0, 2, 3}));
+  auto unbound = parse({"--bind_core_list", "0-1", "prog"});
+  EXPECT_THROW(cli::validate_launch_options(unbound), UsageError);
 }
 
 TEST(LaunchConfigMerge, UnevenProcessesNameTheFile) {

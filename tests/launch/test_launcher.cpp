@@ -48,6 +48,42 @@ TEST(Launch, SetsTheTorchrunEnvironmentContract) {
   EXPECT_NE(r.out.find("1,1,2,2,0,127.0.0.1,True,0,1\n"), std::string::npos) << r.out;
 }
 
+// torchrun's --local-ranks-filter: the console shows only the named local
+// ranks; --log-dir still keeps every rank's output.
+TEST(Launch, LocalRanksFilterShowsOnlyTheNamedRanks) {
+  TempDir logs;
+  auto r = run_process(launch({"--nproc-per-node", "3", "--local-ranks-filter", "0,2",
+                               "--log-dir", logs.path(), "/bin/sh", "-c",
+                               "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2"}),
+                       30);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank0]: out 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank2]: out 2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("out 1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("err 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("err 2"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(logs.path() + "/attempt_0/rank_1/stdout.log"), "out 1\n");
+}
+
+// accelerate launch's training flags reach the workers as TANDEM_*
+// variables (which resolve_config reads); deepspeed's --bind_cores_to_rank
+// pins each worker and sets OMP_NUM_THREADS to its share.
+TEST(Launch, AccelerateTrainingFlagsAndCoreBindingReachTheWorkers) {
+  auto r = run_process(
+      launch({"--nproc-per-node", "2", "--no-prefix", "--use_deepspeed", "--zero_stage", "3",
+              "--offload_optimizer_device", "cpu", "--gradient_clipping", "0.5",
+              "--gradient_accumulation_steps", "2", "--bind_cores_to_rank", "--bind_core_list",
+              "0", "/bin/sh", "-c",
+              "echo $LOCAL_RANK $TANDEM_ZERO_STAGE $TANDEM_OFFLOAD_OPTIMIZER_DEVICE "
+              "$TANDEM_GRADIENT_CLIPPING $TANDEM_GRADIENT_ACCUMULATION_STEPS $OMP_NUM_THREADS "
+              "$(grep Cpus_allowed_list /proc/self/status | tr -d '\t ')"}),
+      30);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // One CPU for two workers: each gets it (cpu_share wraps), one thread each.
+  EXPECT_NE(r.out.find("0 3 cpu 0.5 2 1 Cpus_allowed_list:0\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 3 cpu 0.5 2 1 Cpus_allowed_list:0\n"), std::string::npos) << r.out;
+}
+
 TEST(Launch, FourRanksAllReduce) {
   auto r = run_process(launch({"--nproc-per-node", "4", "--standalone", worker(), "allreduce"}), 60);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <string>
 #include <vector>
 
@@ -60,6 +62,29 @@ TEST(PythonUnderLaunch, ARestartedGroupRendezvousesAgainWithAFreshStore) {
     const std::string line = "attempt 1 rank " + std::to_string(rank) + " sum 6.0";
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   }
+}
+
+// -m runs PROGRAM as a module, --run-path an executable file under Python,
+// each as torchrun does; PYTHON_EXEC names the interpreter.
+TEST(PythonUnderLaunch, ModuleAndRunPathRunUnderPython) {
+  testing::TempDir dir;
+  testing::write_text(dir.path() + "/rankmod.py",
+                      "import os, sys\nprint('module', os.environ['RANK'], sys.argv[1:])\n");
+  const std::string exe = dir.path() + "/exe.py";
+  testing::write_text(exe, "import os\nprint('run_path', os.environ['RANK'])\n");
+  ::chmod(exe.c_str(), 0755);  // no #! line: run directly, it would fail
+  auto with_env = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {"env", "PYTHONPATH=" + dir.path(),
+                                     std::string("PYTHON_EXEC=") + TANDEM_PEER_PYTHON};
+    for (auto& a : launch(std::move(args))) argv.push_back(a);
+    return run_process(argv, 120);
+  };
+  auto module = with_env({"--nproc-per-node", "2", "-m", "rankmod", "--lr", "1"});
+  ASSERT_EQ(module.exit_code, 0) << module.out << module.err;
+  EXPECT_NE(module.out.find("module 1 ['--lr', '1']"), std::string::npos) << module.out;
+  auto run_path = with_env({"--nproc-per-node", "2", "--run-path", exe});
+  ASSERT_EQ(run_path.exit_code, 0) << run_path.out << run_path.err;
+  EXPECT_NE(run_path.out.find("run_path 1"), std::string::npos) << run_path.out;
 }
 
 }  // namespace python_programs_test

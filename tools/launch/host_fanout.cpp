@@ -97,6 +97,39 @@ std::map<std::string, std::string> forwarded_environment() {
   return env;
 }
 
+// How each host runs PROGRAM and what its workers are told, as given here.
+void append_program_flags(const LaunchOptions& opts, std::vector<std::string>& args) {
+  auto list = [](const std::vector<int>& numbers) {
+    std::string text;
+    for (int n : numbers) text += (text.empty() ? "" : ",") + std::to_string(n);
+    return text;
+  };
+  if (opts.no_python) args.emplace_back("--no-python");
+  if (opts.module) args.emplace_back("--module");
+  if (opts.run_path) args.emplace_back("--run-path");
+  if (!opts.local_ranks_filter.empty()) {
+    args.insert(args.end(), {"--local-ranks-filter", list(opts.local_ranks_filter)});
+  }
+  if (opts.bind_cores_to_rank) args.emplace_back("--bind-cores-to-rank");
+  if (!opts.bind_core_list.empty()) {
+    args.insert(args.end(), {"--bind-core-list", list(opts.bind_core_list)});
+  }
+  if (opts.zero_stage) args.insert(args.end(), {"--zero-stage", std::to_string(*opts.zero_stage)});
+  if (!opts.offload_optimizer_device.empty()) {
+    args.insert(args.end(), {"--offload-optimizer-device", opts.offload_optimizer_device});
+  }
+  if (!opts.offload_param_device.empty()) {
+    args.insert(args.end(), {"--offload-param-device", opts.offload_param_device});
+  }
+  if (opts.gradient_accumulation_steps) {
+    args.insert(args.end(), {"--gradient-accumulation-steps",
+                             std::to_string(*opts.gradient_accumulation_steps)});
+  }
+  if (opts.gradient_clipping) {
+    args.insert(args.end(), {"--gradient-clipping", fmt::format("{}", *opts.gradient_clipping)});
+  }
+}
+
 // The command each host's shell runs: its launcher, for node `node`.
 std::string remote_command(const LaunchOptions& opts, const std::vector<SelectedHost>& hosts,
                            size_t node, const std::string& master, const std::string& self,
@@ -116,6 +149,7 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
                              "--redirects", std::to_string(opts.redirects)});
   }
   if (!opts.prefix_output) args.emplace_back("--no-prefix");
+  append_program_flags(opts, args);
   args.emplace_back("--");
   args.insert(args.end(), opts.program.begin(), opts.program.end());
   std::string command = "cd " + quote(cwd) + " && exec";

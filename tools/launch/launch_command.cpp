@@ -170,6 +170,33 @@ int report_failure(const GroupResult& result, const LaunchOptions& opts,
   return 1;
 }
 
+ConfigEnv workers_config_env(const LaunchOptions& opts) {
+  ConfigEnv env = ConfigEnv::from_environment();
+  if (opts.zero_stage) env.zero_stage = opts.zero_stage;
+  auto device = [](const std::string& name) {
+    return name == "cpu" ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  };
+  if (!opts.offload_optimizer_device.empty()) {
+    env.offload_optimizer = device(opts.offload_optimizer_device);
+  }
+  if (!opts.offload_param_device.empty()) env.offload_param = device(opts.offload_param_device);
+  if (opts.gradient_accumulation_steps) {
+    env.gradient_accumulation_steps = opts.gradient_accumulation_steps;
+  }
+  if (opts.gradient_clipping) env.gradient_clipping = opts.gradient_clipping;
+  return env;
+}
+
+// Whether PROGRAM runs under Python: -m and --run-path say so; otherwise a
+// .py file without the execute bit does (torchrun runs every script under
+// its Python; an executable one keeps its own #! line here).
+bool run_under_python(const LaunchOptions& opts) {
+  if (opts.module || opts.run_path) return true;
+  const std::string& exe = opts.program[0];
+  return !opts.no_python && exe.size() > 3 && exe.compare(exe.size() - 3, 3, ".py") == 0 &&
+         ::access(exe.c_str(), F_OK) == 0 && ::access(exe.c_str(), X_OK) != 0;
+}
+
 }  // namespace
 
 int run_launch_command(int argc, char** argv) {
@@ -186,7 +213,9 @@ int run_launch_command(int argc, char** argv) {
       !told.empty()) {
     std::fprintf(stderr, "%s\n", told.c_str());
   }
-  const ConfigEnv config_env = ConfigEnv::from_environment();
+  // What the workers will read: the environment, with the flags the launcher
+  // exports on top (make_workers).
+  const ConfigEnv config_env = workers_config_env(opts);
   opts.config_file = choose_config_file(opts, config_env);
   std::optional<Config> config;
   if (!opts.config_file.empty()) {
@@ -201,10 +230,14 @@ int run_launch_command(int argc, char** argv) {
     opts.base_accumulation = *config->gradient_accumulation_steps;
   }
   if (!opts.hostfile.empty()) return run_hostfile_launch(opts);  // the head: no worker here
-  if (const std::string& exe = opts.program[0];
-      !opts.no_python && exe.size() > 3 && exe.compare(exe.size() - 3, 3, ".py") == 0 &&
-      ::access(exe.c_str(), F_OK) == 0 && ::access(exe.c_str(), X_OK) != 0) {
-    opts.program.insert(opts.program.begin(), "python3");  // torchrun's `python -u SCRIPT`
+  const bool runs_under_python = run_under_python(opts);
+  if (runs_under_python) {
+    // torchrun's `python -u [-m] PROGRAM`, with its PYTHON_EXEC.
+    const char* exec = std::getenv("PYTHON_EXEC");
+    std::vector<std::string> interpreter{exec != nullptr && *exec != '\0' ? exec : "python3",
+                                         "-u"};
+    if (opts.module) interpreter.push_back("-m");
+    opts.program.insert(opts.program.begin(), interpreter.begin(), interpreter.end());
   }
   TANDEM_CHECK_ARG(is_executable(opts.program[0]),
                    "program '{}' was not found or is not executable; give a path such as "
@@ -246,7 +279,7 @@ int run_launch_command(int argc, char** argv) {
                  "nodes meeting at the store (--rdzv-backend c10d) look at it, and how often a "
                  "--hostfile head probes the hosts an elastic job runs without\n");
   }
-  const bool python = is_python_program(opts.program);
+  const bool python = runs_under_python || is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;
   auto host_store = [&] {
     StoreServerOptions store_options;

@@ -6,6 +6,9 @@
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
+
+#include "launch/cpu_affinity.h"
 
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
@@ -23,7 +26,10 @@ const std::set<std::string> kValueOptions = {
     // accelerate launch's and the deepspeed launcher's spellings
     "--num-processes",  "--num-machines",  "--num-nodes",    "--num-gpus",
     "--machine-rank",   "--main-process-ip", "--main-process-port", "--hostfile",
-    "--launcher",       "--launcher-args",   "--ssh-port"};
+    "--launcher",       "--launcher-args",   "--ssh-port",     "--local-ranks-filter",
+    "--gpu-ids",        "--zero-stage",      "--offload-optimizer-device",
+    "--offload-param-device", "--gradient-accumulation-steps", "--gradient-clipping",
+    "--bind-core-list", "--deepspeed-config-file"};
 
 // "--nproc_per_node=4" -> "--nproc-per-node=4": underscores only in the name.
 std::string normalize(const std::string& arg) {
@@ -116,6 +122,64 @@ int parse_nnodes(const std::string& text, int* min_nodes) {
   return high;
 }
 
+// "0,2" (--local-ranks-filter) or, with ranges, "1,3-5,7" (--bind_core_list):
+// the numbers, each >= 0, in the order given.
+std::vector<int> parse_number_list(const std::string& text, const std::string& flag,
+                                   bool ranges) {
+  std::vector<int> numbers;
+  std::stringstream items(text);
+  std::string item;
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int value = -1;
+    try {
+      value = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TANDEM_CHECK_ARG(!part.empty() && used == part.size() && value >= 0,
+                     "{} '{}': '{}' is not a number >= 0; write {}", flag, text, part,
+                     ranges ? "a list such as 0,2-5,7" : "a list such as 0,1,2");
+    return value;
+  };
+  while (std::getline(items, item, ',')) {
+    const auto dash = ranges ? item.find('-') : std::string::npos;
+    if (dash == std::string::npos) {
+      numbers.push_back(number(item));
+      continue;
+    }
+    const int low = number(item.substr(0, dash));
+    const int high = number(item.substr(dash + 1));
+    TANDEM_CHECK_ARG(low <= high, "{} '{}': the range {} runs backwards", flag, text, item);
+    for (int n = low; n <= high; ++n) numbers.push_back(n);
+  }
+  TANDEM_CHECK_ARG(!numbers.empty(), "{} is empty; give at least one number", flag);
+  return numbers;
+}
+
+// torchrun's --nproc-per-node: a number, or auto (the GPUs, else the CPUs
+// this process may use), gpu (the GPUs; an error without one) or cpu.
+int parse_nproc_per_node(const std::string& text) {
+  if (text == "cpu") return static_cast<int>(allowed_cpus().size());
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (text == "gpu") {
+    TANDEM_CHECK_ARG(gpus > 0, "--nproc-per-node gpu: this machine has no CUDA GPU; give a "
+                               "number, cpu or auto");
+    return gpus;
+  }
+  if (text == "auto") return gpus > 0 ? gpus : static_cast<int>(allowed_cpus().size());
+  size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TANDEM_CHECK_ARG(used == text.size() && !text.empty(),
+                   "--nproc-per-node '{}' is not a number of processes, auto, gpu or cpu", text);
+  return value;
+}
+
 }  // namespace
 
 void validate_launch_options(LaunchOptions& opts) {
@@ -135,6 +199,29 @@ void validate_launch_options(LaunchOptions& opts) {
                        (opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600),
                    "--monitor-interval must be between 0 and 3600 seconds, got {}",
                    opts.monitor_interval_s);
+  TANDEM_CHECK_ARG(!(opts.module && opts.no_python),
+                   "--module runs PROGRAM as `python -m PROGRAM`, and --no-python runs it "
+                   "without Python; give one of them");
+  TANDEM_CHECK_ARG(!(opts.run_path && (opts.no_python || opts.module)),
+                   "--run-path runs PROGRAM as a Python file; drop --no-python and --module");
+  for (int local : opts.local_ranks_filter) {
+    TANDEM_CHECK_ARG(local < opts.nproc_per_node,
+                     "--local-ranks-filter names local rank {}, but this node runs {} "
+                     "processes (local ranks 0..{})",
+                     local, opts.nproc_per_node, opts.nproc_per_node - 1);
+  }
+  TANDEM_CHECK_ARG(!opts.zero_stage || (*opts.zero_stage >= 0 && *opts.zero_stage <= 3),
+                   "--zero_stage {} is not a ZeRO stage; give 0, 1, 2 or 3", *opts.zero_stage);
+  TANDEM_CHECK_ARG(!opts.gradient_accumulation_steps || *opts.gradient_accumulation_steps >= 1,
+                   "--gradient_accumulation_steps must be at least 1, got {}",
+                   *opts.gradient_accumulation_steps);
+  TANDEM_CHECK_ARG(!opts.gradient_clipping || *opts.gradient_clipping >= 0,
+                   "--gradient_clipping must be 0 (none) or a positive max norm, got {}",
+                   *opts.gradient_clipping);
+  TANDEM_CHECK_ARG(!opts.gpu_ids_given || (opts.include.empty() && opts.exclude.empty()),
+                   "--gpu_ids and --include/--exclude both choose this node's GPUs; keep one");
+  TANDEM_CHECK_ARG(opts.bind_core_list.empty() || opts.bind_cores_to_rank,
+                   "--bind_core_list goes with --bind_cores_to_rank, which it restricts");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
                    "--grace-period must be between 0 and 600 seconds");
   TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty() || rendezvous_at_store(opts),
@@ -162,6 +249,9 @@ void validate_launch_options(LaunchOptions& opts) {
                      "--standalone, --node-rank/--machine-rank and --rdzv-backend");
     TANDEM_CHECK_ARG(opts.master_port > 0,
                      "--hostfile needs a fixed --master-port that every host knows, not 0");
+    TANDEM_CHECK_ARG(!opts.gpu_ids_given,
+                     "--gpu_ids goes with one machine: with --hostfile, each host's slots "
+                     "(and --include/--exclude) choose its GPUs");
     TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
                      "--ssh-port {} is out of range", opts.ssh_port);
   } else {
@@ -233,8 +323,10 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   // PyTorchJob sets PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT, ... per
   // pod); a flag beats it.
   // Each with the names accelerate launch and the deepspeed launcher give it.
-  app.add_option("--nproc-per-node,--num-gpus", opts.nproc_per_node,
-                 "processes on this node (deepspeed: --num_gpus)")
+  std::string nproc_per_node;
+  app.add_option("--nproc-per-node,--num-gpus", nproc_per_node,
+                 "processes on this node: a number, or auto (one per GPU, else per CPU), gpu "
+                 "or cpu (deepspeed: --num_gpus)")
       ->each([&](const std::string&) { opts.nproc_given = true; })
       ->envname("PET_NPROC_PER_NODE");
   std::optional<int> total_processes;
@@ -314,6 +406,49 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_flag("--no-python", opts.no_python,
                "run PROGRAM as given; without it a .py file that is not executable runs under "
                "python3, as torchrun runs scripts under its Python");
+  app.add_flag("-m,--module", opts.module,
+               "PROGRAM is a Python module, run as `python -m PROGRAM` (torchrun's and "
+               "accelerate's -m, deepspeed's --module); $PYTHON_EXEC names the interpreter");
+  app.add_flag("--run-path", opts.run_path,
+               "PROGRAM is a Python file: run it under Python even when it is executable");
+  std::string local_ranks_filter;
+  app.add_option("--local-ranks-filter", local_ranks_filter,
+                 "only these local ranks' output reaches the console, e.g. 0 or 0,2; "
+                 "--log-dir still keeps every rank's");
+  bool no_local_rank = false;
+  app.add_flag("--no-local-rank", no_local_rank,
+               "deepspeed's: do not pass --local_rank=N to PROGRAM; tandem never does "
+               "(LOCAL_RANK is in the environment)");
+  std::string bind_core_list;
+  app.add_flag("--bind-cores-to-rank", opts.bind_cores_to_rank,
+               "deepspeed's: pin each local worker to its own contiguous share of the CPUs, "
+               "with OMP_NUM_THREADS set to the share's size");
+  app.add_option("--bind-core-list", bind_core_list,
+                 "the CPUs --bind-cores-to-rank shares out, e.g. 0-15 or 0,2,4-7 (default: "
+                 "those the launcher may run on)");
+  app.add_option("--gpu-ids", opts.visible_devices,
+                 "accelerate's: GPUs to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES for every worker; "
+                 "without a process count, one process per id)")
+      ->each([&](const std::string&) { opts.gpu_ids_given = true; });
+  bool use_deepspeed = false;
+  app.add_flag("--use-deepspeed", use_deepspeed,
+               "accelerate's: train with ZeRO (stage 2 unless --zero_stage or the config says)");
+  app.add_option("--zero-stage", opts.zero_stage,
+                 "accelerate's: ZeRO stage 0-3, exported as TANDEM_ZERO_STAGE (beats the config)");
+  app.add_option("--offload-optimizer-device", opts.offload_optimizer_device,
+                 "accelerate's: none or cpu, exported as TANDEM_OFFLOAD_OPTIMIZER_DEVICE")
+      ->check(CLI::IsMember({"none", "cpu"}));
+  app.add_option("--offload-param-device", opts.offload_param_device,
+                 "accelerate's: none or cpu (stage 3), exported as TANDEM_OFFLOAD_PARAM_DEVICE")
+      ->check(CLI::IsMember({"none", "cpu"}));
+  app.add_option("--gradient-accumulation-steps", opts.gradient_accumulation_steps,
+                 "accelerate's: exported as TANDEM_GRADIENT_ACCUMULATION_STEPS");
+  app.add_option("--gradient-clipping", opts.gradient_clipping,
+                 "accelerate's: max gradient norm (0: none), exported as "
+                 "TANDEM_GRADIENT_CLIPPING");
+  std::string deepspeed_config_file;
+  app.add_option("--deepspeed-config-file", deepspeed_config_file,
+                 "accelerate's: a DeepSpeed JSON, used as --config-file");
   std::string mixed_precision;
   app.add_option("--config-file", opts.config_file,
                  "tandem/Accelerate YAML or DeepSpeed JSON config; flags win over it (default: "
@@ -334,6 +469,30 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;
+  if (!nproc_per_node.empty()) opts.nproc_per_node = parse_nproc_per_node(nproc_per_node);
+  if (!local_ranks_filter.empty()) {
+    opts.local_ranks_filter =
+        parse_number_list(local_ranks_filter, "--local-ranks-filter", /*ranges=*/false);
+  }
+  if (!bind_core_list.empty()) {
+    opts.bind_core_list = parse_number_list(bind_core_list, "--bind-core-list", /*ranges=*/true);
+  }
+  if (opts.bind_cores_to_rank) opts.cpu_affinity = true;
+  if (opts.gpu_ids_given) {
+    if (opts.visible_devices == "all") opts.visible_devices.clear();
+    // Without a count (flag or config), one process per listed GPU.
+    if (!opts.visible_devices.empty() && !opts.nproc_given) {
+      opts.nproc_per_node = 1 + static_cast<int>(std::count(opts.visible_devices.begin(),
+                                                            opts.visible_devices.end(), ','));
+    }
+  }
+  if (!deepspeed_config_file.empty()) {
+    TANDEM_CHECK_ARG(opts.config_file.empty(),
+                     "--deepspeed_config_file and --config-file both given; keep one");
+    opts.config_file = deepspeed_config_file;
+  }
+  // --use_deepspeed alone means Accelerate's default, ZeRO stage 2.
+  if (use_deepspeed && !opts.zero_stage && deepspeed_config_file.empty()) opts.zero_stage = 2;
   if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes, &opts.min_nodes);
   if (total_processes) {
     TANDEM_CHECK_ARG(!opts.nproc_given,
@@ -364,7 +523,7 @@ std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) 
 }
 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
-  opts.cpu_affinity = config.enable_cpu_affinity;
+  opts.cpu_affinity = opts.cpu_affinity || config.enable_cpu_affinity;
   opts.debug_detail = config.debug;
   if (opts.hostfile.empty() && !config.deepspeed_hostfile.empty()) {
     const std::string& how = config.deepspeed_multinode_launcher;
@@ -430,8 +589,12 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
                      config.source_path, total, opts.nnodes, opts.nnodes);
     opts.nproc_per_node = total / opts.nnodes;
   }
-  const bool listed = !config.gpu_ids.empty() && config.gpu_ids != "all";
-  if (!filtered && listed) opts.visible_devices = config.gpu_ids;
+  // --gpu_ids beats the file's gpu_ids.
+  const std::string gpu_ids =
+      opts.gpu_ids_given ? (opts.visible_devices.empty() ? "all" : opts.visible_devices)
+                         : config.gpu_ids;
+  const bool listed = !gpu_ids.empty() && gpu_ids != "all";
+  if (!filtered && listed && !opts.gpu_ids_given) opts.visible_devices = config.gpu_ids;
   // A GPU config without a count (or `num_processes: auto`) runs one
   // process per GPU of this node, as `accelerate launch` and `deepspeed` do.
   const bool gpu_job = config.distributed_type == DistributedType::kMultiGpu ||
@@ -440,7 +603,7 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
                         !config.use_cpu);
   if (!opts.nproc_given && !filtered && !config.num_processes && gpu_job) {
     int gpus = local_gpus;
-    if (listed) gpus = 1 + static_cast<int>(std::count(config.gpu_ids.begin(), config.gpu_ids.end(), ','));
+    if (listed) gpus = 1 + static_cast<int>(std::count(gpu_ids.begin(), gpu_ids.end(), ','));
     opts.nproc_per_node = std::max(1, gpus);
   }
 }

@@ -28,6 +28,14 @@ struct LaunchOptions {
   // --no-python: run PROGRAM itself; without it a .py file without the
   // execute bit runs as `python3 FILE` (torchrun runs it under its Python).
   bool no_python = false;
+  // -m/--module (torchrun, accelerate; deepspeed's --module): PROGRAM is a
+  // Python module, run as `python -m PROGRAM`. --run-path (torchrun): PROGRAM
+  // is a Python file, run under Python even when it is executable.
+  bool module = false;
+  bool run_path = false;
+  // --local-ranks-filter 0,2: only these local ranks' output reaches the
+  // console; every rank's log files are still written. Empty: all ranks.
+  std::vector<int> local_ranks_filter;
   std::string include;  // DeepSpeed host filter, e.g. "host:0,1@host2:2"
   std::string exclude;
   double grace_period_s = 3.0;  // SIGTERM -> SIGKILL
@@ -73,12 +81,27 @@ struct LaunchOptions {
   bool rdzv_backend_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
   std::optional<MixedPrecision> mixed_precision;  // --mixed-precision
-  // The config's gpu_ids: CUDA_VISIBLE_DEVICES for every worker. Empty:
-  // left as it is.
+  // The config's gpu_ids, or accelerate's --gpu_ids (which beats it):
+  // CUDA_VISIBLE_DEVICES for every worker. Empty: left as it is.
   std::string visible_devices;
+  bool gpu_ids_given = false;
   // The config's enable_cpu_affinity: each local worker pinned to its own
   // share of the launcher's CPUs (cpu_affinity.h).
   bool cpu_affinity = false;
+  // deepspeed's --bind_cores_to_rank: cpu_affinity, over --bind_core_list's
+  // CPUs when given (else the launcher's), with OMP_NUM_THREADS set to each
+  // worker's share of them.
+  bool bind_cores_to_rank = false;
+  std::vector<int> bind_core_list;
+  // Training settings given as accelerate launch flags (--use_deepspeed,
+  // --zero_stage, --offload_*_device, --gradient_accumulation_steps,
+  // --gradient_clipping): exported to the workers as TANDEM_* variables,
+  // which beat the config file (docs/config.md, "Environment").
+  std::optional<int> zero_stage;
+  std::string offload_optimizer_device;  // "none" or "cpu"; empty: not given
+  std::string offload_param_device;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<double> gradient_clipping;
   // The config's debug: TANDEM_DEBUG=DETAIL for every worker (unless the
   // launcher's environment sets TANDEM_DEBUG itself).
   bool debug_detail = false;

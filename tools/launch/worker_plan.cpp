@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +51,7 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     if (eq != std::string::npos) base[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   const int local_world = static_cast<int>(plan.layout.slots.size());
-  if (local_world > 1 && !base.count("OMP_NUM_THREADS")) {
+  if (local_world > 1 && !base.count("OMP_NUM_THREADS") && !opts.bind_cores_to_rank) {
     // torchrun's rule: N processes each with all cores' threads oversubscribe.
     if (attempt == 0) std::fprintf(stderr,
                  "tandem launch: setting OMP_NUM_THREADS=1 for each of the %d workers; set it "
@@ -61,7 +62,10 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
   std::string visible;
   for (int slot : plan.layout.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
 
-  const std::vector<int> launcher_cpus = opts.cpu_affinity ? allowed_cpus() : std::vector<int>{};
+  const std::vector<int> launcher_cpus =
+      !opts.bind_core_list.empty() ? opts.bind_core_list
+      : opts.cpu_affinity          ? allowed_cpus()
+                                   : std::vector<int>{};
   std::vector<WorkerSpec> workers;
   for (int local = 0; local < local_world; ++local) {
     auto env = base;
@@ -96,6 +100,20 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
       env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*plan.accumulation);
     }
     if (opts.mixed_precision) env["TANDEM_MIXED_PRECISION"] = to_string(*opts.mixed_precision);
+    // accelerate launch's training flags, read back through ConfigEnv.
+    if (opts.zero_stage) env["TANDEM_ZERO_STAGE"] = std::to_string(*opts.zero_stage);
+    if (!opts.offload_optimizer_device.empty()) {
+      env["TANDEM_OFFLOAD_OPTIMIZER_DEVICE"] = opts.offload_optimizer_device;
+    }
+    if (!opts.offload_param_device.empty()) {
+      env["TANDEM_OFFLOAD_PARAM_DEVICE"] = opts.offload_param_device;
+    }
+    if (opts.gradient_accumulation_steps && !plan.accumulation) {
+      env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*opts.gradient_accumulation_steps);
+    }
+    if (opts.gradient_clipping) {
+      env["TANDEM_GRADIENT_CLIPPING"] = fmt::format("{}", *opts.gradient_clipping);
+    }
     // Accelerate's debug: the fingerprint of every collective is checked.
     if (opts.debug_detail && !base.count("TANDEM_DEBUG")) env["TANDEM_DEBUG"] = "DETAIL";
 
@@ -103,6 +121,8 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     spec.global_rank = rank;
     spec.local_rank = local;
     if (opts.cpu_affinity) spec.cpus = cpu_share(launcher_cpus, local, local_world);
+    // deepspeed's --bind_cores_to_rank: one OpenMP thread per pinned CPU.
+    if (opts.bind_cores_to_rank) env["OMP_NUM_THREADS"] = std::to_string(spec.cpus.size());
     for (const auto& [k, v] : env) spec.env.push_back(k + "=" + v);
     if (!opts.log_dir.empty()) {
       const bool out_file = (opts.tee | opts.redirects) & 1;
@@ -111,6 +131,13 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
       if (err_file) spec.stderr_sink.file_path = rank_dir + "/stderr.log";
       spec.stdout_sink.to_console = !(opts.redirects & 1);
       spec.stderr_sink.to_console = !(opts.redirects & 2);
+    }
+    // --local-ranks-filter: the others write their files only, as torchrun's.
+    if (!opts.local_ranks_filter.empty() &&
+        std::find(opts.local_ranks_filter.begin(), opts.local_ranks_filter.end(), local) ==
+            opts.local_ranks_filter.end()) {
+      spec.stdout_sink.to_console = false;
+      spec.stderr_sink.to_console = false;
     }
     workers.push_back(std::move(spec));
   }

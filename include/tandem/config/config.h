@@ -296,6 +296,13 @@ struct ConfigEnv {
   std::optional<MixedPrecision> mixed_precision;       // TANDEM_MIXED_PRECISION
   std::optional<int64_t> gradient_accumulation_steps;  // TANDEM_GRADIENT_ACCUMULATION_STEPS
   std::optional<uint64_t> seed;                        // TANDEM_SEED
+  // accelerate launch's --zero_stage, --offload_optimizer_device,
+  // --offload_param_device and --gradient_clipping, as `tandem launch`
+  // exports them.
+  std::optional<int> zero_stage;                        // TANDEM_ZERO_STAGE (0-3)
+  std::optional<OffloadDevice> offload_optimizer;       // TANDEM_OFFLOAD_OPTIMIZER_DEVICE
+  std::optional<OffloadDevice> offload_param;           // TANDEM_OFFLOAD_PARAM_DEVICE
+  std::optional<double> gradient_clipping;              // TANDEM_GRADIENT_CLIPPING (>= 0)
   std::string xdg_cache_home;                          // XDG_CACHE_HOME
   std::string home;                                    // HOME
   std::string hf_home;                                 // HF_HOME (Accelerate's cache root)
