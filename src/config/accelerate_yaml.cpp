@@ -78,13 +78,18 @@ bool yaml11_boolean(const Value& v) {
 }
 
 // distributed_type as Accelerate's loader takes it: DistributedType(value),
-// so the exact capitals, and NO in quotes.
-DistributedType read_accelerate_distributed_type(const Value& v) {
+// so the exact capitals. An unquoted NO reaches `accelerate launch` as the
+// boolean false, which matches none of its types, so it runs the file as NO
+// (one process, the simple launcher); tandem does the same, and says so.
+DistributedType read_accelerate_distributed_type(const Value& v, Config& config) {
   if (yaml11_boolean(v) && (v.node().Scalar() == "NO" || v.node().Scalar() == "No" ||
                             v.node().Scalar() == "no")) {
-    v.fail("an unquoted " + v.node().Scalar() + " is the boolean false in YAML 1.1, which "
-               "Accelerate's loader (PyYAML) follows, so `accelerate launch` refuses this file",
-           "write it in quotes, distributed_type: 'NO', as `accelerate config` does");
+    config.warnings.push_back(fmt::format(
+        "{}: distributed_type: an unquoted {} is the boolean false in YAML 1.1 (PyYAML, "
+        "Accelerate's loader), which `accelerate launch` runs as NO; read as NO. Write it in "
+        "quotes, distributed_type: 'NO', as `accelerate config` does",
+        v.where(), v.node().Scalar()));
+    return DistributedType::kNo;
   }
   DistributedType type = read_distributed_type(v);
   const std::string canonical = to_string(type);
@@ -311,7 +316,7 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
       v.as_choice({"LOCAL_MACHINE"});
     } else if (key == "distributed_type") {
       type_value = v;
-      config.distributed_type = read_accelerate_distributed_type(v);
+      config.distributed_type = read_accelerate_distributed_type(v, config);
     } else if (key == "deepspeed_config") {
       section = v;
     } else if (key == "fp16") {

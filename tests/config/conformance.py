@@ -552,7 +552,10 @@ def accelerate_view(path):
         # accelerate launch: PrecisionType(args.mixed_precision.lower()).
         precision = config.mixed_precision if config.mixed_precision is not None else "no"
         precision = PrecisionType(precision.lower()).value
-        kind = DistributedType(config.distributed_type).value
+        # A bare NO loads as False; launch_command matches it against no
+        # type and takes the simple launcher, as for NO.
+        kind = ("NO" if config.distributed_type is False
+                else DistributedType(config.distributed_type).value)
         # The launcher runs one process for NO whatever num_processes says;
         # -1 is ClusterConfig's "not set" (the launch must pass a count).
         processes = 1 if kind == "NO" else (None if config.num_processes == -1

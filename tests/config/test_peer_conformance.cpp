@@ -92,13 +92,17 @@ TEST(PeerConformance, QuotedNumberIsToldToLoseTheQuotesEvenWhereTheFixIsSpecific
                        "integer 1..65535, got \"29500\"; write it without quotes"));
 }
 
-// Accelerate: DistributedType(value) after PyYAML, which reads a bare NO as False.
-TEST(PeerConformance, AccelerateDistributedTypeIsQuotedNoOrTheExactCapitals) {
-  EXPECT_TRUE(contains(load_error("accelerate_no_unquoted.yaml"),
+// Accelerate: DistributedType(value) after PyYAML, which reads a bare NO as
+// False; `accelerate launch` then matches no type and runs the file as NO.
+TEST(PeerConformance, AccelerateDistributedTypeIsNoOrTheExactCapitals) {
+  const Config bare = load_config_file(testing::config_data("accelerate_no_unquoted.yaml"));
+  EXPECT_EQ(bare.distributed_type, DistributedType::kNo);
+  ASSERT_EQ(bare.warnings.size(), 1u);
+  EXPECT_TRUE(contains(bare.warnings[0],
                        "accelerate_no_unquoted.yaml:3:19: distributed_type: an unquoted NO is "
-                       "the boolean false in YAML 1.1, which Accelerate's loader (PyYAML) "
-                       "follows, so `accelerate launch` refuses this file; write it in quotes, "
-                       "distributed_type: 'NO', as `accelerate config` does"));
+                       "the boolean false in YAML 1.1 (PyYAML, Accelerate's loader), which "
+                       "`accelerate launch` runs as NO; read as NO"))
+      << bare.warnings[0];
   EXPECT_TRUE(contains(load_error("accelerate_lowercase_type.yaml"),
                        "accelerate_lowercase_type.yaml:2:19: distributed_type: Accelerate's "
                        "loader takes only the exact name, in capitals; write MULTI_GPU"));

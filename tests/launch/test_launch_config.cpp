@@ -312,8 +312,16 @@ TEST(LaunchFlags, TorchrunAccelerateAndDeepSpeedSpellingsMeanWhatTheyDoThere) {
   EXPECT_THROW(cli::validate_launch_options(beyond), UsageError);
   EXPECT_THROW(parse({"--local-ranks-filter", "0,x", "prog"}), UsageError);
 
-  // accelerate launch --use_deepspeed: ZeRO stage 2 unless --zero_stage says.
-  EXPECT_EQ(parse({"--use_deepspeed", "prog"}).zero_stage, 2);
+  // accelerate launch --use_deepspeed: ZeRO stage 2 unless --zero_stage or
+  // the config says.
+  auto deepspeed = parse({"--use_deepspeed", "prog"});
+  cli::default_zero_stage(nullptr, deepspeed);
+  EXPECT_EQ(deepspeed.zero_stage, 2);
+  Config stage3_file;
+  stage3_file.zero.stage = 3;
+  auto from_file = parse({"--use_deepspeed", "prog"});
+  cli::default_zero_stage(&stage3_file, from_file);
+  EXPECT_FALSE(from_file.zero_stage.has_value()) << "the file's stage stands";
   auto stage3 = parse({"--use_deepspeed", "--zero_stage", "3", "--offload_param_device", "cpu",
                        "--gradient_clipping", "0.5", "--gradient_accumulation_steps", "4",
                        "prog"});

@@ -114,6 +114,8 @@ void append_program_flags(const LaunchOptions& opts, std::vector<std::string>& a
   if (!opts.bind_core_list.empty()) {
     args.insert(args.end(), {"--bind-core-list", list(opts.bind_core_list)});
   }
+  if (opts.use_deepspeed) args.emplace_back("--use-deepspeed");
+  if (opts.multi_gpu) args.emplace_back("--multi-gpu");
   if (opts.zero_stage) args.insert(args.end(), {"--zero-stage", std::to_string(*opts.zero_stage)});
   if (!opts.offload_optimizer_device.empty()) {
     args.insert(args.end(), {"--offload-optimizer-device", opts.offload_optimizer_device});

@@ -24,6 +24,7 @@
 
 #include "tandem/comm/c10d_store_host.h"
 #include "tandem/comm/store_server.h"
+#include "launch/accelerate_env.h"
 #include "launch/elastic_node.h"
 #include "launch/failure_report.h"
 #include "launch/host_fanout.h"
@@ -215,13 +216,18 @@ int run_launch_command(int argc, char** argv) {
   }
   // What the workers will read: the environment, with the flags the launcher
   // exports on top (make_workers).
-  const ConfigEnv config_env = workers_config_env(opts);
+  ConfigEnv config_env = workers_config_env(opts);
   opts.config_file = choose_config_file(opts, config_env);
   std::optional<Config> config;
   if (!opts.config_file.empty()) {
     config = load_config_file(opts.config_file);
     apply_launch_config(*config, static_cast<int>(torch::cuda::device_count()), opts);
   }
+  // What accelerate launch would tell a Python script, from the flags as given.
+  opts.accelerate_env = accelerate_worker_env(
+      config && config->format == ConfigFormat::kAccelerateYaml ? opts.config_file : "", opts);
+  default_zero_stage(config ? &*config : nullptr, opts);
+  if (opts.zero_stage) config_env.zero_stage = opts.zero_stage;
   validate_launch_options(opts);
   // --keep-global-batch keeps the first attempt's accumulation x world.
   if (config_env.gradient_accumulation_steps) {

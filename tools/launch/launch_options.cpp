@@ -350,8 +350,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                  "rendezvous port on node 0; 0 picks a free one (accelerate: --main_process_port)")
       ->each([&](const std::string&) { opts.master_port_given = true; })
       ->envname("PET_MASTER_PORT");
-  bool multi_gpu = false;
-  app.add_flag("--multi-gpu", multi_gpu,
+  app.add_flag("--multi-gpu", opts.multi_gpu,
                "accelerate's spelling: one process per slot, as tandem launch always runs");
   app.add_option("--hostfile", opts.hostfile,
                  "DeepSpeed hostfile ('HOST slots=N' lines): start every host's launcher from "
@@ -430,8 +429,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                  "accelerate's: GPUs to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES for every worker; "
                  "without a process count, one process per id)")
       ->each([&](const std::string&) { opts.gpu_ids_given = true; });
-  bool use_deepspeed = false;
-  app.add_flag("--use-deepspeed", use_deepspeed,
+  app.add_flag("--use-deepspeed", opts.use_deepspeed,
                "accelerate's: train with ZeRO (stage 2 unless --zero_stage or the config says)");
   app.add_option("--zero-stage", opts.zero_stage,
                  "accelerate's: ZeRO stage 0-3, exported as TANDEM_ZERO_STAGE (beats the config)");
@@ -446,8 +444,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--gradient-clipping", opts.gradient_clipping,
                  "accelerate's: max gradient norm (0: none), exported as "
                  "TANDEM_GRADIENT_CLIPPING");
-  std::string deepspeed_config_file;
-  app.add_option("--deepspeed-config-file", deepspeed_config_file,
+  app.add_option("--deepspeed-config-file", opts.deepspeed_config_file,
                  "accelerate's: a DeepSpeed JSON, used as --config-file");
   std::string mixed_precision;
   app.add_option("--config-file", opts.config_file,
@@ -486,13 +483,11 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
                                                             opts.visible_devices.end(), ','));
     }
   }
-  if (!deepspeed_config_file.empty()) {
+  if (!opts.deepspeed_config_file.empty()) {
     TANDEM_CHECK_ARG(opts.config_file.empty(),
                      "--deepspeed_config_file and --config-file both given; keep one");
-    opts.config_file = deepspeed_config_file;
+    opts.config_file = opts.deepspeed_config_file;
   }
-  // --use_deepspeed alone means Accelerate's default, ZeRO stage 2.
-  if (use_deepspeed && !opts.zero_stage && deepspeed_config_file.empty()) opts.zero_stage = 2;
   if (!nnodes.empty()) opts.nnodes = parse_nnodes(nnodes, &opts.min_nodes);
   if (total_processes) {
     TANDEM_CHECK_ARG(!opts.nproc_given,
@@ -606,6 +601,11 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     if (listed) gpus = 1 + static_cast<int>(std::count(gpu_ids.begin(), gpu_ids.end(), ','));
     opts.nproc_per_node = std::max(1, gpus);
   }
+}
+
+void default_zero_stage(const Config* config, LaunchOptions& opts) {
+  if (!opts.use_deepspeed || opts.zero_stage) return;
+  if (config == nullptr || config->zero.stage == 0) opts.zero_stage = 2;
 }
 
 bool rendezvous_at_store(const LaunchOptions& opts) {

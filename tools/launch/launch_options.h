@@ -3,6 +3,7 @@
 // config file fills the ones no flag gave.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,9 @@ struct LaunchOptions {
   // --zero_stage, --offload_*_device, --gradient_accumulation_steps,
   // --gradient_clipping): exported to the workers as TANDEM_* variables,
   // which beat the config file (docs/config.md, "Environment").
+  bool use_deepspeed = false;
+  bool multi_gpu = false;  // accelerate's --multi_gpu (tandem runs one process per slot anyway)
+  std::string deepspeed_config_file;  // accelerate's --deepspeed_config_file, also the config file
   std::optional<int> zero_stage;
   std::string offload_optimizer_device;  // "none" or "cpu"; empty: not given
   std::string offload_param_device;
@@ -105,6 +109,9 @@ struct LaunchOptions {
   // The config's debug: TANDEM_DEBUG=DETAIL for every worker (unless the
   // launcher's environment sets TANDEM_DEBUG itself).
   bool debug_detail = false;
+  // What `accelerate launch` would export for this config and these flags
+  // (accelerate_env.h): set for every worker.
+  std::map<std::string, std::string> accelerate_env;
 };
 
 // --monitor-interval when given, else `default_s` (the mode's default).
@@ -139,6 +146,10 @@ bool rendezvous_at_store(const LaunchOptions& opts);
 // Throws UsageError, naming the file, when num_processes does not split
 // evenly over the machines.
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts);
+
+// accelerate launch --use_deepspeed without --zero_stage: the config's
+// stage when it gives one, else Accelerate's default, 2.
+void default_zero_stage(const Config* config, LaunchOptions& opts);
 
 // Checks that the settings fit together (a program, ranks in range, ...)
 // and applies --standalone and --log-dir's implied --tee. Throws UsageError.

@@ -100,6 +100,8 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
       env["TANDEM_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(*plan.accumulation);
     }
     if (opts.mixed_precision) env["TANDEM_MIXED_PRECISION"] = to_string(*opts.mixed_precision);
+    // A Python script on HF Accelerate sees what accelerate launch sets.
+    for (const auto& [name, value] : opts.accelerate_env) env[name] = value;
     // accelerate launch's training flags, read back through ConfigEnv.
     if (opts.zero_stage) env["TANDEM_ZERO_STAGE"] = std::to_string(*opts.zero_stage);
     if (!opts.offload_optimizer_device.empty()) {
