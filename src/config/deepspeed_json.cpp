@@ -67,6 +67,9 @@ std::vector<KeyNote> warned_top_level_keys() {
       "false is not implemented: the Accelerator manages gradient accumulation; ignored",
       {"true"}, check_bool);
   add({"vocabulary_size"}, "only feeds DeepSpeed's tensor-core alignment warning; ignored");
+  add({"data_parallel_size"}, "is DeepSpeed's data-parallel size next to "
+                              "sequence_parallel_size: tandem's is the world size; ignored",
+      {}, check_whole(1));
   add({"zero_force_ds_cpu_optimizer"},
       "is not implemented: with offload tandem always steps its own CPU Adam; ignored",
       {"true"});
@@ -103,6 +106,11 @@ std::vector<KeyNote> removed_keys() {
     notes.push_back({name, "DeepSpeed has removed this feature, and current DeepSpeed refuses a "
                            "config that still has the key (deepspeedai/DeepSpeed#8489); " + fix});
   }
+  // DeepSpeed reads it only beside the old `"zero_optimization": true`,
+  // which tandem refuses too.
+  notes.push_back({"allgather_size",
+                   "belongs to the old \"zero_optimization\": true form; write "
+                   "\"zero_optimization\": {\"stage\": 1, \"allgather_bucket_size\": N}"});
   return notes;
 }
 

@@ -75,30 +75,62 @@ const std::vector<std::string>& optimizer_types() {
 }
 
 const KeyTable& optimizer_params_keys(const std::string& type) {
-  const std::string clip = "is not implemented: clip with gradient_clipping (the config's "
-                           "top level) instead; ignored";
   // torch.optim's implementation switches, which DeepSpeed passes through.
   const std::string implementation =
       "picks torch.optim's implementation: tandem steps prepared Adam/AdamW with PyTorch's fused "
       "kernels on CUDA and its own loop on the CPU; ignored";
+  // torch.optim's maximize: gradient ascent, which tandem's optimizers do not
+  // do; false is the default, true would train the wrong objective.
+  const KeyNote maximize{"maximize", "false is torch.optim's default", {"false"},
+                         [](const Value& v) {
+                           if (v.as_bool()) {
+                             v.fail("gradient ascent is not implemented: tandem's optimizers "
+                                    "minimize",
+                                    "remove it, or negate the loss");
+                           }
+                         }};
+  const KeyNote differentiable{"differentiable",
+                               "is not implemented: tandem's optimizer steps are not "
+                               "differentiated through; ignored",
+                               {"false"}};
+  // DeepSpeed refuses it ("max_grad_norm is not supported as an optimizer
+  // parameter") rather than clip twice.
+  const std::vector<KeyNote> refused = {
+      {"max_grad_norm", "DeepSpeed refuses it as an optimizer parameter; clip with "
+                        "gradient_clipping at the config's top level instead"}};
   static const KeyTable adam_params{
       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
       {{"amsgrad", "is not implemented: tandem's Adam keeps no max of the second moments; "
                    "ignored", {"false"}},
        {"bias_correction", "is not implemented: tandem's Adam always corrects the moments' "
                            "bias; ignored", {"true"}},
-       {"max_grad_norm", clip, {"0", "0.0", "null"}},
        {"fused", implementation, {"null"}},
-       {"foreach", implementation, {"null"}}},
-      {}};
+       {"foreach", implementation, {"null"}},
+       maximize,
+       differentiable,
+       {"decoupled_weight_decay", "false is torch.optim.Adam's default", {"false"},
+        [](const Value& v) {
+          if (v.as_bool()) {
+            v.fail("true turns torch's Adam into AdamW, which tandem spells as the type",
+                   "write \"type\": \"AdamW\" and remove decoupled_weight_decay");
+          }
+        }},
+       {"capturable", "is torch.optim's CUDA-graph switch: tandem captures whole steps with "
+                      "cuda_graph (docs/cuda_graphs.md) instead; ignored", {"false"}},
+       {"fp32_optimizer_states", "false is not implemented: tandem keeps fp32 optimizer "
+                                 "state; ignored", {"true"}},
+       {"set_grad_none", "false is not implemented: tandem's zero_grad sets gradients to "
+                         "None; ignored", {"true"}}},
+      refused};
   static const KeyTable sgd_params{
       {"lr", "momentum", "weight_decay"},
       {{"nesterov", "is not implemented: tandem's SGD uses plain momentum; ignored", {"false"}},
        {"dampening", "is not implemented: tandem's SGD has no dampening; ignored", {"0", "0.0"}},
-       {"max_grad_norm", clip, {"0", "0.0", "null"}},
        {"fused", implementation, {"null"}},
-       {"foreach", implementation, {"null"}}},
-      {}};
+       {"foreach", implementation, {"null"}},
+       maximize,
+       differentiable},
+      refused};
   return type == "SGD" ? sgd_params : adam_params;
 }
 

@@ -113,6 +113,10 @@ def deepspeed_view(path_or_dict, world_size):
         raise RuntimeError(f"DeepSpeedConfig took world size {config.world_size}, not "
                            f"{world_size}: its module no longer asks `dist` for it; update "
                            f"FixedWorld")
+    # deepspeed.initialize's engine refuses it before training
+    # (DeepSpeedEngine._configure_basic_optimizer), after the config parsed.
+    if "max_grad_norm" in (config.optimizer_params or {}):
+        return "reject", "ValueError: 'max_grad_norm' is not supported as an optimizer parameter"
     zero = config.zero_config
 
     def device(offload):

@@ -89,11 +89,6 @@ EXTENSIONS = {
     # DeepSpeed JSON it is a DeepSpeed key). tandem warns that it is ignored.
     ("accelerate_yaml", "deepspeed_config.seq_parallel_communication_data_type"):
         "in HF's Ulysses guide; Accelerate drops it silently, tandem warns",
-    # DeepSpeed's engine raises a ValueError at deepspeed.initialize for it
-    # (use gradient_clipping); HF-derived configs still carry it, and tandem
-    # warns and points to gradient_clipping instead of failing the run.
-    ("deepspeed_json", "optimizer.params.max_grad_norm"):
-        "DeepSpeed refuses it at initialize; tandem warns and ignores it",
 }
 
 # A key in a probe block that no reader knows: it carries the probed path to

@@ -219,6 +219,30 @@ TEST(DeepSpeedJson, ReadsDeepSpeed0198KeysAndRefusesWhatItCannotDo) {
       "is not a key of offload_param"));
 }
 
+// torch.optim's switches DeepSpeed passes through: quiet at their defaults,
+// refused where ignoring them would train something else.
+TEST(DeepSpeedJson, TorchOptimizerSwitchesAreQuietAtDefaultsAndRefusedOtherwise) {
+  Config c = parse_config_text(
+      R"({"optimizer": {"type": "AdamW", "params": {"maximize": false, "capturable": false,
+          "differentiable": false, "fp32_optimizer_states": true, "set_grad_none": true,
+          "decoupled_weight_decay": false}}})", "ds.json");
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings[0];
+  EXPECT_TRUE(contains(parse_error(R"({"optimizer": {"type": "SGD", "params": {"maximize": true}}})",
+                                   "ds.json"),
+                       "gradient ascent is not implemented"));
+  EXPECT_TRUE(contains(
+      parse_error(R"({"optimizer": {"type": "Adam", "params": {"decoupled_weight_decay": true}}})",
+                  "ds.json"),
+      "write \"type\": \"AdamW\""));
+  EXPECT_TRUE(contains(
+      parse_error(R"({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})", "ds.json"),
+      "optimizer.params.max_grad_norm: DeepSpeed refuses it"));
+  EXPECT_TRUE(contains(parse_error(R"({"allgather_size": 500000000})", "ds.json"),
+                       "allgather_bucket_size"));
+  EXPECT_EQ(warned_keys(parse_config_text(R"({"data_parallel_size": 2})", "ds.json")),
+            (std::vector<std::string>{"data_parallel_size"}));
+}
+
 TEST(DeepSpeedJson, LastBatchIterationMinusOneIsAcceptedSilently) {
   Config c = parse_config_text(
       R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1}}})",
