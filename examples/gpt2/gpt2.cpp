@@ -245,9 +245,12 @@ int train(const Args& args) {
   accelerator.prepare_model(model);
   auto optimizer = accelerator.prepare_optimizer(adamw);
   const int64_t total_steps = args.warmup_measure + args.max_steps;
+  // A prepared scheduler steps once per process per optimizer step, as
+  // under HF Accelerate: a schedule in optimizer steps is scaled by it.
+  const int64_t processes = accelerator.num_processes();
   tandem::WarmupCosineLROptions schedule;
-  schedule.total_num_steps = total_steps;
-  schedule.warmup_num_steps = std::max<int64_t>(1, args.warmup_steps);
+  schedule.total_num_steps = total_steps * processes;
+  schedule.warmup_num_steps = std::max<int64_t>(1, args.warmup_steps) * processes;
   schedule.warmup_type = tandem::WarmupType::kLinear;
   schedule.cos_min_ratio = 0.1;
   auto scheduler = accelerator.prepare_scheduler(

@@ -220,9 +220,13 @@ int main(int argc, char** argv) {
   loader_options.seed = args.seed;
   auto [optimizer, loader] =
       accelerator.prepare(model, adamw, {train.inputs, train.targets}, loader_options);
+  // As under HF Accelerate, a prepared scheduler steps once per process per
+  // optimizer step (AcceleratorOptions::split_batches makes it once), so a
+  // schedule in optimizer steps is scaled by the process count.
+  const int64_t processes = accelerator.num_processes();
   tandem::WarmupCosineLROptions schedule;
-  schedule.total_num_steps = args.max_steps;
-  schedule.warmup_num_steps = std::max<int64_t>(1, args.warmup_steps);
+  schedule.total_num_steps = args.max_steps * processes;
+  schedule.warmup_num_steps = std::max<int64_t>(1, args.warmup_steps) * processes;
   schedule.warmup_type = tandem::WarmupType::kLinear;
   schedule.cos_min_ratio = 0.1;
   auto scheduler = accelerator.prepare_scheduler(

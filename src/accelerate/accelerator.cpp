@@ -28,7 +28,10 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
       env(std::move(env_in)),
       group(std::move(group_in)),
       local_rank(local_rank_in),
-      local_world_size(local_world_size_in) {
+      local_world_size(local_world_size_in),
+      split_batches(options.split_batches),
+      dispatch_batches(options.dispatch_batches),
+      step_scheduler_with_optimizer(options.step_scheduler_with_optimizer) {
   detail::Trackers::Settings tracking;
   tracking.log_with = options.log_with;
   tracking.project_dir = options.project_dir;
@@ -76,7 +79,8 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   if (config.seed) torch::manual_seed(*config.seed);
   trackers->start_timer(config, device);
   data = std::make_unique<detail::DataPreparation>(
-      group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); });
+      group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); },
+      detail::DataPreparation::Sharding{split_batches, dispatch_batches.value_or(false)});
   checkpointer = std::make_unique<detail::Checkpointer>(group, config, scaler, prepared, *data);
   if (config.preemption.enabled) {
     preemption = std::make_unique<detail::Preemption>(config.preemption, group);

@@ -47,6 +47,11 @@ struct Accelerator::Impl {
     return prepared.index_of(model, caller);
   }
   bool main_process() const { return group->rank() == 0; }
+  // A prepared scheduler's wrapped steps per optimizer step (SchedulerCore).
+  int64_t scheduler_steps_per_optimizer_step() const {
+    if (!step_scheduler_with_optimizer) return 0;
+    return split_batches ? 1 : group->world_size();
+  }
   // Join (accelerator_join.cpp): the shadow-step gradient hooks over every
   // prepared model, and this micro-step's loss weight W / K (K ranks with
   // data), installing the hooks at the first joined backward.
@@ -60,6 +65,10 @@ struct Accelerator::Impl {
   std::shared_ptr<ProcessGroup> group;
   int local_rank = 0;
   int local_world_size = 1;
+  // AcceleratorOptions' Accelerate data and scheduler settings.
+  bool split_batches = false;
+  std::optional<bool> dispatch_batches;
+  bool step_scheduler_with_optimizer = true;
   c10::Device device = c10::Device(c10::kCPU);
   std::shared_ptr<LossScaler> scaler;
   std::unique_ptr<detail::Trackers> trackers;

@@ -232,12 +232,16 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer_from_config
 
 namespace {
 
+// As Accelerate's AcceleratedScheduler: with the optimizer, num_processes
+// wrapped steps per optimizer step unless split_batches (a schedule written
+// for one process then ends at the same fraction of the data).
 std::shared_ptr<detail::SchedulerCore> scheduler_core(
     std::shared_ptr<AcceleratedOptimizer> optimizer,
-    std::shared_ptr<const detail::StepController> controller) {
+    std::shared_ptr<const detail::StepController> controller, int64_t steps_per_optimizer_step) {
   auto core = std::make_shared<detail::SchedulerCore>();
   core->optimizer = std::move(optimizer);
   core->controller = std::move(controller);
+  core->steps_per_optimizer_step = steps_per_optimizer_step;
   return core;
 }
 
@@ -261,7 +265,8 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
   if (optimizer == nullptr && !s.prepared.optimizers().empty()) {
     optimizer = s.prepared.optimizers().front();
   }
-  auto core = scheduler_core(optimizer, s.prepared.controller());
+  auto core = scheduler_core(optimizer, s.prepared.controller(),
+                             s.scheduler_steps_per_optimizer_step());
   LRScheduler* raw = scheduler.get();
   core->owned = std::move(scheduler);
   core->step_fn = [raw] { raw->step(); };
@@ -291,7 +296,8 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
                      "Accelerator::prepare_scheduler: the optimizer given was not prepared by "
                      "this Accelerator");
   }
-  auto core = scheduler_core(std::move(optimizer), s.prepared.controller());
+  auto core = scheduler_core(std::move(optimizer), s.prepared.controller(),
+                             s.scheduler_steps_per_optimizer_step());
   torch::optim::LRScheduler* raw = scheduler.get();
   core->owned = std::move(scheduler);
   core->step_fn = [raw] { raw->step(); };
@@ -313,7 +319,11 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config
   const double lr = groups.front().options().get_lr();
   std::map<std::string, double> auto_values = {{"warmup_max_lr", lr}, {"cycle_max_lr", lr}};
   if (total_num_steps > 0) auto_values["total_num_steps"] = static_cast<double>(total_num_steps);
-  return prepare_scheduler(make_lr_scheduler(s.config.scheduler, *optimizer, auto_values));
+  auto prepared = prepare_scheduler(make_lr_scheduler(s.config.scheduler, *optimizer, auto_values));
+  // DeepSpeed's engine steps the config's scheduler once per optimizer step,
+  // under Accelerate too (its DeepSpeed path bypasses AcceleratedScheduler).
+  s.prepared.schedulers().back()->steps_per_optimizer_step = 1;
+  return prepared;
 }
 
 }  // namespace tandem

@@ -5,19 +5,33 @@
 
 #include "tandem/accelerate/prepared.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/core/error.h"
 
 namespace tandem::detail {
 
 DataPreparation::DataPreparation(std::shared_ptr<ProcessGroup> group, c10::Device device,
                                  const PreparedObjects& prepared,
-                                 TrainingBatchHook on_training_batch)
+                                 TrainingBatchHook on_training_batch, Sharding sharding)
     : group_(std::move(group)),
       device_(device),
       prepared_(prepared),
-      on_training_batch_(std::move(on_training_batch)) {}
+      on_training_batch_(std::move(on_training_batch)),
+      sharding_(sharding) {}
 
 DistributedLoaderOptions DataPreparation::on_device(DistributedLoaderOptions options) const {
   if (options.device.is_cpu()) options.device = device_;
+  using Mode = DistributedLoaderOptions::Sharding;
+  if (sharding_.split_batches) {
+    const int64_t world = group_->world_size();
+    TANDEM_CHECK_ARG(options.batch_size % world == 0,
+                     "prepare: with split_batches the loader's batch_size ({}) is the global "
+                     "batch, split evenly over the {} processes; make it a multiple of {}",
+                     options.batch_size, world, world);
+    options.batch_size /= world;
+    options.split_batches = true;
+    options.sharding = Mode::kBatches;
+  }
+  if (sharding_.dispatch_batches) options.sharding = Mode::kDispatched;
   return options;
 }
 

@@ -32,8 +32,14 @@ class DataPreparation {
   // Called once, with the training loader's per-process batch size.
   using TrainingBatchHook = std::function<void(int64_t micro_batch)>;
   // `prepared` gives the current controller (free_memory() replaces it).
+  // AcceleratorOptions' split_batches and dispatch_batches.
+  struct Sharding {
+    bool split_batches = false;
+    bool dispatch_batches = false;
+  };
   DataPreparation(std::shared_ptr<ProcessGroup> group, c10::Device device,
-                  const PreparedObjects& prepared, TrainingBatchHook on_training_batch);
+                  const PreparedObjects& prepared, TrainingBatchHook on_training_batch,
+                  Sharding sharding);
 
   std::shared_ptr<PreparedLoader> prepare(std::vector<at::Tensor> tensors,
                                           DistributedLoaderOptions options);
@@ -48,13 +54,16 @@ class DataPreparation {
   void reset();
 
  private:
-  // Batches go to the training device unless the caller named one.
+  // Batches go to the training device unless the caller named one, and are
+  // dealt as Accelerate's loaders deal them with split_batches (batch_size
+  // is then the global batch) or dispatch_batches.
   DistributedLoaderOptions on_device(DistributedLoaderOptions options) const;
 
   std::shared_ptr<ProcessGroup> group_;
   c10::Device device_;
   const PreparedObjects& prepared_;
   TrainingBatchHook on_training_batch_;
+  Sharding sharding_;
   std::shared_ptr<LoaderCursor> train_cursor_;
 };
 

@@ -142,6 +142,11 @@ struct SchedulerCore {
   std::function<void(const std::map<std::string, double>&)> load_state_dict;
   int64_t seen_optimizer_steps = 0;
   int64_t steps = 0;
+  // Wrapped steps per real optimizer step: Accelerate's num_processes
+  // (1 with split_batches, and for the config's DeepSpeed schedulers, which
+  // DeepSpeed's engine steps once). 0: every step() call steps once
+  // (step_scheduler_with_optimizer false).
+  int64_t steps_per_optimizer_step = 1;
 
   // The real steps of `optimizer` (of the Accelerator when it is null).
   int64_t optimizer_steps() const;

@@ -365,10 +365,16 @@ AcceleratedScheduler::~AcceleratedScheduler() = default;
 
 void AcceleratedScheduler::step() {
   const int64_t steps = core_->optimizer_steps();
-  if (steps == core_->seen_optimizer_steps) return;
+  int64_t times = 1;
+  if (core_->steps_per_optimizer_step > 0) {
+    if (steps == core_->seen_optimizer_steps) return;  // accumulating, or a skipped step
+    times = core_->steps_per_optimizer_step;
+  }
   core_->seen_optimizer_steps = steps;
-  core_->step_fn();
-  ++core_->steps;
+  for (int64_t i = 0; i < times; ++i) {
+    core_->step_fn();
+    ++core_->steps;
+  }
   // A scheduler built over the optimizer passed to prepare: its new rates
   // show in the prepared optimizer at once.
   if (core_->optimizer != nullptr) core_->optimizer->core_->sync_learning_rates(*core_->optimizer);

@@ -68,7 +68,29 @@ struct DistributedLoader::Impl {
     compute_sizes();
   }
 
+  // The epoch's order dealt as Accelerate's BatchSamplerShard deals it.
+  std::vector<int64_t> batch_shard(const std::vector<int64_t>& order) const {
+    return detail::accelerate_batch_shard(
+        order, options_.batch_size, sampler_.num_replicas(), sampler_.rank(),
+        options_.sharding == DistributedLoaderOptions::Sharding::kDispatched,
+        options_.split_batches, options_.drop_last, options_.even_batches);
+  }
+
+  // The whole epoch's order: the sampler's permutation over one replica.
+  std::vector<int64_t> epoch_order() const {
+    DistributedSampler whole(sampler_.dataset_size(), 1, 0, sampler_.shuffle(), sampler_.seed());
+    whole.set_epoch(sampler_.epoch());
+    return whole.indices();
+  }
+
   void compute_sizes() {
+    if (options_.sharding != DistributedLoaderOptions::Sharding::kSamples) {
+      std::vector<int64_t> identity(static_cast<size_t>(sampler_.dataset_size()));
+      for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int64_t>(i);
+      num_samples_ = static_cast<int64_t>(batch_shard(identity).size());
+      num_batches_ = (num_samples_ + options_.batch_size - 1) / options_.batch_size;
+      return;
+    }
     num_samples_ = sampler_.num_samples();
     if (!options_.even_batches && !sampler_.drop_last()) {
       // Without padding rank r holds the real positions r, r + R, ... < n.
@@ -82,6 +104,9 @@ struct DistributedLoader::Impl {
   }
 
   std::vector<int64_t> epoch_indices() const {
+    if (options_.sharding != DistributedLoaderOptions::Sharding::kSamples) {
+      return batch_shard(epoch_order());
+    }
     std::vector<int64_t> indices = sampler_.indices();
     // Padding sits at the end of each rank's list, so dropping it is a cut.
     indices.resize(static_cast<size_t>(num_samples_));

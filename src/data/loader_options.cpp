@@ -33,6 +33,15 @@ void validate(const DistributedLoaderOptions& options) {
                    "DistributedLoaderOptions: bucket_pool_batches must be >= 1, got {}. It is "
                    "the number of global batches sorted together by length.",
                    options.bucket_pool_batches);
+  TANDEM_CHECK_ARG(options.sharding == DistributedLoaderOptions::Sharding::kSamples ||
+                       (options.sample_lengths.empty() && !options.sampler_drop_last),
+                   "DistributedLoaderOptions: sharding by batches (Accelerate's split_batches "
+                   "or dispatch_batches) takes neither sample_lengths nor sampler_drop_last; "
+                   "use drop_last, or the default sharding");
+  TANDEM_CHECK_ARG(!options.split_batches ||
+                       options.sharding != DistributedLoaderOptions::Sharding::kSamples,
+                   "DistributedLoaderOptions: split_batches slices Accelerate's batches; set "
+                   "sharding to kBatches or kDispatched too");
   TANDEM_CHECK_ARG(!options.device.is_cuda() || at::hasCUDA(),
                    "DistributedLoaderOptions: device is {} but this LibTorch has no usable "
                    "CUDA (CPU-only build, or no GPU visible). Use the CPU device, or build "

@@ -85,6 +85,25 @@ struct AcceleratorOptions {
   // Save and stop on a signal (Slurm preemption and time limits;
   // docs/slurm.md), beating the config's preemption block.
   std::optional<PreemptionConfig> preemption;
+  // Accelerate's DataLoaderConfiguration.split_batches: a prepared loader's
+  // batch_size is the global batch, and each process takes its
+  // batch_size / num_processes slice of every batch (batch_size must be a
+  // multiple of the process count); a prepared scheduler then steps once per
+  // optimizer step. false (Accelerate's default): batch_size is per process,
+  // batches are dealt to the processes in turn, and a prepared scheduler
+  // steps num_processes times per optimizer step.
+  bool split_batches = false;
+  // Accelerate's dispatch_batches: the main process draws the batches and
+  // each process gets its share of them. Prepared loaders then shard by
+  // batches exactly as Accelerate's (DataLoaderDispatcher's indices); tandem's
+  // in-memory datasets are on every process, so each reads its own share
+  // rather than receive it. Empty or false with split_batches false:
+  // tandem's DistributedSampler sharding (sample r, r + N, ... per process).
+  std::optional<bool> dispatch_batches;
+  // Accelerate's step_scheduler_with_optimizer: a prepared scheduler's
+  // step() steps only after a real optimizer step (num_processes times
+  // without split_batches). false: every step() call steps it once.
+  bool step_scheduler_with_optimizer = true;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor

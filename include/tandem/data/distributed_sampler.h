@@ -113,4 +113,17 @@ std::vector<int64_t> bucket_order(const std::vector<int64_t>& order,
 // Exposed so that tests can pin the permutation itself. Thread-safe.
 std::vector<int64_t> seeded_randperm(int64_t n, uint64_t seed);
 
+namespace detail {
+
+// HF Accelerate's sharding of one epoch's `order`: rank `rank` of
+// `replicas`'s samples, in order, so that cutting them into batches of
+// `batch_size` gives its batches. BatchSamplerShard's, or with `dispatched`
+// DataLoaderDispatcher's; `split`, `drop_last` and `even_batches` as
+// DistributedLoaderOptions' split_batches, drop_last and even_batches.
+std::vector<int64_t> accelerate_batch_shard(const std::vector<int64_t>& order,
+                                            int64_t batch_size, int64_t replicas, int64_t rank,
+                                            bool dispatched, bool split, bool drop_last,
+                                            bool even_batches);
+
+}  // namespace detail
 }  // namespace tandem

@@ -87,6 +87,30 @@ struct DistributedLoaderOptions {
   // mix lengths). Must be the same on every rank.
   std::vector<int64_t> sample_lengths;
   int64_t bucket_pool_batches = 50;
+
+  // How the epoch's order (shuffled or not, as above) is dealt to the ranks.
+  // kSamples: DistributedSampler's (sample r, r + R, ...; padding and
+  // sampler_drop_last as above). The other two are HF Accelerate's, index
+  // for index, for prepared loaders with split_batches or dispatch_batches
+  // (neither takes sample_lengths or sampler_drop_last):
+  // - kBatches, BatchSamplerShard's: the order is cut into batches of
+  //   batch_size and batch k goes to rank k % R. even_batches: a last round
+  //   that is not full is completed from the epoch's first samples, so every
+  //   rank yields the same number of full batches; otherwise ranks yield
+  //   what the cut gives them. drop_last: a short last batch is dropped, and
+  //   so is a round that is not full. With split_batches the order is cut
+  //   into global batches of batch_size * R instead, and rank r takes slice
+  //   [r * batch_size, (r + 1) * batch_size) of each; a short last one is
+  //   dropped (drop_last), completed from the epoch's first samples
+  //   (even_batches), or sliced as it is.
+  // - kDispatched, DataLoaderDispatcher's: R batches of batch_size (with
+  //   split_batches, one global batch) are joined and rank r takes the r-th
+  //   of R equal slices. A short last join is dropped with drop_last; else
+  //   each rank takes len / R of it, one more when R does not divide len,
+  //   the join then completed with the epoch's first R samples.
+  enum class Sharding { kSamples, kBatches, kDispatched };
+  Sharding sharding = Sharding::kSamples;
+  bool split_batches = false;
 };
 
 // Throws UsageError naming the first bad field and how to fix it.

@@ -1,0 +1,120 @@
+// What a port from HF Accelerate relies on. A prepared scheduler steps as
+// Accelerate's AcceleratedScheduler: after
+// real optimizer steps only, num_processes times each (once with
+// split_batches), and on every call with step_scheduler_with_optimizer off.
+// The learning rates are checked against ones recorded from Accelerate
+// itself at 2 processes (tests/data/vectors/record_accelerate_scheduler_vectors.py);
+// world 3 and the switch against their definitions. Prepared loaders with
+// split_batches / dispatch_batches deal batches as Accelerate's (the index
+// vectors themselves: tests/data/test_accelerate_sharding.cpp).
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "support/thread_ranks.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/optim/lr_scheduler.h"
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+
+// The recorded loop: Linear(2, 1), SGD(lr 1), WarmupLR (0 to 1 over 16 linear
+// steps), accumulation 2, `steps` micro-steps; the learning rate after each,
+// from rank 0.
+std::vector<double> learning_rates(int world, AcceleratorOptions options, int steps) {
+  std::vector<double> lrs;
+  options.gradient_accumulation_steps = 2;
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+    auto model = torch::nn::Linear(2, 1);
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                   torch::optim::SGDOptions(1.0));
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(sgd);
+    WarmupLROptions warmup;
+    warmup.warmup_max_lr = 1.0;
+    warmup.warmup_num_steps = 16;
+    warmup.warmup_type = WarmupType::kLinear;
+    auto scheduler = accelerator.prepare_scheduler(std::make_shared<WarmupLR>(*optimizer, warmup));
+    for (int i = 0; i < steps; ++i) {
+      {
+        auto micro_step = accelerator.accumulate(model);
+        accelerator.backward(model(torch::ones({4, 2})).sum());
+        optimizer->step();
+        scheduler->step();
+        optimizer->zero_grad();
+      }
+      if (pg.rank() == 0) lrs.push_back(optimizer->param_groups()[0].options().get_lr());
+    }
+  });
+  return lrs;
+}
+
+TEST(SchedulerStepping, StepsAsAcceleratesPreparedSchedulerAtTwoProcesses) {
+  std::ifstream in(std::string(TANDEM_TEST_DATA_DIR) + "/accelerate_scheduler.json");
+  ASSERT_TRUE(in) << "missing accelerate_scheduler.json";
+  const auto recorded = nlohmann::json::parse(in);
+  const int steps = recorded["steps"].get<int>();
+  EXPECT_EQ(learning_rates(2, {}, steps), recorded["default"].get<std::vector<double>>());
+  AcceleratorOptions split;
+  split.split_batches = true;
+  EXPECT_EQ(learning_rates(2, split, steps), recorded["split_batches"].get<std::vector<double>>());
+}
+
+// WarmupLR's rate after k steps (k <= 16): k-1 sixteenths... as DeepSpeed's
+// linear warmup: min + (max - min) * iteration / warmup, iteration = k - 1.
+double warmed(int64_t steps) { return steps == 0 ? 0.0 : static_cast<double>(steps - 1) / 16; }
+
+TEST(SchedulerStepping, StepsOncePerProcessAtThreeAndOnEveryCallWhenDetached) {
+  // 3 processes: each optimizer step (every 2nd micro-step) is 3 warmup steps.
+  EXPECT_EQ(learning_rates(3, {}, 6),
+            (std::vector<double>{warmed(0), warmed(3), warmed(3), warmed(6), warmed(6),
+                                 warmed(9)}));
+  // Off: one warmup step per call, accumulating or not.
+  AcceleratorOptions detached;
+  detached.step_scheduler_with_optimizer = false;
+  EXPECT_EQ(learning_rates(2, detached, 6),
+            (std::vector<double>{warmed(1), warmed(2), warmed(3), warmed(4), warmed(5),
+                                 warmed(6)}));
+}
+
+// split_batches: the loader's batch_size is the global batch; each process
+// takes its slice, and the micro batch of the batch triple is the slice.
+TEST(PreparedLoaderSharding, SplitAndDispatchBatchesDealAsAcceleratesLoaders) {
+  std::vector<std::vector<std::vector<int64_t>>> split(2), dispatched(2);
+  for (bool dispatch : {false, true}) {
+    AcceleratorOptions options;
+    options.split_batches = !dispatch;
+    options.dispatch_batches = dispatch;
+    run_ranks(2, [&](ProcessGroup& pg) {
+      Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+      DistributedLoaderOptions loader_options;
+      loader_options.batch_size = dispatch ? 2 : 4;
+      loader_options.shuffle = false;
+      auto loader = accelerator.prepare_data_loader({at::arange(10)}, loader_options);
+      auto& mine = (dispatch ? dispatched : split)[static_cast<size_t>(pg.rank())];
+      for (auto batch = loader->next(); batch; batch = loader->next()) {
+        const auto t = (*batch)[0].contiguous();
+        mine.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+      }
+      if (!dispatch) EXPECT_EQ(accelerator.config().train_micro_batch_size_per_gpu, 2);
+    });
+  }
+  // Global batches [0..3], [4..7], [8, 9 + 0, 1]: rank 0 the first half.
+  using B = std::vector<std::vector<int64_t>>;
+  EXPECT_EQ(split[0], (B{{0, 1}, {4, 5}, {8, 9}}));
+  EXPECT_EQ(split[1], (B{{2, 3}, {6, 7}, {0, 1}}));
+  // Two batches of 2 joined, then halved; the short last join [8, 9] halved.
+  EXPECT_EQ(dispatched[0], (B{{0, 1}, {4, 5}, {8}}));
+  EXPECT_EQ(dispatched[1], (B{{2, 3}, {6, 7}, {9}}));
+}
+
+}  // namespace
+}  // namespace tandem
