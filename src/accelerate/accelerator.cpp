@@ -77,7 +77,9 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   scaler = options.loss_scaling ? make_loss_scaler(*options.loss_scaling, MixedPrecision::kFp16)
                                 : make_loss_scaler(config.fp16, config.mixed_precision);
   if (config.seed) torch::manual_seed(*config.seed);
-  trackers->start_timer(config, device);
+  // The DeepSpeed monitors count samples: steps x the global batch, once
+  // the loader has completed the batch triple.
+  trackers->start_timer(config, device, [this] { return config.train_batch_size.value_or(1); });
   data = std::make_unique<detail::DataPreparation>(
       group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); },
       detail::DataPreparation::Sharding{split_batches, dispatch_batches.value_or(false)});
@@ -259,6 +261,36 @@ void Accelerator::init_trackers(const std::string& path,
 
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
   impl_->trackers->log(values, step);
+}
+
+namespace {
+
+template <typename Writer>
+Writer* tracker_writer(Writer* writer, const std::string& name, const char* expected,
+                       bool main_process) {
+  TANDEM_CHECK_ARG(name == expected,
+                   "Accelerator::get_tracker: '{}' is not this writer's tracker; ask for "
+                   "get_tracker<TensorBoardWriter>(\"tensorboard\") or "
+                   "get_tracker<CsvWriter>(\"csv\")",
+                   name);
+  TANDEM_CHECK_ARG(writer != nullptr || !main_process,
+                   "Accelerator::get_tracker(\"{}\"): there is no such tracker; put \"{}\" in "
+                   "AcceleratorOptions::log_with and call init_trackers() first",
+                   name, name);
+  return writer;
+}
+
+}  // namespace
+
+template <>
+TensorBoardWriter* Accelerator::get_tracker<TensorBoardWriter>(const std::string& name) const {
+  return tracker_writer(impl_->trackers->tensorboard(), name, "tensorboard",
+                        impl_->main_process());
+}
+
+template <>
+CsvWriter* Accelerator::get_tracker<CsvWriter>(const std::string& name) const {
+  return tracker_writer(impl_->trackers->csv(), name, "csv", impl_->main_process());
 }
 
 WallClockBreakdown Accelerator::wall_clock() const { return impl_->trackers->wall_clock(); }

@@ -54,6 +54,8 @@ void Accelerator::backward(const at::Tensor& loss) {
   const std::shared_ptr<detail::WallClockTimer>& timer = s.trackers->timer();
   detail::StepController& controller = *s.prepared.controller();
   if (timer) timer->before_backward();
+  // The DeepSpeed monitors' train_loss (a host sync, only when one is on).
+  if (s.trackers->wants_losses()) s.trackers->add_loss(loss.detach().item<double>());
   for (const auto& optimizer : s.prepared.optimizers()) {
     detail::PreparedAccess::core(*optimizer).check_wrapped(*optimizer);
   }

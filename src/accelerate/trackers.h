@@ -8,12 +8,14 @@
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "accelerate/wall_clock_timer.h"
+#include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/metrics_logger.h"
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/accelerate/tensorboard_writer.h"
@@ -37,9 +39,17 @@ class Trackers {
   Trackers(const Trackers&) = delete;
   Trackers& operator=(const Trackers&) = delete;
 
-  // Starts the step timer when the config asks for wall_clock_breakdown or
-  // steps_per_print (else there is none, and no clock is read).
-  void start_timer(const Config& config, c10::Device device);
+  // Starts the step timer when the config asks for wall_clock_breakdown,
+  // steps_per_print or a DeepSpeed monitor (else there is none, and no clock
+  // is read), and opens the config's DeepSpeed monitors (tensorboard,
+  // csv_monitor) on the main process. `samples_per_step`: the global batch,
+  // the monitors' step unit (DeepSpeed's global_samples).
+  void start_timer(const Config& config, c10::Device device,
+                   std::function<int64_t()> samples_per_step);
+  // The loss of one micro-step, for the monitors' Train/Samples/train_loss
+  // (the mean over the optimizer step's micro-steps). Only when one is on.
+  bool wants_losses() const { return monitors_on_; }
+  void add_loss(double loss);
   // The timer the backward and prepared optimizers report to (null: off).
   const std::shared_ptr<WallClockTimer>& timer() const { return timer_; }
 
@@ -47,6 +57,10 @@ class Trackers {
   // beside it (or in the project dir) with the hyperparameters `config`.
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
   void log(const std::map<std::string, double>& values, int64_t step);
+  // Accelerate's get_tracker: "tensorboard" (null before init_trackers or
+  // off), "csv"; UsageError for another name.
+  TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
+  CsvWriter* csv() const { return csv_.get(); }
   WallClockBreakdown wall_clock() const;
   ProgressBar progress_bar(int64_t total, std::string description) const;
   // Flushes and closes the trackers.
@@ -54,9 +68,23 @@ class Trackers {
 
  private:
   Settings settings_;
+  // DeepSpeed's Train/Samples/* events after an optimizer step.
+  void write_monitor_events(int64_t step, const std::vector<double>& learning_rates,
+                            double loss_scale);
+
   bool tensorboard_wanted_ = false;
+  bool csv_wanted_ = false;
   MetricsLogger metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<CsvWriter> csv_;
+  // The DeepSpeed monitors' own writers (output_path/job_name).
+  bool monitors_on_ = false;
+  bool fp16_ = false;
+  std::function<int64_t()> samples_per_step_;
+  std::unique_ptr<TensorBoardWriter> monitor_tensorboard_;
+  std::unique_ptr<CsvWriter> monitor_csv_;
+  double loss_sum_ = 0;
+  int64_t losses_ = 0;
   std::shared_ptr<WallClockTimer> timer_;
 };
 

@@ -70,6 +70,7 @@ void WallClockTimer::after_step(int64_t step, bool advanced, int64_t skipped,
     started_ = true;
   }
   if (!advanced) return;
+  if (observer_) observer_(step, learning_rates(), loss_scale);
   ++window_steps_;
   const int64_t period =
       settings_.steps_per_print > 0 ? settings_.steps_per_print : kDefaultWindow;

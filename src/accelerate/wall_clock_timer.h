@@ -60,6 +60,11 @@ class WallClockTimer {
   bool breakdown() const { return settings_.breakdown; }
   // The trackers; an empty function detaches them (the Accelerator is gone).
   void set_sink(Sink sink) { sink_ = std::move(sink); }
+  // Called after every step that advanced, with the step, the stepped
+  // optimizer's learning rates and the loss scale (the DeepSpeed monitors').
+  using StepObserver =
+      std::function<void(int64_t step, const std::vector<double>& learning_rates, double scale)>;
+  void set_step_observer(StepObserver observer) { observer_ = std::move(observer); }
   // A prepared model, whose communication waits count in communication_ms
   // (turns its measurement on when the breakdown is).
   void add_model(std::shared_ptr<ModelStrategy> model);
@@ -87,6 +92,7 @@ class WallClockTimer {
   void report(int64_t step);
 
   Settings settings_;
+  StepObserver observer_;
   Sink sink_;
   std::vector<std::shared_ptr<ModelStrategy>> models_;
   bool started_ = false;  // a backward ran: zero_grad() no longer restarts the forward region

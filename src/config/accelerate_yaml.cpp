@@ -117,6 +117,8 @@ void merge_deepspeed_file(const Config& ds, Config& config) {
   // DeepSpeed's progress line; tandem keeps what the file says.
   config.wall_clock_breakdown = ds.wall_clock_breakdown;
   config.steps_per_print = ds.steps_per_print;
+  config.tensorboard = ds.tensorboard;
+  config.csv_monitor = ds.csv_monitor;
   config.warnings.insert(config.warnings.end(), ds.warnings.begin(), ds.warnings.end());
   config.auto_keys.insert(ds.auto_keys.begin(), ds.auto_keys.end());
   config.key_locations.insert(ds.key_locations.begin(), ds.key_locations.end());

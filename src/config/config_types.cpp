@@ -138,6 +138,10 @@ bool same(const SchedulerConfig& a, const SchedulerConfig& b) {
          a.warmup_type == b.warmup_type;
 }
 
+bool same(const MonitorConfig& a, const MonitorConfig& b) {
+  return a.enabled == b.enabled && a.output_path == b.output_path && a.job_name == b.job_name;
+}
+
 bool same(const PowerSGDConfig& a, const PowerSGDConfig& b) {
   return a.matrix_approximation_rank == b.matrix_approximation_rank &&
          a.start_powerSGD_iter == b.start_powerSGD_iter &&
@@ -181,7 +185,8 @@ bool same_settings(const Config& a, const Config& b) {
          a.preemption.save == b.preemption.save && a.preemption.requeue == b.preemption.requeue &&
          a.enable_cpu_affinity == b.enable_cpu_affinity && a.debug == b.debug &&
          a.wall_clock_breakdown == b.wall_clock_breakdown &&
-         a.steps_per_print == b.steps_per_print;
+         a.steps_per_print == b.steps_per_print && same(a.tensorboard, b.tensorboard) &&
+         same(a.csv_monitor, b.csv_monitor);
 }
 
 }  // namespace tandem

@@ -16,10 +16,10 @@ namespace {
 // warning that says what tandem does instead, so that real configs load.
 std::vector<KeyNote> warned_top_level_keys() {
   std::vector<KeyNote> keys = notes_for(
-      {"comet", "csv_monitor", "tensorboard", "wandb", "comms_logger", "flops_profiler",
-       "memory_breakdown", "timers", "dump_state"},
+      {"comet", "wandb", "comms_logger", "flops_profiler", "memory_breakdown", "timers",
+       "dump_state"},
       "is DeepSpeed's own logging or profiling: tandem logs through the Accelerator's trackers "
-      "and profiles with Accelerator::profile; ignored");
+      "(TensorBoard, CSV, JSON lines) and profiles with Accelerator::profile; ignored");
   auto add = [&](std::vector<std::string> names, const std::string& note,
                  std::vector<std::string> quiet = {},
                  std::function<void(const Value&)> check = nullptr) {
@@ -200,6 +200,17 @@ void read_torch_autocast(const Value& block, PrecisionBlocks& seen) {
   });
 }
 
+// DeepSpeed's tensorboard / csv_monitor block.
+void read_monitor(const Value& block, MonitorConfig& monitor) {
+  expect_map(block, "write it as {\"enabled\": true, \"output_path\": \"logs/\", "
+                    "\"job_name\": \"run1\"}");
+  for_each_key(block, deepspeed_monitor_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "enabled") monitor.enabled = v.as_bool();
+    if (key == "output_path") monitor.output_path = v.is_null() ? "" : v.as_string();
+    if (key == "job_name") monitor.job_name = v.as_string();
+  });
+}
+
 // torch_autocast next to an fp16 or bf16 block: the same half type is one
 // mode (DeepSpeed's half-precision parameters under autocast), a different
 // one is a clash.
@@ -266,7 +277,8 @@ const KeyTable& deepspeed_top_level_keys() {
                                "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
                                "tensor_parallel", "sequence_parallel_size",
                                "activation_checkpointing", "zero_allow_untested_optimizer",
-                               "wall_clock_breakdown", "steps_per_print", "torch_autocast"},
+                               "wall_clock_breakdown", "steps_per_print", "torch_autocast",
+                               "tensorboard", "csv_monitor"},
                               warned_top_level_keys(), removed_keys()};
   return table;
 }
@@ -308,6 +320,11 @@ const KeyTable& deepspeed_torch_autocast_keys() {
   return table;
 }
 
+const KeyTable& deepspeed_monitor_keys() {
+  static const KeyTable table{{"enabled", "output_path", "job_name"}, {}, {}};
+  return table;
+}
+
 void read_deepspeed_document(const Value& root, Config& config) {
   config.distributed_type = DistributedType::kDeepSpeed;
   PrecisionBlocks precision;
@@ -339,6 +356,8 @@ void read_deepspeed_document(const Value& root, Config& config) {
       read_deepspeed_parallelism(v, key);
     } else if (key == "torch_autocast") {
       read_torch_autocast(v, precision);
+    } else if (key == "tensorboard" || key == "csv_monitor") {
+      read_monitor(v, key == "tensorboard" ? config.tensorboard : config.csv_monitor);
     }
   });
   apply_torch_autocast(precision, config);

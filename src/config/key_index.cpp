@@ -31,6 +31,8 @@ std::vector<KeyLevel> key_levels() {
   add(ConfigFormat::kDeepSpeedJson, "bf16", deepspeed_bf16_keys());
   add(ConfigFormat::kDeepSpeedJson, "bfloat16", deepspeed_bf16_keys());
   add(ConfigFormat::kDeepSpeedJson, "torch_autocast", deepspeed_torch_autocast_keys());
+  add(ConfigFormat::kDeepSpeedJson, "tensorboard", deepspeed_monitor_keys());
+  add(ConfigFormat::kDeepSpeedJson, "csv_monitor", deepspeed_monitor_keys());
   add_shared_blocks(ConfigFormat::kDeepSpeedJson, Dialect::kDeepSpeed);
 
   add(ConfigFormat::kTandemYaml, "", tandem_top_level_keys());

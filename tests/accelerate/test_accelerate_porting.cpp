@@ -9,6 +9,7 @@
 // vectors themselves: tests/data/test_accelerate_sharding.cpp).
 
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "support/subprocess.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/optim/lr_scheduler.h"
@@ -114,6 +116,57 @@ TEST(PreparedLoaderSharding, SplitAndDispatchBatchesDealAsAcceleratesLoaders) {
   // Two batches of 2 joined, then halved; the short last join [8, 9] halved.
   EXPECT_EQ(dispatched[0], (B{{0, 1}, {4, 5}, {8}}));
   EXPECT_EQ(dispatched[1], (B{{2, 3}, {6, 7}, {9}}));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// DeepSpeed's csv_monitor block: after every optimizer step the main process
+// writes Train/Samples/{train_loss,lr} at global samples (steps x the global
+// batch) under output_path/job_name, plus what the program logs; log_with
+// "csv" writes the program's metrics beside init_trackers()'s file, and
+// get_tracker hands out the writers.
+TEST(DeepSpeedMonitors, CsvMonitorWritesTrainSamplesEventsAtGlobalSamples) {
+  testing::TempDir dir;
+  Config config;
+  config.csv_monitor.enabled = true;
+  config.csv_monitor.output_path = dir.path();
+  config.csv_monitor.job_name = "job";
+  AcceleratorOptions options;
+  options.log_with = {"csv"};
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), config, options);
+    auto model = torch::nn::Linear(2, 1);
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                   torch::optim::SGDOptions(0.5));
+    DistributedLoaderOptions loader_options;
+    loader_options.batch_size = 3;
+    auto [optimizer, loader] = accelerator.prepare(model, sgd, {torch::ones({12, 2})},
+                                                   loader_options);
+    accelerator.init_trackers(dir.path() + "/metrics.jsonl");
+    for (int step = 0; step < 2; ++step) {
+      auto batch = loader->next();
+      accelerator.backward(model((*batch)[0]).sum() * 0 + (pg.rank() + 1.0));
+      optimizer->step();
+      optimizer->zero_grad();
+    }
+    accelerator.log({{"eval/accuracy", 0.75}}, 2);
+    if (pg.rank() == 0) {
+      ASSERT_NE(accelerator.get_tracker<CsvWriter>("csv"), nullptr);
+      EXPECT_THROW(accelerator.get_tracker<TensorBoardWriter>("tensorboard"), UsageError);
+    } else {
+      EXPECT_EQ(accelerator.get_tracker<CsvWriter>("csv"), nullptr);
+    }
+    accelerator.end_training();
+  });
+  // Global batch 3 x 2 = 6 samples per step; rank 0's loss is 1.
+  EXPECT_EQ(read_text(dir.path() + "/job/Train_Samples_lr.csv"), "step,lr\n6,0.5\n12,0.5\n");
+  EXPECT_EQ(read_text(dir.path() + "/job/Train_Samples_train_loss.csv"),
+            "step,train_loss\n6,1.0\n12,1.0\n");
+  EXPECT_EQ(read_text(dir.path() + "/job/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
+  EXPECT_EQ(read_text(dir.path() + "/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
 }
 
 }  // namespace

@@ -169,7 +169,9 @@ TEST(Accelerator, LastBatchOfAPassAlwaysSynchronises) {
   });
 }
 
-TEST(Accelerator, SchedulerStepsOncePerOptimizerStepNotPerRankOrMicroBatch) {
+// As Accelerate's AcceleratedScheduler: num_processes steps per optimizer
+// step, none per accumulating micro-batch.
+TEST(Accelerator, SchedulerStepsPerProcessOnOptimizerStepsNotPerMicroBatch) {
   const auto data = make_dataset(2 * 8);  // it seeds torch's generator: not in a rank thread
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config_with_accumulation(2));
@@ -186,13 +188,13 @@ TEST(Accelerator, SchedulerStepsOncePerOptimizerStepNotPerRankOrMicroBatch) {
       scheduler->step();  // called every micro-batch, as loops usually do
     }
     EXPECT_EQ(accelerator.step(), 4);
-    EXPECT_EQ(scheduler->steps(), 4);
-    // The same scheduler stepped exactly 4 times by hand.
+    EXPECT_EQ(scheduler->steps(), 8);
+    // The same scheduler stepped exactly 4 x 2 times by hand.
     auto probe = torch::nn::Linear(kIn, kOut);
     auto probe_sgd = std::make_shared<torch::optim::SGD>(
         probe->parameters(), torch::optim::SGDOptions(1.0));
     auto probe_lr = std::make_shared<torch::optim::StepLR>(*probe_sgd, 1, 0.5);
-    for (int i = 0; i < 4; ++i) probe_lr->step();
+    for (int i = 0; i < 8; ++i) probe_lr->step();
     EXPECT_DOUBLE_EQ(sgd->param_groups()[0].options().get_lr(),
                      probe_sgd->param_groups()[0].options().get_lr());
     EXPECT_LT(sgd->param_groups()[0].options().get_lr(), 0.5);

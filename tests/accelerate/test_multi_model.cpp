@@ -121,8 +121,13 @@ GanResult train_gan(const GanOptions& o) {
   GanResult out;
   std::vector<std::pair<Generator, Discriminator>> players;  // one pair per rank
   for (int r = 0; r < o.world; ++r) players.push_back(make_players());
+  // split_batches: the loader's 12 rows are the global batch at every world
+  // size, and each scheduler steps once per optimizer step (Accelerate's
+  // rule), so worlds 1, 2 and 3 train alike.
+  AcceleratorOptions options;
+  options.split_batches = true;
   run_ranks(o.world, [&](ProcessGroup& pg) {
-    Accelerator accelerator(pg.shared_from_this(), config);
+    Accelerator accelerator(pg.shared_from_this(), config, options);
     auto [g, d] = players[static_cast<size_t>(pg.rank())];
     accelerator.prepare_model(g);
     accelerator.prepare_model(d);
@@ -136,10 +141,10 @@ GanResult train_gan(const GanOptions& o) {
     warmup.warmup_num_steps = 4;
     warmup.warmup_type = WarmupType::kLinear;
     auto g_sched = accelerator.prepare_scheduler(std::make_shared<WarmupLR>(*g_opt, warmup));
-    DistributedLoaderOptions options;
-    options.batch_size = 12 / o.world;
-    options.shuffle = false;
-    auto loader = accelerator.prepare_data_loader({data.real, data.noise}, options);
+    DistributedLoaderOptions loader_options;
+    loader_options.batch_size = 12;
+    loader_options.shuffle = false;
+    auto loader = accelerator.prepare_data_loader({data.real, data.noise}, loader_options);
     if (!o.load_from.empty()) accelerator.load_state(o.load_from);
 
     auto iteration = [&](const torch::Tensor& real, const torch::Tensor& z) {

@@ -98,9 +98,12 @@ TEST(DeepSpeedJson, ReadsZeroStage3WithParamOffloadOneCycleBf16AndComments) {
   // default sub_group_size (1e9) and overlap_comm: true ask for nothing.
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{
-                "activation_checkpointing.partition_activations", "tensorboard",
+                "activation_checkpointing.partition_activations",
                 "zero_optimization.offload_param.buffer_count",
                 "zero_optimization.stage3_max_reuse_distance"}));
+  // The tensorboard block is read (off here), with DeepSpeed's job name.
+  EXPECT_FALSE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.dir(), "runs/DeepSpeedJobName");
   EXPECT_EQ(c.zero.gather_16bit_weights_on_model_save, std::optional<bool>(true));
 }
 
@@ -188,6 +191,19 @@ TEST(DeepSpeedJson, TorchAutocastSetsMixedPrecisionFromItsDtype) {
   EXPECT_TRUE(contains(parse_error(R"({"torch_autocast": {"enabled": true, "dtype": "fp8"}})",
                                    "ds.json"),
                        "torch_autocast.dtype"));
+}
+
+TEST(DeepSpeedJson, MonitorBlocksAreReadWithDeepSpeedsDefaults) {
+  Config c = parse_config_text(
+      R"({"csv_monitor": {"enabled": true, "output_path": "logs", "job_name": "run1"},
+          "tensorboard": {"enabled": true}})", "ds.json");
+  EXPECT_TRUE(c.csv_monitor.enabled);
+  EXPECT_EQ(c.csv_monitor.dir(), "logs/run1");
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.dir(), "DeepSpeedJobName");
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_TRUE(contains(parse_error(R"({"csv_monitor": {"enabled": true, "path": "x"}})", "ds.json"),
+                       "csv_monitor.path"));
 }
 
 TEST(DeepSpeedJson, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {

@@ -41,6 +41,7 @@
 #include "tandem/accelerate/example_loader.h"
 #include "tandem/accelerate/gradient_state.h"
 #include "tandem/accelerate/metrics_logger.h"
+#include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/accelerate/profiler.h"
@@ -333,6 +334,12 @@ class Accelerator {
   void init_trackers(const std::string& path,
                      const std::map<std::string, HParamValue>& config = {});
   void log(const std::map<std::string, double>& values, int64_t step);
+  // Accelerate's get_tracker(name, unwrap=True): init_trackers()'s writer,
+  // TensorBoardWriter for "tensorboard" or CsvWriter for "csv", for what log()
+  // does not write (text, hparams). Null off the main process; UsageError on
+  // it for a tracker log_with did not ask for or before init_trackers().
+  template <typename Writer>
+  Writer* get_tracker(const std::string& name) const;
   // wall_clock_breakdown: the last window's averages (zeros before it).
   WallClockBreakdown wall_clock() const;
   // A Chrome trace per rank of the session's scope. Collective.

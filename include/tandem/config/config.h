@@ -195,6 +195,19 @@ struct PreemptionConfig {
 // passes it on, and does not count it as a failure or restart on it.
 inline constexpr int kPreemptedExitCode = 75;
 
+// A DeepSpeed monitor block (tensorboard, csv_monitor): DeepSpeed's keys
+// and defaults.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // "": the working directory
+  std::string job_name = "DeepSpeedJobName";
+  // output_path/job_name, as DeepSpeed joins them (os.path.join).
+  std::string dir() const {
+    if (output_path.empty()) return job_name;
+    return output_path.back() == '/' ? output_path + job_name : output_path + "/" + job_name;
+  }
+};
+
 struct Config {
   ConfigFormat format = ConfigFormat::kDefaults;
   std::string source_path;  // the file read; empty for defaults
@@ -248,6 +261,13 @@ struct Config {
   // main process logs a progress line every this many optimizer steps. It
   // is also the breakdown's window: 10 steps when empty.
   std::optional<int64_t> steps_per_print;
+
+  // DeepSpeed's tensorboard and csv_monitor blocks: the main process writes
+  // what Accelerator::log() logs, and DeepSpeed's Train/Samples/lr,
+  // loss_scale and train_loss after every optimizer step, to
+  // output_path/job_name (docs/accelerator.md, "Trackers").
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
 
   // One line per recognised key that tandem does not implement yet, e.g.
   // "deepspeed.json: 'zero_optimization.round_robin_gradients' is accepted
