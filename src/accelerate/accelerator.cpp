@@ -16,7 +16,9 @@
 #include "accelerate/consistency_check.h"
 #include "accelerate/step_controller.h"
 #include "tandem/amp/cpu_bf16.h"
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 #include "tandem/core/logging.h"
 
 namespace tandem {
@@ -31,7 +33,14 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
       local_world_size(local_world_size_in),
       split_batches(options.split_batches),
       dispatch_batches(options.dispatch_batches),
-      step_scheduler_with_optimizer(options.step_scheduler_with_optimizer) {
+      step_scheduler_with_optimizer(options.step_scheduler_with_optimizer),
+      project_dir(options.project_dir),
+      automatic_checkpoint_naming(options.automatic_checkpoint_naming),
+      total_limit(options.total_limit),
+      iteration(options.iteration) {
+  TANDEM_CHECK_ARG(options.total_limit >= 0 && options.iteration >= 0,
+                   "AcceleratorOptions: total_limit ({}) and iteration ({}) must be >= 0",
+                   options.total_limit, options.iteration);
   detail::Trackers::Settings tracking;
   tracking.log_with = options.log_with;
   tracking.project_dir = options.project_dir;
@@ -197,6 +206,53 @@ void Accelerator::save_state(const std::string& dir, const SaveStateOptions& opt
 nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
   return impl_->checkpointer->load_state(dir, options);
 }
+
+std::string Accelerator::Impl::automatic_checkpoint_dir(const char* caller) const {
+  TANDEM_CHECK_ARG(automatic_checkpoint_naming && !project_dir.empty(),
+                   "Accelerator::{} without a directory names checkpoints automatically, "
+                   "which needs AcceleratorOptions::automatic_checkpoint_naming and "
+                   "project_dir (Accelerate's ProjectConfiguration); or pass a directory",
+                   caller);
+  return project_dir + "/checkpoints";
+}
+
+void Accelerator::save_state() {
+  Impl& s = *impl_;
+  const std::string dir = s.automatic_checkpoint_dir("save_state()");
+  SaveStateOptions options;
+  options.tag = fmt::format("checkpoint_{}", s.iteration);
+  options.total_limit = s.total_limit;
+  TANDEM_CHECK_ARG(!fs::is_directory(dir + "/" + options.tag),
+                   "Accelerator::save_state(): {}/{} already exists; set "
+                   "AcceleratorOptions::iteration to the next free number, or load_state() "
+                   "first (it continues after the checkpoint it loads)",
+                   dir, options.tag);
+  save_state(dir, options);
+  ++s.iteration;
+}
+
+nlohmann::json Accelerator::load_state() {
+  Impl& s = *impl_;
+  const std::string dir = s.automatic_checkpoint_dir("load_state()");
+  // As Accelerate: the highest checkpoint_<N>, whatever `latest` says.
+  int64_t newest = -1;
+  for (const std::string& tag : checkpoint_tags(dir)) {
+    if (tag.rfind("checkpoint_", 0) != 0) continue;
+    const std::string number = tag.substr(11);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    newest = std::max<int64_t>(newest, std::stoll(number));
+  }
+  TANDEM_CHECK_ARG(newest >= 0, "Accelerator::load_state(): {} holds no checkpoint_<N>; save "
+                                "one with save_state() first",
+                   dir);
+  LoadStateOptions options;
+  options.tag = fmt::format("checkpoint_{}", newest);
+  nlohmann::json client_state = load_state(dir, options);
+  s.iteration = newest + 1;
+  return client_state;
+}
+
+int64_t Accelerator::save_iteration() const { return impl_->iteration; }
 
 void Accelerator::register_for_checkpointing(std::shared_ptr<Checkpointable> object) {
   impl_->checkpointer->register_object(std::move(object));

@@ -69,6 +69,14 @@ struct Accelerator::Impl {
   bool split_batches = false;
   std::optional<bool> dispatch_batches;
   bool step_scheduler_with_optimizer = true;
+  // AcceleratorOptions' ProjectConfiguration fields.
+  std::string project_dir;
+  bool automatic_checkpoint_naming = false;
+  int total_limit = 0;
+  int64_t iteration = 0;
+  // project_dir/checkpoints; UsageError naming `caller` unless
+  // automatic_checkpoint_naming and a project_dir were given.
+  std::string automatic_checkpoint_dir(const char* caller) const;
   c10::Device device = c10::Device(c10::kCPU);
   std::shared_ptr<LossScaler> scaler;
   std::unique_ptr<detail::Trackers> trackers;

@@ -20,6 +20,7 @@
 #include "support/subprocess.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/checkpoint/checkpoint.h"
 #include "tandem/optim/lr_scheduler.h"
 
 namespace tandem {
@@ -167,6 +168,49 @@ TEST(DeepSpeedMonitors, CsvMonitorWritesTrainSamplesEventsAtGlobalSamples) {
             "step,train_loss\n6,1.0\n12,1.0\n");
   EXPECT_EQ(read_text(dir.path() + "/job/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
   EXPECT_EQ(read_text(dir.path() + "/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
+}
+
+// ProjectConfiguration(automatic_checkpoint_naming, total_limit, iteration):
+// save_state() writes project_dir/checkpoints/checkpoint_<iteration>, keeps
+// total_limit of them, and load_state() resumes from the highest, the next
+// save continuing after it.
+TEST(ProjectConfiguration, AutomaticCheckpointNamingCountsKeepsTheLimitAndResumes) {
+  testing::TempDir dir;
+  AcceleratorOptions options;
+  options.project_dir = dir.path();
+  options.automatic_checkpoint_naming = true;
+  options.total_limit = 2;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+    auto model = torch::nn::Linear(2, 1);
+    accelerator.prepare_model(model);
+    accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1)));
+    EXPECT_THROW(accelerator.load_state(), UsageError);  // nothing saved yet
+    for (int i = 0; i < 3; ++i) accelerator.save_state();
+    EXPECT_EQ(accelerator.save_iteration(), 3);
+  });
+  EXPECT_EQ(checkpoint_tags(dir.path() + "/checkpoints"),
+            (std::vector<std::string>{"checkpoint_1", "checkpoint_2"}));
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+    auto model = torch::nn::Linear(2, 1);
+    accelerator.prepare_model(model);
+    accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1)));
+    // iteration 0 again: its checkpoint_0 is gone, so saving would not
+    // collide, but checkpoint_1 would; load_state() moves past both.
+    accelerator.load_state();
+    EXPECT_EQ(accelerator.save_iteration(), 3);
+    accelerator.save_state();
+  });
+  EXPECT_EQ(checkpoint_tags(dir.path() + "/checkpoints"),
+            (std::vector<std::string>{"checkpoint_2", "checkpoint_3"}));
+  // Without the option there is no directory to default to.
+  run_ranks(1, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, AcceleratorOptions{});
+    EXPECT_THROW(accelerator.save_state(), UsageError);
+  });
 }
 
 }  // namespace

@@ -284,6 +284,14 @@ class Accelerator {
   // ---- Checkpoints ---------------------------------------------------------
   // Everything to resume exactly, as DIR/<tag>, atomically. Collective.
   void save_state(const std::string& dir, const SaveStateOptions& options = {});
+  // With automatic_checkpoint_naming: project_dir/checkpoints, tag
+  // checkpoint_<iteration> (UsageError if it exists), then iteration + 1.
+  void save_state();
+  // With automatic_checkpoint_naming: the highest checkpoint_<N> under
+  // project_dir/checkpoints; the next save_state() writes checkpoint_<N + 1>.
+  nlohmann::json load_state();
+  // The `iteration` the next automatically named save_state() writes.
+  int64_t save_iteration() const;
   // Restores a checkpoint into the prepared objects; returns client state.
   nlohmann::json load_state(const std::string& dir, const LoadStateOptions& options = {});
   // Saved and restored with the checkpoint as custom_checkpoint_<i>.

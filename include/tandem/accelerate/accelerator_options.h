@@ -61,9 +61,18 @@ struct AcceleratorOptions {
   // TensorBoard event files to the JSON lines init_trackers() always writes.
   // Other names (wandb, mlflow, ...) are refused with a UsageError.
   std::vector<std::string> log_with;
-  // Where TensorBoard event files go (Accelerate's project_dir); empty: the
-  // folder of init_trackers()'s JSON-lines file.
+  // Accelerate's ProjectConfiguration. project_dir: where TensorBoard and
+  // CSV files go (empty: the folder of init_trackers()'s JSON-lines file),
+  // and with automatic_checkpoint_naming where save_state() and
+  // load_state() without a directory keep checkpoints:
+  // project_dir/checkpoints/checkpoint_<iteration>, `iteration` counting up
+  // from this value with each save (and set past the checkpoint load_state()
+  // resumed from, unlike Accelerate, so the next save does not collide);
+  // total_limit (> 0) keeps only that many of them.
   std::string project_dir;
+  bool automatic_checkpoint_naming = false;
+  int total_limit = 0;
+  int64_t iteration = 0;
   // The model's hidden (embedding) width, what Accelerate reads from
   // model.config.hidden_size (or the largest of model.config.hidden_sizes).
   // A C++ module has no config, so give it here: prepare_model() then fills
