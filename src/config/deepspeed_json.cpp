@@ -200,17 +200,6 @@ void read_torch_autocast(const Value& block, PrecisionBlocks& seen) {
   });
 }
 
-// DeepSpeed's tensorboard / csv_monitor block.
-void read_monitor(const Value& block, MonitorConfig& monitor) {
-  expect_map(block, "write it as {\"enabled\": true, \"output_path\": \"logs/\", "
-                    "\"job_name\": \"run1\"}");
-  for_each_key(block, deepspeed_monitor_keys(), [&](const std::string& key, const Value& v) {
-    if (key == "enabled") monitor.enabled = v.as_bool();
-    if (key == "output_path") monitor.output_path = v.is_null() ? "" : v.as_string();
-    if (key == "job_name") monitor.job_name = v.as_string();
-  });
-}
-
 // torch_autocast next to an fp16 or bf16 block: the same half type is one
 // mode (DeepSpeed's half-precision parameters under autocast), a different
 // one is a clash.
@@ -318,6 +307,17 @@ const KeyTable& deepspeed_torch_autocast_keys() {
         }}},
       {}};
   return table;
+}
+
+// DeepSpeed's tensorboard / csv_monitor block.
+void read_monitor(const Value& block, MonitorConfig& monitor) {
+  expect_map(block, "write it as {\"enabled\": true, \"output_path\": \"logs/\", "
+                    "\"job_name\": \"run1\"}");
+  for_each_key(block, deepspeed_monitor_keys(), [&](const std::string& key, const Value& v) {
+    if (key == "enabled") monitor.enabled = v.as_bool();
+    if (key == "output_path") monitor.output_path = v.is_null() ? "" : v.as_string();
+    if (key == "job_name") monitor.job_name = v.as_string();
+  });
 }
 
 const KeyTable& deepspeed_monitor_keys() {

@@ -40,6 +40,8 @@ std::vector<KeyLevel> key_levels() {
   add(ConfigFormat::kTandemYaml, "ddp", ddp_keys());
   add(ConfigFormat::kTandemYaml, "ddp.powersgd", ddp_powersgd_keys());
   add(ConfigFormat::kTandemYaml, "cuda_graph", cuda_graph_keys());
+  add(ConfigFormat::kTandemYaml, "tensorboard", deepspeed_monitor_keys());
+  add(ConfigFormat::kTandemYaml, "csv_monitor", deepspeed_monitor_keys());
   add(ConfigFormat::kTandemYaml, "preemption", preemption_keys());
   add_shared_blocks(ConfigFormat::kTandemYaml, Dialect::kTandem);
 

@@ -99,6 +99,8 @@ const KeyTable& deepspeed_fp16_keys();
 const KeyTable& deepspeed_bf16_keys();  // also under the legacy name bfloat16
 const KeyTable& deepspeed_torch_autocast_keys();
 const KeyTable& deepspeed_monitor_keys();  // tensorboard and csv_monitor
+// A tensorboard or csv_monitor block (DeepSpeed's keys; tandem YAML too).
+void read_monitor(const Value& block, MonitorConfig& monitor);
 const KeyTable& zero_optimization_keys(Dialect dialect);
 const KeyTable& offload_keys(bool optimizer);  // offload_optimizer (true) or offload_param
 const KeyTable& activation_checkpointing_keys(Dialect dialect);

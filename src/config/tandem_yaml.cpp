@@ -90,7 +90,8 @@ const KeyTable& tandem_top_level_keys() {
        "mixed_precision", "train_batch_size", "train_micro_batch_size_per_gpu",
        "gradient_accumulation_steps", "gradient_clipping", "seed", "fp16", "zero_optimization",
        "optimizer", "scheduler", "ddp", "activation_checkpointing", "enable_cpu_affinity",
-       "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph", "preemption"},
+       "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph", "preemption",
+       "tensorboard", "csv_monitor"},
       {{"same_network", "changes nothing in tandem launch: every machine must reach "
                         "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
       {}};
@@ -216,6 +217,8 @@ void read_tandem_document(const Value& root, Config& config) {
       read_cuda_graph(v, config.cuda_graph);
     } else if (key == "preemption") {
       read_preemption(v, config.preemption);
+    } else if (key == "tensorboard" || key == "csv_monitor") {
+      read_monitor(v, key == "tensorboard" ? config.tensorboard : config.csv_monitor);
     } else if (key == "enable_cpu_affinity") {
       config.enable_cpu_affinity = v.as_bool();
     } else if (key == "debug") {

@@ -112,6 +112,16 @@ void write_training(Writer& w, const Config& c) {
   w.line(1, "warmup_steps", fmt::format("{}", c.cuda_graph.warmup_steps));
   w.line(1, "max_captures", fmt::format("{}", c.cuda_graph.max_captures));
 
+  w.comment("DeepSpeed's monitors: metrics under output_path/job_name (docs/config.md).");
+  for (const auto& [name, monitor] : {std::pair<const char*, const MonitorConfig&>{
+                                          "tensorboard", c.tensorboard},
+                                      {"csv_monitor", c.csv_monitor}}) {
+    w.line(0, name, "");
+    w.line(1, "enabled", flag(monitor.enabled));
+    w.line(1, "output_path", quote(monitor.output_path));
+    w.line(1, "job_name", quote(monitor.job_name));
+  }
+
   w.comment("On a signal, save a checkpoint at an agreed step and exit (docs/slurm.md).");
   w.line(0, "preemption", "");
   w.line(1, "enabled", flag(c.preemption.enabled));

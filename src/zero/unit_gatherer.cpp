@@ -72,7 +72,7 @@ at::Tensor UnitGatherer::after_forward(std::size_t group, at::Tensor output) {
   std::lock_guard<std::mutex> lock(mutex_);
   // A recomputed unit's backward follows at once and needs the parameters:
   // releasing now would only gather them again.
-  if (!hold_gathered_ && !recomputing_checkpoint()) release_locked(group);
+  if (!held(group) && !recomputing_checkpoint()) release_locked(group);
   if (torch::autograd::GradMode::is_enabled() && output.requires_grad()) {
     // Fires once the gradient of the unit's output is complete, i.e. just
     // before autograd runs the unit's own backward.
@@ -187,10 +187,8 @@ void UnitGatherer::settle_forward_order() {
 void UnitGatherer::end_backward() {
   if (!layout_.plan().partition_parameters) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!hold_gathered_) {
-    for (std::size_t g = 0; g < units_.size(); ++g) {
-      if (layout_.groups()[g].partitioned_params) release_locked(g);
-    }
+  for (std::size_t g = 0; g < units_.size(); ++g) {
+    if (layout_.groups()[g].partitioned_params && !held(g)) release_locked(g);
   }
   forward_order_fixed_ = forward_order_fixed_ || !forward_order_.empty();
 }
@@ -209,12 +207,20 @@ void UnitGatherer::write_back_shard(std::size_t g) {
 }
 
 void UnitGatherer::gather_all() {
+  std::vector<std::size_t> all(units_.size());
+  for (std::size_t g = 0; g < all.size(); ++g) all[g] = g;
+  gather_groups(all);
+}
+
+void UnitGatherer::gather_groups(const std::vector<std::size_t>& groups) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!layout_.plan().partition_parameters) return;
   TANDEM_CHECK(!hold_gathered_, "ZeroOptimizer: GatheredParameters guards do not nest");
   queue_.drain();
-  for (std::size_t g = 0; g < units_.size(); ++g) gather(g, /*wait=*/false);
-  for (std::size_t g = 0; g < units_.size(); ++g) gather(g, /*wait=*/true);
+  held_.assign(units_.size(), 0);
+  for (std::size_t g : groups) held_[g] = 1;
+  for (std::size_t g : groups) gather(g, /*wait=*/false);
+  for (std::size_t g : groups) gather(g, /*wait=*/true);
   hold_gathered_ = true;
 }
 
@@ -227,6 +233,26 @@ void UnitGatherer::release_all() {
     gather(g, /*wait=*/true);
     write_back_shard(g);
     release_locked(g);
+  }
+}
+
+void UnitGatherer::release_held(std::optional<int> modifier_rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!layout_.plan().partition_parameters || !hold_gathered_) return;
+  hold_gathered_ = false;
+  for (std::size_t g = 0; g < units_.size(); ++g) {
+    if (!held_[g] || !layout_.groups()[g].partitioned_params ||
+        units_[g].state == State::kReleased) {
+      continue;
+    }
+    gather(g, /*wait=*/true);
+    if (modifier_rank) {
+      // DeepSpeed's modifier_rank: that rank's values, on every rank.
+      at::Tensor full = layout_.groups()[g].full;
+      pg_.broadcast(full, *modifier_rank);
+      write_back_shard(g);
+    }
+    release_locked(g);  // without a modifier: the shards were never touched
   }
 }
 

@@ -21,6 +21,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ class UnitGatherer {
   // the plan partitions parameters.
   void gather_all();
   void release_all();
+  // GatheredParameters over some units: `groups` whole until release_held(),
+  // which keeps what rank `modifier_rank` holds in them (broadcast to every
+  // rank first), or with none discards every change. Do not nest.
+  void gather_groups(const std::vector<std::size_t>& groups);
+  void release_held(std::optional<int> modifier_rank);
   bool holding() const;
 
   // Fixes the forward order prefetch follows, once a pass has recorded one
@@ -103,6 +109,8 @@ class UnitGatherer {
   void prefetch_from(std::size_t group, int direction);
   void release_locked(std::size_t group);
   void write_back_shard(std::size_t group);
+  // Whether the units of group `group` stay whole (GatheredParameters).
+  bool held(std::size_t group) const { return hold_gathered_ && held_[group]; }
 
   const ZeroLayout& layout_;
   ProcessGroup& pg_;
@@ -116,6 +124,7 @@ class UnitGatherer {
   std::vector<std::size_t> forward_order_;
   bool forward_order_fixed_ = false;
   bool hold_gathered_ = false;
+  std::vector<char> held_;  // per group, while hold_gathered_
   int64_t live_bytes_ = 0;
   int64_t peak_live_bytes_ = 0;
 };

@@ -3,6 +3,8 @@
 
 #include "zero/zero_engine.h"
 
+#include <algorithm>
+
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
 
@@ -116,6 +118,25 @@ void ZeroEngine::for_each_whole_parameter(
   TANDEM_CHECK(!reducer_.in_backward(),
                "ZeroOptimizer::for_each_whole_parameter() called during backward");
   gatherer_.for_each_whole_parameter(fn);
+}
+
+void ZeroEngine::gather_parameters(const std::vector<at::Tensor>& params) {
+  std::vector<std::size_t> groups;
+  for (const at::Tensor& p : params) {
+    std::size_t found = layout_.params().size();
+    for (std::size_t i = 0; i < layout_.params().size(); ++i) {
+      if (layout_.params()[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) found = i;
+    }
+    TANDEM_CHECK_ARG(found < layout_.params().size(),
+                     "ZeroOptimizer::GatheredParameters: a tensor of shape {} is not a "
+                     "parameter of the model this optimizer shards; pass the model's own "
+                     "parameters (model->parameters())",
+                     p.defined() ? c10::str(p.sizes()) : std::string("undefined"));
+    const std::size_t g = layout_.group_of()[found];
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  std::sort(groups.begin(), groups.end());
+  gatherer_.gather_groups(groups);
 }
 
 }  // namespace tandem::detail

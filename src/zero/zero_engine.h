@@ -50,6 +50,10 @@ class ZeroEngine {
   bool gradient_sync() const { return reducer_.gradient_sync(); }
   void gather_all() { gatherer_.gather_all(); }
   void release_all() { gatherer_.release_all(); }
+  // GatheredParameters(params, modifier_rank): the groups holding `params`.
+  // UsageError for a tensor that is no parameter of the sharded model.
+  void gather_parameters(const std::vector<at::Tensor>& params);
+  void release_held(std::optional<int> modifier_rank) { gatherer_.release_held(modifier_rank); }
 
   int stage() const { return options_.stage; }
   const ZeroOptions& options() const { return options_; }

@@ -62,8 +62,24 @@ ZeroOptimizer::GatheredParameters::GatheredParameters(ZeroOptimizer& zero) : zer
   zero_.engine_->gather_all();
 }
 
+ZeroOptimizer::GatheredParameters::GatheredParameters(ZeroOptimizer& zero,
+                                                      const std::vector<at::Tensor>& params,
+                                                      std::optional<int> modifier_rank)
+    : zero_(zero), some_(true), modifier_rank_(modifier_rank) {
+  const int world = zero_.process_group().world_size();
+  TANDEM_CHECK_ARG(!modifier_rank || (*modifier_rank >= 0 && *modifier_rank < world),
+                   "ZeroOptimizer::GatheredParameters: modifier_rank {} is not a rank of the "
+                   "{}-rank group",
+                   modifier_rank.value_or(-1), world);
+  zero_.engine_->gather_parameters(params);
+}
+
 ZeroOptimizer::GatheredParameters::~GatheredParameters() noexcept(false) {
-  zero_.engine_->release_all();
+  if (some_) {
+    zero_.engine_->release_held(modifier_rank_);
+  } else {
+    zero_.engine_->release_all();
+  }
 }
 
 }  // namespace tandem

@@ -7,9 +7,9 @@
 //   * the optimizer's step() and zero_grad() act only when the current
 //     micro-step synchronises gradients (every gradient_accumulation_steps
 //     micro-batches, and on the last batch of a pass);
-//   * the scheduler steps once per real optimizer step: never once per
-//     micro-batch and never once per rank (the Accelerate pitfall of
-//     stepping it num_processes times);
+//   * the scheduler steps only after a real optimizer step (never on an
+//     accumulating micro-batch or a skipped step), and then num_processes
+//     times (once with split_batches), as Accelerate's AcceleratedScheduler;
 //   * the loader yields this rank's shard and tells the Accelerator when it
 //     hands out the last batch of a pass.
 //
@@ -114,12 +114,14 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
 };
 
 // The prepared scheduler: owns the wrapped one (and the prepared optimizer
-// it reads), and steps it once per real optimizer step.
+// it reads), and steps it as Accelerate's AcceleratedScheduler does.
 class AcceleratedScheduler {
  public:
   ~AcceleratedScheduler();
-  // Advances the wrapped scheduler once if the optimizer really stepped since
-  // the last call; a no-op otherwise. Call it right after optimizer->step().
+  // If the optimizer really stepped since the last call, advances the
+  // wrapped scheduler num_processes times (once with split_batches); a no-op
+  // otherwise. With step_scheduler_with_optimizer off: once, always. Call it
+  // right after optimizer->step().
   void step();
   // Wrapped-scheduler steps taken.
   int64_t steps() const;

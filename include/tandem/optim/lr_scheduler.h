@@ -13,7 +13,9 @@
 // every param group of the optimizer: once at construction (DeepSpeed's
 // "last_batch_iteration == -1" start) and then on every step(). Call step()
 // once per real optimizer step, i.e. once per gradient_accumulation_steps
-// micro-batches and never once per rank; docs/schedulers.md has the formulas.
+// micro-batches (a prepared scheduler follows Accelerate's rule instead:
+// num_processes steps per optimizer step); docs/schedulers.md has the
+// formulas.
 //
 // Thread-safety: none. A scheduler belongs to the thread that steps its
 // optimizer. It keeps a reference to the optimizer, which must outlive it

@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -198,15 +199,27 @@ class ZeroOptimizer {
   // lives (to read, evaluate or save them), and frees them again after,
   // keeping any change made to them in the meantime. Collective, on entry
   // and exit. Stages 1 and 2: nothing to do.
+  //
+  // DeepSpeed's GatheredParameters(params, modifier_rank): only the units
+  // holding `params` (the model's own parameter tensors, the same list on
+  // every rank) are made whole. On exit, with `modifier_rank`, what that
+  // rank holds in them is broadcast and kept on every rank (the way to
+  // change a parameter on one rank, e.g. an initialisation read from a
+  // file there); without it, every change is discarded, as in DeepSpeed.
+  // UsageError for a tensor that is no parameter of the sharded model.
   class GatheredParameters {
    public:
     explicit GatheredParameters(ZeroOptimizer& zero);
+    GatheredParameters(ZeroOptimizer& zero, const std::vector<at::Tensor>& params,
+                       std::optional<int> modifier_rank = std::nullopt);
     ~GatheredParameters() noexcept(false);
     GatheredParameters(const GatheredParameters&) = delete;
     GatheredParameters& operator=(const GatheredParameters&) = delete;
 
    private:
     ZeroOptimizer& zero_;
+    bool some_ = false;  // the (params, modifier_rank) form
+    std::optional<int> modifier_rank_;
   };
 
   int stage() const;
