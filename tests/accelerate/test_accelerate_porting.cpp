@@ -170,6 +170,14 @@ TEST(DeepSpeedMonitors, CsvMonitorWritesTrainSamplesEventsAtGlobalSamples) {
   EXPECT_EQ(read_text(dir.path() + "/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
 }
 
+// A model and an optimizer, prepared: what save_state() needs.
+void prepare_linear(Accelerator& accelerator) {
+  auto model = torch::nn::Linear(2, 1);
+  accelerator.prepare_model(model);
+  accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.1)));
+}
+
 // ProjectConfiguration(automatic_checkpoint_naming, total_limit, iteration):
 // save_state() writes project_dir/checkpoints/checkpoint_<iteration>, keeps
 // total_limit of them, and load_state() resumes from the highest, the next
@@ -182,10 +190,7 @@ TEST(ProjectConfiguration, AutomaticCheckpointNamingCountsKeepsTheLimitAndResume
   options.total_limit = 2;
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{}, options);
-    auto model = torch::nn::Linear(2, 1);
-    accelerator.prepare_model(model);
-    accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
-        model->parameters(), torch::optim::SGDOptions(0.1)));
+    prepare_linear(accelerator);
     EXPECT_THROW(accelerator.load_state(), UsageError);  // nothing saved yet
     for (int i = 0; i < 3; ++i) accelerator.save_state();
     EXPECT_EQ(accelerator.save_iteration(), 3);
@@ -194,10 +199,7 @@ TEST(ProjectConfiguration, AutomaticCheckpointNamingCountsKeepsTheLimitAndResume
             (std::vector<std::string>{"checkpoint_1", "checkpoint_2"}));
   run_ranks(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{}, options);
-    auto model = torch::nn::Linear(2, 1);
-    accelerator.prepare_model(model);
-    accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
-        model->parameters(), torch::optim::SGDOptions(0.1)));
+    prepare_linear(accelerator);
     // iteration 0 again: its checkpoint_0 is gone, so saving would not
     // collide, but checkpoint_1 would; load_state() moves past both.
     accelerator.load_state();

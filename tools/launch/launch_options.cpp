@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -98,20 +99,27 @@ void apply_rdzv_conf(const std::string& conf, LaunchOptions& opts) {
   }
 }
 
+// `text` as a whole int, all of it; nullopt otherwise.
+std::optional<int> whole_number(const std::string& text) {
+  size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
 // "4", or torchrun's "MIN:MAX": returns MAX, and MIN in *min_nodes when it
 // differs (an elastic job).
 int parse_nnodes(const std::string& text, int* min_nodes) {
   auto number = [&](const std::string& part) {
-    size_t used = 0;
-    int value = 0;
-    try {
-      value = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TANDEM_CHECK_ARG(used == part.size() && !part.empty(),
+    const std::optional<int> value = whole_number(part);
+    TANDEM_CHECK_ARG(value.has_value(),
                      "--nnodes '{}' is not a number of nodes (write N, or MIN:MAX)", text);
-    return value;
+    return *value;
   };
   const auto colon = text.find(':');
   if (colon == std::string::npos) return number(text);
@@ -130,17 +138,11 @@ std::vector<int> parse_number_list(const std::string& text, const std::string& f
   std::stringstream items(text);
   std::string item;
   auto number = [&](const std::string& part) {
-    size_t used = 0;
-    int value = -1;
-    try {
-      value = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TANDEM_CHECK_ARG(!part.empty() && used == part.size() && value >= 0,
+    const std::optional<int> value = whole_number(part);
+    TANDEM_CHECK_ARG(value.has_value() && *value >= 0,
                      "{} '{}': '{}' is not a number >= 0; write {}", flag, text, part,
                      ranges ? "a list such as 0,2-5,7" : "a list such as 0,1,2");
-    return value;
+    return *value;
   };
   while (std::getline(items, item, ',')) {
     const auto dash = ranges ? item.find('-') : std::string::npos;
@@ -168,16 +170,10 @@ int parse_nproc_per_node(const std::string& text) {
     return gpus;
   }
   if (text == "auto") return gpus > 0 ? gpus : static_cast<int>(allowed_cpus().size());
-  size_t used = 0;
-  int value = 0;
-  try {
-    value = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TANDEM_CHECK_ARG(used == text.size() && !text.empty(),
+  const std::optional<int> value = whole_number(text);
+  TANDEM_CHECK_ARG(value.has_value(),
                    "--nproc-per-node '{}' is not a number of processes, auto, gpu or cpu", text);
-  return value;
+  return *value;
 }
 
 }  // namespace
@@ -505,107 +501,6 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   if (!rdzv_conf.empty()) apply_rdzv_conf(rdzv_conf, opts);
   if (!mixed_precision.empty()) opts.mixed_precision = parse_mixed_precision(mixed_precision);
   return opts;
-}
-
-std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) {
-  const std::string path = select_config_file(opts.config_file, env);
-  if (path.empty()) return "";
-  try {
-    return fs::absolute(path);
-  } catch (const Error&) {  // no working directory: leave the path as given
-    return path;
-  }
-}
-
-void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
-  opts.cpu_affinity = opts.cpu_affinity || config.enable_cpu_affinity;
-  opts.debug_detail = config.debug;
-  if (opts.hostfile.empty() && !config.deepspeed_hostfile.empty()) {
-    const std::string& how = config.deepspeed_multinode_launcher;
-    if (how.empty() || how == "pdsh") {
-      // Accelerate would start DeepSpeed's pdsh runner here; tandem fans out
-      // over ssh itself (host_fanout.h).
-      opts.hostfile = config.deepspeed_hostfile;
-      if (opts.include.empty() && opts.exclude.empty()) {
-        opts.include = config.deepspeed_inclusion_filter;
-        opts.exclude = config.deepspeed_exclusion_filter;
-      }
-    } else if (how == "standard") {
-      std::fprintf(stderr,
-                   "tandem launch: %s: deepspeed_hostfile is not used: "
-                   "deepspeed_multinode_launcher is standard, so each machine runs its own "
-                   "launcher (as with Accelerate)\n",
-                   config.source_path.c_str());
-    } else {
-      TANDEM_THROW(UsageError,
-                   "{}: deepspeed_multinode_launcher {} is not supported: tandem launch starts "
-                   "a deepspeed_hostfile's hosts over ssh (pdsh, or leave the key out). Under "
-                   "Slurm, run one `tandem launch` per node with srun, or start the program "
-                   "directly with srun (docs/slurm.md); under mpirun, start the program "
-                   "directly: tandem reads OMPI_* and SLURM_*",
-                   config.source_path, how);
-    }
-  }
-  if (config.preemption.enabled && !opts.grace_period_given) {
-    // The workers finish their step and save after a SIGTERM; Slurm's
-    // KillWait, not the launcher, bounds how long that may take.
-    opts.grace_period_s = 600;
-  }
-  if (!opts.standalone) {
-    // A hostfile job's head numbers the hosts from the file.
-    if (!opts.nnodes_given && opts.hostfile.empty()) opts.nnodes = config.num_machines;
-    if (!opts.node_rank_given && opts.hostfile.empty()) {
-      opts.node_rank = config.machine_rank;
-      // A config for several machines names this one's rank.
-      opts.node_rank_given = config.num_machines > 1;
-    }
-    if (!opts.master_addr_given && !config.main_process_ip.empty()) {
-      opts.master_addr = config.main_process_ip;
-    }
-    if (!opts.master_port_given && config.main_process_port) {
-      opts.master_port = *config.main_process_port;
-    }
-    if (!opts.rdzv_backend_given && opts.hostfile.empty()) {
-      TANDEM_CHECK_ARG(config.rdzv_backend == "static" || config.rdzv_backend == "c10d",
-                       "{}: rdzv_backend {} is not supported: the nodes meet at tandem's own "
-                       "store. Use c10d (the nodes agree on node ranks there) or static (each "
-                       "node gives its machine_rank)",
-                       config.source_path, config.rdzv_backend);
-      opts.rdzv_backend = config.rdzv_backend;
-    }
-  }
-  const bool filtered = !opts.include.empty() || !opts.exclude.empty();
-  if (!opts.nproc_given && !filtered && config.num_processes) {
-    const int total = *config.num_processes;
-    TANDEM_CHECK_ARG(opts.nnodes >= 1 && total % opts.nnodes == 0 && total >= opts.nnodes,
-                     "{}: num_processes {} counts the processes of all {} machines (as "
-                     "Accelerate does) and must split evenly over them; make it a multiple of "
-                     "{}, or give --nproc-per-node",
-                     config.source_path, total, opts.nnodes, opts.nnodes);
-    opts.nproc_per_node = total / opts.nnodes;
-  }
-  // --gpu_ids beats the file's gpu_ids.
-  const std::string gpu_ids =
-      opts.gpu_ids_given ? (opts.visible_devices.empty() ? "all" : opts.visible_devices)
-                         : config.gpu_ids;
-  const bool listed = !gpu_ids.empty() && gpu_ids != "all";
-  if (!filtered && listed && !opts.gpu_ids_given) opts.visible_devices = config.gpu_ids;
-  // A GPU config without a count (or `num_processes: auto`) runs one
-  // process per GPU of this node, as `accelerate launch` and `deepspeed` do.
-  const bool gpu_job = config.distributed_type == DistributedType::kMultiGpu ||
-                       ((config.distributed_type == DistributedType::kDeepSpeed ||
-                         config.distributed_type == DistributedType::kFsdp) &&
-                        !config.use_cpu);
-  if (!opts.nproc_given && !filtered && !config.num_processes && gpu_job) {
-    int gpus = local_gpus;
-    if (listed) gpus = 1 + static_cast<int>(std::count(gpu_ids.begin(), gpu_ids.end(), ','));
-    opts.nproc_per_node = std::max(1, gpus);
-  }
-}
-
-void default_zero_stage(const Config* config, LaunchOptions& opts) {
-  if (!opts.use_deepspeed || opts.zero_stage) return;
-  if (config == nullptr || config->zero.stage == 0) opts.zero_stage = 2;
 }
 
 bool rendezvous_at_store(const LaunchOptions& opts) {
