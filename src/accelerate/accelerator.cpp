@@ -73,6 +73,12 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
              main_process()) {
     log_warn("the config asks for MULTI_GPU but CUDA is not available here; training on the CPU");
   }
+  // DeepSpeed's torch_autocast without a dtype: torch.autocast's default
+  // for CUDA is fp16 (the file was read as bf16, the CPU's).
+  if (file_config.autocast_device_default && device.is_cuda()) {
+    file_config.mixed_precision = MixedPrecision::kFp16;
+    resolve(0);
+  }
   TANDEM_CHECK_ARG(config.mixed_precision != MixedPrecision::kFp16 || device.is_cuda(),
                    "Accelerator: mixed_precision fp16 needs a CUDA device, and this run trains "
                    "on the CPU. Use bf16 on the CPU (mixed_precision: bf16, or "

@@ -169,6 +169,7 @@ bool same_settings(const Config& a, const Config& b) {
          a.main_process_ip == b.main_process_ip && a.main_process_port == b.main_process_port &&
          a.gpu_ids == b.gpu_ids && a.use_cpu == b.use_cpu && a.rdzv_backend == b.rdzv_backend &&
          a.mixed_precision == b.mixed_precision &&
+         a.autocast_device_default == b.autocast_device_default &&
          a.train_batch_size == b.train_batch_size &&
          a.train_micro_batch_size_per_gpu == b.train_micro_batch_size_per_gpu &&
          a.gradient_accumulation_steps == b.gradient_accumulation_steps &&

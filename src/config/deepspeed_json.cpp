@@ -5,8 +5,6 @@
 #include <map>
 #include <optional>
 
-#include <torch/cuda.h>
-
 #include "config/readers.h"
 
 namespace tandem::config_detail {
@@ -126,6 +124,7 @@ struct PrecisionBlocks {
   // torch_autocast.enabled once true, with the mode its dtype asks for.
   std::optional<Value> autocast_on;
   MixedPrecision autocast_mode = MixedPrecision::kNo;
+  bool autocast_device_default = false;  // no dtype given
 };
 
 [[noreturn]] void fail_both_enabled(const Value& v, const std::string& other) {
@@ -173,11 +172,11 @@ void read_bf16(const Value& block, Config& config, PrecisionBlocks& seen) {
 
 // DeepSpeed's torch_autocast block: fp32 parameters, the forward pass under
 // torch.autocast in `dtype`, which is tandem's mixed_precision. Without a
-// dtype torch.autocast takes its device's default: fp16 on CUDA, bf16 on CPU.
+// dtype torch.autocast takes its device's default: bf16 here (the CPU's),
+// and Config::autocast_device_default tells the Accelerator to take fp16 on
+// a CUDA device.
 MixedPrecision autocast_dtype_mode(const Value& dtype) {
-  if (dtype.is_null()) {
-    return torch::cuda::is_available() ? MixedPrecision::kFp16 : MixedPrecision::kBf16;
-  }
+  if (dtype.is_null()) return MixedPrecision::kBf16;
   // DeepSpeed's DtypeEnum spellings.
   const std::string name = dtype.as_choice({"torch.bfloat16", "bf16", "bfloat16", "torch.float16",
                                             "fp16", "float16", "half", "torch.float32", "fp32",
@@ -192,10 +191,12 @@ MixedPrecision autocast_dtype_mode(const Value& dtype) {
 void read_torch_autocast(const Value& block, PrecisionBlocks& seen) {
   expect_map(block, "torch_autocast is a block: {\"enabled\": true, \"dtype\": \"bfloat16\"}");
   const MixedPrecision mode = autocast_dtype_mode(block.child("dtype"));
+  const bool device_default = block.child("dtype").is_null();
   for_each_key(block, deepspeed_torch_autocast_keys(), [&](const std::string& key, const Value& v) {
     if (key == "enabled" && v.as_bool()) {
       seen.autocast_on = v;
       seen.autocast_mode = mode;
+      seen.autocast_device_default = device_default;
     }
   });
 }
@@ -206,6 +207,14 @@ void read_torch_autocast(const Value& block, PrecisionBlocks& seen) {
 void apply_torch_autocast(const PrecisionBlocks& seen, Config& config) {
   if (!seen.autocast_on || seen.autocast_mode == MixedPrecision::kNo) return;
   const Value& v = *seen.autocast_on;
+  if (seen.autocast_device_default) {
+    // No dtype: the device decides, unless a half block already did.
+    if (!seen.fp16_on.empty()) {
+      config.mixed_precision = MixedPrecision::kFp16;
+      return;
+    }
+    config.autocast_device_default = seen.bf16_on.empty();
+  }
   const std::string dtype = to_string(seen.autocast_mode);
   if (!seen.fp16_on.empty() && seen.autocast_mode != MixedPrecision::kFp16) {
     v.fail("torch_autocast casts to " + dtype + " but " + seen.fp16_on + " is true",

@@ -1,7 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <torch/cuda.h>
-
 #include "config_testing.h"
 
 namespace tandem {
@@ -172,10 +170,12 @@ TEST(DeepSpeedJson, TorchAutocastSetsMixedPrecisionFromItsDtype) {
   EXPECT_EQ(mode(R"({"enabled": true, "dtype": "torch.float16"})"), MixedPrecision::kFp16);
   EXPECT_EQ(mode(R"({"enabled": true, "dtype": "fp32"})"), MixedPrecision::kNo);
   EXPECT_EQ(mode(R"({"enabled": false, "dtype": "bf16"})"), MixedPrecision::kNo);
-  // No dtype: torch.autocast's default for the device (bf16 on a CPU-only box).
-  if (!torch::cuda::is_available()) {
-    EXPECT_EQ(mode(R"({"enabled": true})"), MixedPrecision::kBf16);
-  }
+  // No dtype: torch.autocast's default for the device, bf16 on the CPU (the
+  // Accelerator switches to fp16 when it trains on CUDA).
+  const Config no_dtype = parse_config_text(R"({"torch_autocast": {"enabled": true}})", "ds.json");
+  EXPECT_EQ(no_dtype.mixed_precision, MixedPrecision::kBf16);
+  EXPECT_TRUE(no_dtype.autocast_device_default);
+  EXPECT_EQ(mode(R"({"enabled": true}, "fp16": {"enabled": true})"), MixedPrecision::kFp16);
   Config with_block = parse_config_text(
       R"({"bf16": {"enabled": true}, "torch_autocast": {"enabled": true, "dtype": "bf16",
           "lower_precision_safe_modules": ["torch.nn.modules.linear.Linear"]}})", "ds.json");

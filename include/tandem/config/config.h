@@ -233,6 +233,10 @@ struct Config {
 
   // How it trains.
   MixedPrecision mixed_precision = MixedPrecision::kNo;
+  // DeepSpeed's torch_autocast without a dtype: torch.autocast's default for
+  // the device, so mixed_precision (bf16, the CPU's) becomes fp16 when the
+  // Accelerator trains on CUDA.
+  bool autocast_device_default = false;
   // The batch triple; empty means "auto"/not given until resolve_config().
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> train_micro_batch_size_per_gpu;
