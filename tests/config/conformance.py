@@ -40,6 +40,9 @@ import sys
 import tempfile
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402 - next to this file
+
 SKIP = 77
 WORLD_SIZES = (1, 2, 3, 4, 8)
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -54,19 +57,8 @@ TRAINER_ACCUMULATION = 2
 
 
 def import_peers():
-    """Imports deepspeed and accelerate quietly; None and a reason on failure."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    try:
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-            import deepspeed.runtime.config as ds_config  # noqa: F401
-            import accelerate.commands.config.config_args  # noqa: F401
-            import accelerate.utils  # noqa: F401
-    except Exception as error:  # ImportError, or a broken install
-        return f"{type(error).__name__}: {error}"
-    for name in ("DeepSpeed", "deepspeed", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.simplefilter("ignore")
-    return None
+    """The peers imported quietly; None, or why they could not be."""
+    return peers.import_peers(['deepspeed.runtime.config', 'accelerate.commands.config.config_args', 'accelerate.utils'])
 
 
 def one_line(text, limit=160):

@@ -62,6 +62,9 @@ import textwrap
 import time
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402 - next to this file
+
 SKIP = 77
 
 # The optimizer and scheduler types tandem's DeepSpeed reader accepts
@@ -97,20 +100,8 @@ PROBE = "__tandem_schema_probe__"
 
 
 def import_peers():
-    """Imports deepspeed and accelerate quietly; None or the reason it failed."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    try:
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-            import deepspeed.runtime.config  # noqa: F401
-            import deepspeed.runtime.engine  # noqa: F401
-            import accelerate.commands.config.config_args  # noqa: F401
-            import accelerate.commands.launch  # noqa: F401
-    except Exception as error:  # ImportError, or a broken install
-        return f"{type(error).__name__}: {error}"
-    for name in ("DeepSpeed", "deepspeed", "accelerate"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    warnings.simplefilter("ignore")
-    return None
+    """The peers imported quietly; None, or why they could not be."""
+    return peers.import_peers(['deepspeed.runtime.config', 'deepspeed.runtime.engine', 'accelerate.commands.config.config_args', 'accelerate.commands.launch'])
 
 
 def join(path, key):
