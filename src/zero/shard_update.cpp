@@ -22,7 +22,9 @@ UpdateRule update_rule_of(torch::optim::Optimizer& optimizer) {
   TANDEM_THROW(UsageError,
                "ZeRO shards torch::optim::Adam, AdamW and SGD (and tandem::CpuAdam); this "
                "optimizer is none of them. Build one of those over the model's parameters "
-               "(ZeRO runs tandem's CPU Adam kernel on the shards when offloading)");
+               "(ZeRO runs tandem's CPU Adam kernel on the shards when offloading), or train "
+               "without ZeRO (zero_optimization.stage 0: DDP steps any torch::optim optimizer "
+               "on whole parameters)");
 }
 
 std::vector<UpdateHyper> read_hyper(torch::optim::Optimizer& optimizer, UpdateRule rule) {
