@@ -69,11 +69,13 @@ std::string python_scalar(const YAML::Node& node) {
 std::string python_str(const YAML::Node& node) {
   if (node.IsScalar()) return python_scalar(node);
   if (node.IsNull()) return "None";
+  // What python_scalar prints for an int or a float.
+  static const std::regex kNumber(R"([-+]?[0-9.]+(e[-+][0-9]+)?)");
   auto repr = [](const YAML::Node& item) {
     const std::string text = python_str(item);
     const bool is_string = item.IsScalar() && (item.Tag() == "!" || text == item.Scalar()) &&
                            text != "True" && text != "False" && text != "None" &&
-                           !std::regex_match(text, std::regex(R"([-+]?[0-9.]+(e[-+][0-9]+)?)"));
+                           !std::regex_match(text, kNumber);
     return is_string ? "'" + text + "'" : text;
   };
   std::string out = node.IsSequence() ? "[" : "{";
