@@ -34,6 +34,8 @@
 #include "tandem/data/distributed_sampler.h"
 #include "tandem/data/streaming_loader.h"
 #include "tandem/optim/cpu_adam.h"
+#include "tandem/optim/lamb.h"
+#include "tandem/optim/lion.h"
 #include "tandem/optim/lr_scheduler.h"
 #include "tandem/optim/optimizer_factory.h"
 #include "tandem/parallel/sync_batch_norm.h"

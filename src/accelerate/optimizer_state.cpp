@@ -9,6 +9,8 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/torch_types.h"
+#include "tandem/optim/lamb.h"
+#include "tandem/optim/lion.h"
 
 namespace tandem::detail {
 namespace {
@@ -43,6 +45,23 @@ nlohmann::json options_json(const std::string& type, torch::optim::OptimizerPara
             {"weight_decay", o.weight_decay()},
             {"initial_accumulator_value", o.initial_accumulator_value()},
             {"eps", o.eps()}};
+  }
+  if (type == "Lion") {
+    auto& o = options_of<LionOptions>(group);
+    return {{"lr", o.lr()},
+            {"betas", {std::get<0>(o.betas()), std::get<1>(o.betas())}},
+            {"weight_decay", o.weight_decay()}};
+  }
+  if (type == "Lamb") {
+    auto& o = options_of<LambOptions>(group);
+    return {{"lr", o.lr()},
+            {"betas", {std::get<0>(o.betas()), std::get<1>(o.betas())}},
+            {"eps", o.eps()},
+            {"weight_decay", o.weight_decay()},
+            {"bias_correction", o.bias_correction()},
+            {"eps_inside_sqrt", o.eps_inside_sqrt()},
+            {"max_coeff", o.max_coeff()},
+            {"min_coeff", o.min_coeff()}};
   }
   auto& o = options_of<torch::optim::RMSpropOptions>(group);
   return {{"lr", o.lr()},         {"alpha", o.alpha()},       {"eps", o.eps()},
@@ -79,6 +98,21 @@ void apply_options(const std::string& type, torch::optim::OptimizerParamGroup& g
     o.weight_decay(j.at("weight_decay").get<double>());
     o.initial_accumulator_value(j.at("initial_accumulator_value").get<double>());
     o.eps(j.at("eps").get<double>());
+  } else if (type == "Lion") {
+    auto& o = options_of<LionOptions>(group);
+    o.lr(j.at("lr").get<double>());
+    o.betas({j.at("betas")[0].get<double>(), j.at("betas")[1].get<double>()});
+    o.weight_decay(j.at("weight_decay").get<double>());
+  } else if (type == "Lamb") {
+    auto& o = options_of<LambOptions>(group);
+    o.lr(j.at("lr").get<double>());
+    o.betas({j.at("betas")[0].get<double>(), j.at("betas")[1].get<double>()});
+    o.eps(j.at("eps").get<double>());
+    o.weight_decay(j.at("weight_decay").get<double>());
+    o.bias_correction(j.at("bias_correction").get<bool>());
+    o.eps_inside_sqrt(j.at("eps_inside_sqrt").get<bool>());
+    o.max_coeff(j.at("max_coeff").get<double>());
+    o.min_coeff(j.at("min_coeff").get<double>());
   } else {
     auto& o = options_of<torch::optim::RMSpropOptions>(group);
     o.lr(j.at("lr").get<double>());
@@ -116,9 +150,11 @@ std::string optimizer_type(torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::SGDOptions*>(o)) return "SGD";
   if (dynamic_cast<const torch::optim::AdagradOptions*>(o)) return "Adagrad";
   if (dynamic_cast<const torch::optim::RMSpropOptions*>(o)) return "RMSprop";
+  if (dynamic_cast<const LionOptions*>(o)) return "Lion";
+  if (dynamic_cast<const LambOptions*>(o)) return "Lamb";
   TANDEM_THROW(UsageError,
                "checkpoints store the state of torch::optim Adam, AdamW, SGD, Adagrad and "
-               "RMSprop; this optimizer is none of them (LBFGS and custom optimizers have no "
+               "RMSprop, and of tandem::Lion and tandem::Lamb; this optimizer is none of them (LBFGS and custom optimizers have no "
                "pickle-free state format). Use one of those, or save its state yourself in "
                "the client state");
 }
@@ -164,6 +200,12 @@ ParamState get_param_state(torch::optim::Optimizer& optimizer, const at::Tensor&
   } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(base)) {
     out.step = static_cast<int64_t>(s->step());
     add("sum", s->sum());
+  } else if (auto* s = dynamic_cast<LionParamState*>(base)) {
+    add("exp_avg", s->exp_avg());
+  } else if (auto* s = dynamic_cast<LambParamState*>(base)) {
+    out.step = s->step();
+    add("exp_avg", s->exp_avg());
+    add("exp_avg_sq", s->exp_avg_sq());
   } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(base)) {
     out.step = s->step();
     add("square_avg", s->square_avg());
@@ -208,6 +250,16 @@ void set_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param
     at::Tensor sum = find(state, "sum", like);
     if (!sum.defined()) return;  // keep the accumulator the optimizer built
     s->sum(sum);
+    made = std::move(s);
+  } else if (type == "Lion") {
+    auto s = std::make_unique<LionParamState>();
+    s->exp_avg(find_or_zeros(state, "exp_avg", like));
+    made = std::move(s);
+  } else if (type == "Lamb") {
+    auto s = std::make_unique<LambParamState>();
+    s->step(state.step < 0 ? 0 : state.step);
+    s->exp_avg(find_or_zeros(state, "exp_avg", like));
+    s->exp_avg_sq(find_or_zeros(state, "exp_avg_sq", like));
     made = std::move(s);
   } else {
     auto s = std::make_unique<torch::optim::RMSpropParamState>();

@@ -16,7 +16,7 @@
 
 namespace tandem::detail {
 
-// "Adam", "AdamW", "SGD", "Adagrad" or "RMSprop"; UsageError for others
+// "Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Lion" or "Lamb"; UsageError for others
 // (LBFGS, custom optimizers), naming what is supported.
 std::string optimizer_type(torch::optim::Optimizer& optimizer);
 

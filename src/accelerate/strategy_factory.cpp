@@ -94,12 +94,15 @@ HybridGroups make_hybrid_groups(const ZeroConfig& zero, const std::shared_ptr<Pr
 }  // namespace
 
 StrategyFactory::StrategyFactory(const Config& config, const std::optional<DDPOptions>& ddp,
-                                 std::shared_ptr<ProcessGroup> world, int local_world_size)
+                                 std::shared_ptr<ProcessGroup> world, int local_world_size,
+                                 ZeroOptions::ShardOptimizerFactory shard_optimizer_factory)
     : world_(std::move(world)),
       ddp_(ddp ? *ddp : ddp_options(config.ddp)),
       zero_(zero_options(config.zero)),
       zero3_init_(config.zero.stage == 3 && config.zero.zero3_init),
-      hybrid_(make_hybrid_groups(config.zero, world_, local_world_size)) {}
+      hybrid_(make_hybrid_groups(config.zero, world_, local_world_size)) {
+  if (zero_) zero_->shard_optimizer_factory = std::move(shard_optimizer_factory);
+}
 
 std::shared_ptr<ModelStrategy> StrategyFactory::make(
     std::shared_ptr<torch::nn::Module> module, std::shared_ptr<StepController> controller) const {

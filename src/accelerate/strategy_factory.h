@@ -34,8 +34,11 @@ class StrategyFactory {
   // host; zero_hpz_partition_size 0 means `local_world_size` ranks): that is
   // collective, so every rank constructs it at the same point. UsageError
   // when the partition size does not divide the world.
+  // `shard_optimizer_factory` (may be empty) goes to every ZeroOptimizer
+  // (ZeroOptions::shard_optimizer_factory).
   StrategyFactory(const Config& config, const std::optional<DDPOptions>& ddp,
-                  std::shared_ptr<ProcessGroup> world, int local_world_size);
+                  std::shared_ptr<ProcessGroup> world, int local_world_size,
+                  ZeroOptions::ShardOptimizerFactory shard_optimizer_factory = {});
 
   // How to hold `module`, prepared now: replicated, ZeRO or HSDP.
   // Collective (DDP and ZeRO broadcast rank 0's values).

@@ -359,7 +359,9 @@ void read_deepspeed_document(const Value& root, Config& config) {
       read_activation_checkpointing(v, config, Dialect::kDeepSpeed);
     } else if (key == "zero_allow_untested_optimizer") {
       // DeepSpeed's gate for optimizers it has not tested with ZeRO; tandem
-      // shards every optimizer it builds, so either value trains the same.
+      // shards every optimizer it builds, so either value trains the same
+      // (a user's optimizer ZeRO does not know goes through
+      // AcceleratorOptions::zero_shard_optimizer_factory).
       (void)v.as_bool();
     } else if (key == "tensor_parallel" || key == "sequence_parallel_size") {
       read_deepspeed_parallelism(v, key);

@@ -31,21 +31,48 @@ ShardState::ShardState(const ZeroLayout& layout, UnitGatherer& gatherer,
       rule_(rule),
       pg_(pg),
       queue_(queue),
-      options_(options) {}
+      options_(options),
+      names_(detail::state_names(rule, read_hyper(optimizer, rule))) {
+  if (rule_ == UpdateRule::kCustom) build_custom_optimizer(optimizer);
+}
+
+void ShardState::build_custom_optimizer(torch::optim::Optimizer& optimizer) {
+  // One param group per group of the user's optimizer (some may hold no
+  // tensor on this rank), each tensor a view of one run of a master shard.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (auto& g : optimizer.param_groups()) {
+    groups.emplace_back(std::vector<at::Tensor>{}, g.options().clone());
+  }
+  for (const auto& group : layout_.groups()) {
+    for (const auto& run : group.runs) {
+      at::Tensor master = group.master.narrow(0, run.shard_offset, run.length);
+      groups.at(run.param_group).params().push_back(master);
+      custom_grads_.emplace_back(master, group.grad_shard.narrow(0, run.shard_offset, run.length));
+    }
+  }
+  custom_ = options_.shard_optimizer_factory(std::move(groups));
+  TANDEM_CHECK_ARG(custom_ != nullptr &&
+                       custom_->param_groups().size() == optimizer.param_groups().size(),
+                   "ZeroOptions::shard_optimizer_factory must return an optimizer over the "
+                   "param groups it is given ({} of them, as the optimizer passed to ZeRO); it "
+                   "returned {}",
+                   optimizer.param_groups().size(),
+                   custom_ == nullptr ? std::string("none")
+                                      : std::to_string(custom_->param_groups().size()) +
+                                            " group(s)");
+}
 
 void ShardState::step() {
   ++step_;
   const std::vector<UpdateHyper> hyper = read_hyper(optimizer_, rule_);
+  check_state_kept(rule_, hyper, names_);
   torch::NoGradGuard no_grad;
-  for (const auto& group : layout_.groups()) {
-    for (const auto& run : group.runs) {
-      std::vector<at::Tensor> state;
-      for (const auto& s : group.state) state.push_back(s.narrow(0, run.shard_offset, run.length));
-      update_shard(rule_, hyper[run.param_group], step_,
-                   group.master.narrow(0, run.shard_offset, run.length),
-                   group.grad_shard.narrow(0, run.shard_offset, run.length), std::move(state),
-                   options_.cpu_adam_threads);
-    }
+  if (rule_ == UpdateRule::kCustom) {
+    update_custom();
+  } else if (rule_ == UpdateRule::kLamb) {
+    update_lamb(hyper);
+  } else {
+    update_elementwise(hyper);
   }
   for (const auto& group : layout_.groups()) {
     if (!group.master_is_param) {
@@ -59,6 +86,58 @@ void ShardState::step() {
     at::Tensor shard = full.narrow(0, group.shard_begin, group.shard_numel).clone();
     gatherer_.all_gather_whole(full, shard);
   }
+}
+
+void ShardState::update_elementwise(const std::vector<UpdateHyper>& hyper) {
+  for (const auto& group : layout_.groups()) {
+    for (const auto& run : group.runs) {
+      std::vector<at::Tensor> state;
+      for (const auto& s : group.state) state.push_back(s.narrow(0, run.shard_offset, run.length));
+      update_shard(rule_, hyper[run.param_group], step_,
+                   group.master.narrow(0, run.shard_offset, run.length),
+                   group.grad_shard.narrow(0, run.shard_offset, run.length), std::move(state),
+                   options_.cpu_adam_threads);
+    }
+  }
+}
+
+void ShardState::update_lamb(const std::vector<UpdateHyper>& hyper) {
+  struct Pending {
+    at::Tensor master, direction;
+    std::size_t param, param_group;
+  };
+  std::vector<Pending> pending;
+  // [2 * param]: the sum of squares of its values, [2 * param + 1]: of its
+  // direction, over this rank's segments, then (summed) over every rank's.
+  std::vector<double> squares(2 * layout_.params().size(), 0.0);
+  for (const auto& group : layout_.groups()) {
+    for (const auto& seg : group.segments) {
+      const std::size_t pg = layout_.param_group(seg.param);
+      if (pg == ZeroLayout::kNotOptimized) continue;
+      at::Tensor master = group.master.narrow(0, seg.shard_offset, seg.length);
+      at::Tensor m = group.state[0].narrow(0, seg.shard_offset, seg.length);
+      at::Tensor v = group.state[1].narrow(0, seg.shard_offset, seg.length);
+      at::Tensor u = lamb_direction(master, group.grad_shard.narrow(0, seg.shard_offset, seg.length),
+                                    m, v, hyper[pg].lamb, &squares[2 * seg.param],
+                                    &squares[2 * seg.param + 1]);
+      pending.push_back({master, std::move(u), seg.param, pg});
+    }
+  }
+  at::Tensor total = at::tensor(squares, at::TensorOptions().dtype(at::kDouble));
+  pg_.all_reduce(total, ReduceOp::kSum);
+  const double* sums = total.data_ptr<double>();
+  for (auto& p : pending) {
+    p.master.add_(p.direction, -lamb_factor(hyper[p.param_group].lamb, step_, sums[2 * p.param],
+                                            sums[2 * p.param + 1]));
+  }
+}
+
+void ShardState::update_custom() {
+  auto& user = optimizer_.param_groups();
+  auto& mine = custom_->param_groups();
+  for (std::size_t g = 0; g < user.size(); ++g) mine[g].set_options(user[g].options().clone());
+  for (auto& [master, grad] : custom_grads_) master.mutable_grad() = grad;
+  custom_->step();
 }
 
 double ShardState::grad_norm() {
@@ -92,12 +171,13 @@ std::vector<at::Tensor> ShardState::gradient_shards() {
 }
 
 std::vector<std::string> ShardState::state_names() const {
-  const auto& groups = layout_.groups();
-  const int count = groups.empty() ? 0 : static_cast<int>(groups.front().state.size());
-  if (rule_ == UpdateRule::kSgd) {
-    return count == 1 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
-  }
-  return {"exp_avg", "exp_avg_sq"};
+  TANDEM_CHECK_ARG(rule_ != UpdateRule::kCustom,
+                   "checkpoints of ZeRO with an optimizer built by shard_optimizer_factory are "
+                   "not supported: tandem cannot read or write that optimizer's state, so a "
+                   "resumed run would not continue this one. Save the weights alone "
+                   "(save_model), or use an optimizer ZeRO shards itself (Adam, AdamW, SGD, "
+                   "Adagrad, RMSprop, tandem::Lion, tandem::Lamb)");
+  return names_;
 }
 
 std::vector<ZeroOptimizer::ShardFragment> ShardState::shard_fragments() const {

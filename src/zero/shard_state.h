@@ -1,6 +1,6 @@
 #pragma once
 // What each rank keeps of the optimizer between steps, and the sharded
-// update: Adam, AdamW or SGD on this rank's shard only, the step count, the
+// update (shard_update.h) on this rank's shard only, the step count, the
 // gradient norm over every rank's shard, and checkpoint access to the shards
 // by parameter and element range, so that a checkpoint written at one world
 // size (or by DDP) loads at any other (see tandem/checkpoint/checkpoint.h).
@@ -11,7 +11,9 @@
 // nor the communication thread touch the shards meanwhile.
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -48,6 +50,8 @@ class ShardState {
   double clip_grad_norm(double max_norm);
   std::vector<at::Tensor> gradient_shards();
 
+  // The state kept per element; UsageError for an optimizer built by
+  // shard_optimizer_factory, whose state tandem cannot name (checkpoints).
   std::vector<std::string> state_names() const;
   std::vector<ZeroOptimizer::ShardFragment> shard_fragments() const;
   // Loads (collectively) every shard from `source`, or the parameter values
@@ -58,6 +62,12 @@ class ShardState {
  private:
   // After a load: whole parameters all-gathered again, stage-3 units released.
   void reassemble(std::size_t group, const at::Tensor& values);
+  void update_elementwise(const std::vector<UpdateHyper>& hyper);
+  // Lamb: the moments and directions of every segment, one all-reduce of
+  // each parameter's sums of squares, then the update.
+  void update_lamb(const std::vector<UpdateHyper>& hyper);
+  void build_custom_optimizer(torch::optim::Optimizer& optimizer);
+  void update_custom();
 
   const ZeroLayout& layout_;
   UnitGatherer& gatherer_;
@@ -66,6 +76,11 @@ class ShardState {
   ProcessGroup& pg_;
   CommQueue& queue_;
   const ZeroOptions& options_;
+  std::vector<std::string> names_;  // state_names() at construction
+  // shard_optimizer_factory's optimizer over views of the master shards
+  // (one per ShardRun), and the gradient shard view of each.
+  std::unique_ptr<torch::optim::Optimizer> custom_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> custom_grads_;
   int64_t step_ = 0;
 };
 

@@ -61,7 +61,7 @@ ZeroEngine::ZeroEngine(std::shared_ptr<torch::nn::Module> model,
     : model_(std::move(model)),
       pg_(std::move(pg)),
       replicate_(std::move(replicate)),
-      rule_(update_rule_of(optimizer)),
+      rule_(update_rule_of(optimizer, static_cast<bool>(options.shard_optimizer_factory))),
       options_(checked_options(model_, pg_, replicate_, options)),
       // The one place the stage chooses behaviour: the parts ask the plan.
       layout_(*model_, optimizer, *pg_, replicas(), options_, plan_for_stage(options_.stage),

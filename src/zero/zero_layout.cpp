@@ -22,7 +22,7 @@
 namespace tandem::detail {
 namespace {
 
-constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
+constexpr std::size_t kNoGroup = ZeroLayout::kNotOptimized;
 
 }  // namespace
 
@@ -249,8 +249,8 @@ void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg, ProcessGroup* 
   } else {
     group.grad_shard = empty_state(group.shard_numel).zero_();
   }
-  const int states = state_count(rule, read_hyper(optimizer, rule));
-  for (int s = 0; s < states; ++s) group.state.push_back(empty_state(group.shard_numel).zero_());
+  const auto states = state_names(rule, read_hyper(optimizer, rule)).size();
+  for (std::size_t s = 0; s < states; ++s) group.state.push_back(empty_state(group.shard_numel).zero_());
   build_runs(group);
 }
 

@@ -56,6 +56,9 @@ class ZeroLayout {
   // The trainable parameters, tied ones once, in registration order.
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::string& name(std::size_t param) const { return names_[param]; }
+  // The optimizer param group of `param`, or kNotOptimized.
+  static constexpr std::size_t kNotOptimized = static_cast<std::size_t>(-1);
+  std::size_t param_group(std::size_t param) const { return param_group_of_[param]; }
   // In launch order (the reverse of the order gradients are expected in).
   const std::vector<FlatGroup>& groups() const { return groups_; }
   // Each parameter's group, and its first element in the group's buffer.

@@ -19,7 +19,7 @@ using TempDir = testing::ScratchDir;
 // Trains `steps` steps (0: none) at `world` ranks with ZeRO `stage` (0: DDP),
 // loading `load_from` first when set, and saves to `save_to`.
 void run(int world, int stage, int steps, const std::string& load_from,
-         const std::string& save_to) {
+         const std::string& save_to, testing::Opt opt = testing::Opt::kAdam) {
   testing::Recipe r;
   r.width = 13;  // odd sizes: shards end inside parameters, with padding
   Config config;
@@ -32,8 +32,12 @@ void run(int world, int stage, int steps, const std::string& load_from,
   testing::run_ranks(world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config);
     testing::Stack model = testing::make_model(r);
-    auto adam = std::make_shared<torch::optim::Adam>(
-        model->parameters(), torch::optim::AdamOptions(1e-2));
+    std::shared_ptr<torch::optim::Optimizer> adam =
+        opt == testing::Opt::kAdam
+            ? std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                   torch::optim::AdamOptions(1e-2))
+            : std::shared_ptr<torch::optim::Optimizer>(
+                  testing::make_optimizer(opt, model->parameters()));
     accelerator.prepare_model(model);
     DistributedLoaderOptions options;
     options.batch_size = 8 / world;
@@ -74,6 +78,36 @@ TEST(Reshard, ZeroToDdpAndDdpToZero3KeepTheConsolidatedState) {
   run(2, 1, 0, zero3.path(), zero1_again.path());
   EXPECT_TRUE(testing::same_tensors(testing::consolidated(zero1_again.path()), saved));
 }
+
+// The other optimizers ZeRO shards keep their state under their torch
+// names, so it moves between world sizes, stages and DDP the same way.
+class ReshardOptimizers : public ::testing::TestWithParam<testing::Opt> {};
+
+std::string reshard_optimizer_name(const ::testing::TestParamInfo<testing::Opt>& info) {
+  static const std::vector<std::string> names{"Adagrad", "Rmsprop", "Lion", "Lamb"};
+  return names.at(info.index);
+}
+
+TEST_P(ReshardOptimizers, Zero2AtWorld3ToZero3AtWorld2ToDdpKeepTheState) {
+  const testing::Opt opt = GetParam();
+  TempDir w3, w2, ddp;
+  run(3, 2, 3, "", w3.path(), opt);
+  const auto saved = testing::consolidated(w3.path());
+  const std::string first_state =
+      opt == testing::Opt::kAdagrad ? "optim/sum/block0.fc.weight"
+      : opt == testing::Opt::kRmsprop ? "optim/grad_avg/block0.fc.weight"
+                                      : "optim/exp_avg/block0.fc.weight";
+  ASSERT_TRUE(saved.count(first_state)) << first_state;
+  run(2, 3, 0, w3.path(), w2.path(), opt);
+  EXPECT_TRUE(testing::same_tensors(testing::consolidated(w2.path()), saved));
+  run(2, 0, 0, w2.path(), ddp.path(), opt);
+  EXPECT_TRUE(testing::same_tensors(testing::consolidated(ddp.path()), saved));
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ReshardOptimizers,
+                         ::testing::Values(testing::Opt::kAdagrad, testing::Opt::kRmsprop,
+                                           testing::Opt::kLion, testing::Opt::kLamb),
+                         reshard_optimizer_name);
 
 TEST(Reshard, TrainingContinuesAfterAReshardedLoad) {
   // World 4 -> 2 and on: the step count carries over and training stays

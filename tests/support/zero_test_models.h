@@ -14,6 +14,8 @@
 
 #include "support/parity.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/optim/lamb.h"
+#include "tandem/optim/lion.h"
 #include "tandem/parallel/ddp.h"
 #include "tandem/zero/init.h"
 #include "tandem/zero/sharded.h"
@@ -53,7 +55,9 @@ struct StackImpl : torch::nn::Module {
 };
 TORCH_MODULE(Stack);
 
-enum class Opt { kAdam, kAdamW, kSgd };
+// kAmsgrad is Adam with amsgrad, which ZeRO does not shard itself: it runs
+// through ZeroOptions::shard_optimizer_factory (train_zero sets it).
+enum class Opt { kAdam, kAdamW, kSgd, kAdagrad, kRmsprop, kLion, kLamb, kAmsgrad };
 
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
                                                                std::vector<torch::Tensor> params) {
@@ -67,8 +71,31 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
     case Opt::kSgd:
       return std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(5e-2).momentum(0.9).weight_decay(0.01));
+    case Opt::kAdagrad:
+      return std::make_unique<torch::optim::Adagrad>(
+          params, torch::optim::AdagradOptions(5e-2).lr_decay(0.01).weight_decay(0.01)
+                      .initial_accumulator_value(0.1));
+    case Opt::kRmsprop:
+      return std::make_unique<torch::optim::RMSprop>(
+          params,
+          torch::optim::RMSpropOptions(1e-3).momentum(0.5).centered(true).weight_decay(0.01));
+    case Opt::kLion:
+      return std::make_unique<Lion>(params, LionOptions(1e-3).weight_decay(0.1));
+    case Opt::kLamb:
+      return std::make_unique<Lamb>(params, LambOptions(1e-2).weight_decay(0.01));
+    case Opt::kAmsgrad:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(1e-2).amsgrad(true).weight_decay(0.01));
   }
   return nullptr;
+}
+
+// What ZeroOptions needs for `opt`: a shard_optimizer_factory for kAmsgrad.
+inline void set_shard_optimizer(Opt opt, ZeroOptions& options) {
+  if (opt != Opt::kAmsgrad) return;
+  options.shard_optimizer_factory = [](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::make_unique<torch::optim::Adam>(std::move(groups));
+  };
 }
 
 struct Recipe {
@@ -162,6 +189,7 @@ inline Params train_zero(ProcessGroup& pg, const Recipe& r, ZeroOptions options,
                          const std::function<void(ZeroOptimizer&, Stack&)>& inspect = {}) {
   Stack model = make_model(r, r.zero_init ? &pg : nullptr);
   auto optimizer = make_optimizer(r.opt, model->parameters());
+  set_shard_optimizer(r.opt, options);
   ZeroOptimizer zero(model, *optimizer, pg.shared_from_this(), options);
   for (int step = 0; step < r.steps; ++step) {
     zero.zero_grad();

@@ -24,6 +24,7 @@ const char* name_of(Opt opt) {
     case Opt::kAdam: return "Adam";
     case Opt::kAdamW: return "AdamW";
     case Opt::kSgd: return "Sgd";
+    default: return "Other";  // test_zero_optimizers.cpp covers the rest
   }
   return "?";
 }

@@ -14,6 +14,7 @@
 #include "tandem/comm/process_group.h"
 #include "tandem/config/config.h"
 #include "tandem/parallel/ddp.h"
+#include "tandem/zero/zero_optimizer.h"
 
 namespace tandem {
 
@@ -52,6 +53,10 @@ struct AcceleratorOptions {
   bool cpu = false;
   // DDP settings; empty: the config's `ddp` section.
   std::optional<DDPOptions> ddp;
+  // ZeRO stages 1-3 with an optimizer ZeRO does not shard itself (DeepSpeed's
+  // zero_allow_untested_optimizer): builds it over the shards. See
+  // ZeroOptions::shard_optimizer_factory; unused at stage 0.
+  ZeroOptions::ShardOptimizerFactory zero_shard_optimizer_factory;
   // Dynamic loss scaling whatever the precision, with these settings (the
   // config's fp16 block otherwise, used only for fp16). For fp32 runs that
   // want overflow protection, and for tests of the scaling path on a CPU.

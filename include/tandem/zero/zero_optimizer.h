@@ -1,6 +1,8 @@
 #pragma once
 // ZeroOptimizer: ZeRO stages 1, 2 and 3 (DeepSpeed's zero_optimization) for a
-// LibTorch model and a torch::optim Adam, AdamW or SGD.
+// LibTorch model and a torch::optim Adam, AdamW, SGD, Adagrad or RMSprop, a
+// tandem::Lion or Lamb, or (ZeroOptions::shard_optimizer_factory) any
+// elementwise optimizer.
 //
 //   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
 //   tandem::ZeroOptions options;
@@ -30,7 +32,9 @@
 // torch::optim optimizer supplies the hyperparameters, read at every step, so
 // LR schedulers attached to it keep working; its own step() and state are
 // never used. Each rank's update runs in tandem's fused CPU Adam on CPU fp32
-// shards and in tensor ops elsewhere.
+// shards and in tensor ops elsewhere. Lamb's trust ratio needs each whole
+// parameter's norms: each rank sums squares over its shard of it and one
+// all-reduce per step completes them (DeepSpeed refuses Lamb under ZeRO).
 //
 // Mixed precision: bf16/fp16 parameters get fp32 master shards; gradients
 // are reduced and accumulated in fp32. Loss scaling is the caller's
@@ -116,6 +120,22 @@ struct ZeroOptions {
   // on. False: nothing is reduced until backward ends; then every group is
   // reduced, in order, before backward returns.
   bool overlap_comm = true;
+  // An optimizer ZeRO does not shard itself (DeepSpeed's
+  // zero_allow_untested_optimizer): when set, ZeRO calls it once, at
+  // construction, with one param group per group of the optimizer passed to
+  // it (same options, cloned) whose tensors are 1-D fp32 views of this
+  // rank's master shards, and steps what it returns on them: each step
+  // copies the passed optimizer's current options into it (schedulers keep
+  // working) and sets each view's grad to its gradient shard. Right only for
+  // optimizers that update each element from its own gradient and state
+  // (Adam-like; not Adafactor, Shampoo, Muon or LBFGS, which need whole
+  // rows or matrices; LBFGS is refused), as the shards cut parameters
+  // anywhere. Such an optimizer's
+  // state cannot be checkpointed (save_state refuses). Takes precedence over
+  // the built-in rule of a known optimizer (e.g. Adam with amsgrad).
+  using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup>)>;
+  ShardOptimizerFactory shard_optimizer_factory;
 };
 
 // Bytes each rank holds now, by kind (the memory accounting of ZeRO's paper).
@@ -140,9 +160,10 @@ class ZeroEngine;
 class ZeroOptimizer {
  public:
   // Flattens and partitions `model`'s trainable parameters, broadcasting
-  // rank 0's values first. `optimizer` must be a torch::optim::Adam, AdamW
-  // or SGD over (a subset of) those parameters (UsageError otherwise, as for
-  // amsgrad or nesterov). Collective.
+  // rank 0's values first. `optimizer` must be over (a subset of) those
+  // parameters and one of those named at the top, or options must carry a
+  // shard_optimizer_factory (UsageError otherwise, as for amsgrad without
+  // one, or LBFGS). Collective.
   ZeroOptimizer(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer,
                 std::shared_ptr<ProcessGroup> process_group, ZeroOptions options = {});
   template <typename ModuleImpl>
@@ -295,7 +316,10 @@ class ZeroOptimizer {
   };
   std::vector<ShardFragment> shard_fragments() const;
   // Names of the optimizer state kept per element: exp_avg and exp_avg_sq
-  // (Adam, AdamW), momentum_buffer (SGD with momentum), or none.
+  // (Adam, AdamW, Lamb), momentum_buffer (SGD with momentum), sum
+  // (Adagrad), square_avg [momentum_buffer] [grad_avg] (RMSprop), exp_avg
+  // (Lion), or none (SGD without momentum). UsageError with a
+  // shard_optimizer_factory (its state has no names tandem knows).
   std::vector<std::string> state_names() const;
   // Elements [begin, begin + length) of parameter `name` in `section`
   // ("model", "master" or a state name) as a 1-D tensor of any dtype, or an
