@@ -70,7 +70,8 @@ const KeyTable& optimizer_keys() {
 }
 
 const std::vector<std::string>& optimizer_types() {
-  static const std::vector<std::string> types = {"Adam", "AdamW", "SGD"};
+  static const std::vector<std::string> types = {"Adam",    "AdamW", "SGD", "Adagrad",
+                                                 "RMSprop", "Lion",  "Lamb"};
   return types;
 }
 
@@ -131,7 +132,50 @@ const KeyTable& optimizer_params_keys(const std::string& type) {
        maximize,
        differentiable},
       refused};
-  return type == "SGD" ? sgd_params : adam_params;
+  static const KeyTable adagrad_params{
+      {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"},
+      {{"fused", implementation, {"null"}},
+       {"foreach", implementation, {"null"}},
+       maximize,
+       differentiable,
+       // DeepSpeedCPUAdagrad's (optimizer offload), which has no AMSGrad.
+       {"amsgrad", "is not implemented for Adagrad (DeepSpeed's CPU Adagrad ignores it too); "
+                   "ignored", {"false"}},
+       {"fp32_optimizer_states", "false is not implemented: tandem keeps fp32 optimizer "
+                                 "state; ignored", {"true"}}},
+      refused};
+  static const KeyTable rmsprop_params{
+      {"lr", "alpha", "eps", "weight_decay", "momentum", "centered"},
+      {{"foreach", implementation, {"null"}},
+       maximize,
+       differentiable,
+       {"capturable", "is torch.optim's CUDA-graph switch: tandem captures whole steps with "
+                      "cuda_graph (docs/cuda_graphs.md) instead; ignored", {"false"}}},
+      refused};
+  static const KeyTable lion_params{
+      {"lr", "betas", "weight_decay"},
+      {{"set_grad_none", "false is not implemented: tandem's zero_grad sets gradients to "
+                         "None; ignored", {"true"}},
+       {"fp32_optimizer_states", "false is not implemented: tandem keeps fp32 optimizer "
+                                 "state; ignored", {"true"}}},
+      refused};
+  static const KeyTable lamb_params{
+      {"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff",
+       "min_coeff"},
+      {{"amsgrad", "is not implemented (DeepSpeed's FusedLamb refuses true); ignored", {"false"},
+        [](const Value& v) {
+          if (v.as_bool()) {
+            v.fail("Lamb has no AMSGrad variant (DeepSpeed's FusedLamb raises on it)",
+                   "remove amsgrad");
+          }
+        }}},
+      refused};
+  if (type == "SGD") return sgd_params;
+  if (type == "Adagrad") return adagrad_params;
+  if (type == "RMSprop") return rmsprop_params;
+  if (type == "Lion") return lion_params;
+  if (type == "Lamb") return lamb_params;
+  return adam_params;
 }
 
 void read_optimizer(const Value& block, Config& config, Dialect dialect) {
@@ -142,12 +186,11 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
   // The type decides which params are valid, so read it before the params
   // whatever their order in the file.
   optimizer.type = read_type(block.child("type"), optimizer_types(),
-                             {"Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Lion",
-                              "MuAdam", "MuAdamW", "MuSGD", "Muon", "CPUAdam", "FusedAdam"},
+                             {"OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
+                              "MuSGD", "Muon", "CPUAdam", "FusedAdam"},
                              "optimizer",
                              ", or remove the optimizer block and pass your own optimizer to the "
                              "Accelerator");
-  const bool sgd = optimizer.type == "SGD";
   bool adam_w_mode = true;  // DeepSpeed's ADAM_W_MODE_DEFAULT
   for_each_key(block, optimizer_keys(), [&](const std::string& key, const Value& params) {
     if (key != "params") return;
@@ -156,6 +199,18 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
       if (name == "lr") optimizer.lr = number_or_auto(v, 0.0, kInf);
       if (name == "weight_decay") optimizer.weight_decay = number_or_auto(v, 0.0, kInf);
       if (name == "momentum") optimizer.momentum = number_or_auto(v, 0.0, 1.0);
+      if (name == "lr_decay") optimizer.lr_decay = number_or_auto(v, 0.0, kInf);
+      if (name == "initial_accumulator_value") {
+        optimizer.initial_accumulator_value = number_or_auto(v, 0.0, kInf);
+      }
+      if (name == "alpha") optimizer.alpha = number_or_auto(v, 0.0, 1.0);
+      if (name == "centered") optimizer.centered = v.as_bool();
+      if (name == "bias_correction" && optimizer.type == "Lamb") {
+        optimizer.bias_correction = v.as_bool();
+      }
+      if (name == "eps_inside_sqrt") optimizer.eps_inside_sqrt = v.as_bool();
+      if (name == "max_coeff") optimizer.max_coeff = number_or_auto(v, 0.0, kInf);
+      if (name == "min_coeff") optimizer.min_coeff = number_or_auto(v, 0.0, kInf);
       if (name == "betas") read_betas(v, optimizer);
       if (name == "eps") {
         optimizer.eps = number_or_auto(v, 0.0, kInf);
@@ -179,8 +234,10 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
       // LibTorch's (PyTorch's fused kernels on CUDA, its CPU Adam under
       // offload) either way.
       if (name == "torch_adam") (void)v.as_bool();
-    }, [sgd](const std::string&) {
-      return std::string(sgd ? " for SGD" : " for Adam/AdamW");
+    }, [&optimizer](const std::string&) {
+      return " for " + (optimizer.type == "Adam" || optimizer.type == "AdamW"
+                            ? std::string("Adam/AdamW")
+                            : optimizer.type);
     });
   });
   // DeepSpeed runs "Adam" with decoupled weight decay (AdamW) unless

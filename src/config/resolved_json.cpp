@@ -46,11 +46,25 @@ ResolvedJson optimizer_json(const OptimizerConfig& o) {
   if (o.type.empty()) return nullptr;
   ResolvedJson params;
   params["lr"] = or_null(o.lr);
-  if (o.type == "SGD") {
-    params["momentum"] = or_null(o.momentum);
-  } else {
+  const std::string& t = o.type;
+  if (t == "SGD" || t == "RMSprop") params["momentum"] = or_null(o.momentum);
+  if (t == "Adam" || t == "AdamW" || t == "Lion" || t == "Lamb") {
     params["betas"] = ResolvedJson::array({or_null(o.beta1), or_null(o.beta2)});
-    params["eps"] = or_null(o.eps);
+  }
+  if (t != "SGD" && t != "Lion") params["eps"] = or_null(o.eps);
+  if (t == "Adagrad") {
+    params["lr_decay"] = or_null(o.lr_decay);
+    params["initial_accumulator_value"] = or_null(o.initial_accumulator_value);
+  }
+  if (t == "RMSprop") {
+    params["alpha"] = or_null(o.alpha);
+    params["centered"] = or_null(o.centered);
+  }
+  if (t == "Lamb") {
+    params["bias_correction"] = or_null(o.bias_correction);
+    params["eps_inside_sqrt"] = or_null(o.eps_inside_sqrt);
+    params["max_coeff"] = or_null(o.max_coeff);
+    params["min_coeff"] = or_null(o.min_coeff);
   }
   params["weight_decay"] = or_null(o.weight_decay);
   return {{"type", o.type}, {"params", params}};

@@ -172,13 +172,26 @@ void write_optimizer(Writer& w, const OptimizerConfig& o) {
   w.line(1, "type", o.type);
   w.line(1, "params", "");
   w.line(2, "lr", or_auto(o.lr));
-  if (o.type == "SGD") {
-    w.line(2, "momentum", or_auto(o.momentum));
-  } else {
+  const std::string& t = o.type;
+  if (t == "SGD" || t == "RMSprop") w.line(2, "momentum", or_auto(o.momentum));
+  if (t == "Adam" || t == "AdamW" || t == "Lion" || t == "Lamb") {
     w.line(2, "betas", o.beta1 || o.beta2 ? "[" + or_auto(o.beta1) + ", " + or_auto(o.beta2) + "]"
                                            : "auto");
-    w.line(2, "eps", or_auto(o.eps));
   }
+  if (t != "SGD" && t != "Lion") w.line(2, "eps", or_auto(o.eps));
+  if (t == "Adagrad") {
+    w.line(2, "lr_decay", or_auto(o.lr_decay));
+    w.line(2, "initial_accumulator_value", or_auto(o.initial_accumulator_value));
+  }
+  if (t == "RMSprop") w.line(2, "alpha", or_auto(o.alpha));
+  if (t == "Lamb") {
+    w.line(2, "max_coeff", or_auto(o.max_coeff));
+    w.line(2, "min_coeff", or_auto(o.min_coeff));
+  }
+  // Switches: written when set (a switch has no "auto").
+  if (o.centered) w.line(2, "centered", flag(*o.centered));
+  if (o.bias_correction) w.line(2, "bias_correction", flag(*o.bias_correction));
+  if (o.eps_inside_sqrt) w.line(2, "eps_inside_sqrt", flag(*o.eps_inside_sqrt));
   w.line(2, "weight_decay", or_auto(o.weight_decay));
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -21,6 +22,10 @@ using testing::run_ranks;
 
 struct Variant {
   bool optimizer_from_config = false;
+  std::string config_optimizer = "AdamW";  // the config's optimizer.type
+  // Adam with amsgrad in code, which ZeRO steps through
+  // AcceleratorOptions::zero_shard_optimizer_factory.
+  bool amsgrad_by_factory = false;
   bool loss_scaling = false;
   bool bf16_params = false;
   int inf_loss_on_rank1_at_step = -1;  // an overflow on one rank only
@@ -42,10 +47,20 @@ Result train(int world, int stage, Variant v = {}) {
   config.zero.reduce_bucket_size = 200;
   config.zero.zero3_init = v.zero3_init;
   if (v.optimizer_from_config) {
-    config.optimizer.type = "AdamW";
-    config.optimizer.lr = 1e-2;
+    config.optimizer.type = v.config_optimizer;
+    // RMSprop divides by the root of the gradient's running square, so an
+    // element whose gradient is rounding noise around 0 moves by up to
+    // ~10 lr on noise alone: at 1e-2 the runs part by 2e-5 (the same
+    // arithmetic reduced in another order); at 1e-3 by under 1e-5.
+    config.optimizer.lr = v.config_optimizer == "RMSprop" ? 1e-3 : 1e-2;
   }
   AcceleratorOptions accelerator_options;
+  if (v.amsgrad_by_factory) {
+    accelerator_options.zero_shard_optimizer_factory =
+        [](std::vector<torch::optim::OptimizerParamGroup> groups) {
+          return std::make_unique<torch::optim::Adam>(std::move(groups));
+        };
+  }
   if (v.loss_scaling) accelerator_options.loss_scaling = LossScaleConfig{};
   auto gen = at::detail::createCPUGenerator(3);
   const auto x = torch::randn({48, r.in}, gen);
@@ -66,8 +81,14 @@ Result train(int world, int stage, Variant v = {}) {
     }
     testing::Stack model = *built;
     if (v.bf16_params) model->to(torch::kBFloat16);
-    auto adamw = std::make_shared<torch::optim::AdamW>(
-        model->parameters(), torch::optim::AdamWOptions(1e-2));
+    std::shared_ptr<torch::optim::Optimizer> adamw;
+    if (v.amsgrad_by_factory) {
+      adamw = std::make_shared<torch::optim::Adam>(
+          model->parameters(), torch::optim::AdamOptions(1e-2).amsgrad(true));
+    } else {
+      adamw = std::make_shared<torch::optim::AdamW>(model->parameters(),
+                                                    torch::optim::AdamWOptions(1e-2));
+    }
     DistributedLoaderOptions options;
     options.batch_size = 4;
     options.shuffle = false;
@@ -124,6 +145,38 @@ TEST(AcceleratorZero, TheConfigsOptimizerBlockBuildsTheSameOptimizer) {
   Variant from_config;
   from_config.optimizer_from_config = true;
   EXPECT_LT(testing::max_relative_diff(train(2, 2, from_config).params, train(2, 2).params), 1e-7);
+}
+
+TEST(AcceleratorZero, EachConfigOptimizerTypeTrainsUnderZeroLikeUnderDdp) {
+  for (const char* type : {"Adagrad", "RMSprop", "Lion", "Lamb"}) {
+    Variant v;
+    v.optimizer_from_config = true;
+    v.config_optimizer = type;
+    const Params ddp = train(2, 0, v).params;
+    for (int stage : {2, 3}) {
+      EXPECT_LT(testing::max_relative_diff(train(2, stage, v).params, ddp), 1e-5)
+          << type << " stage " << stage;
+    }
+  }
+}
+
+TEST(AcceleratorZero, TheShardOptimizerFactoryRunsAnOptimizerZeroDoesNotKnow) {
+  Variant v;
+  v.amsgrad_by_factory = true;
+  const Params ddp = train(3, 0, v).params;
+  EXPECT_LT(testing::max_relative_diff(train(3, 2, v).params, ddp), 1e-5);
+  EXPECT_LT(testing::max_relative_diff(train(3, 3, v).params, ddp), 1e-5);
+  // Without the factory ZeRO refuses amsgrad rather than dropping it.
+  Config config;
+  config.zero.stage = 2;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), config);
+    testing::Stack model = testing::make_model(testing::Recipe{});
+    auto adam = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                     torch::optim::AdamOptions().amsgrad(true));
+    accelerator.prepare_model(model);
+    EXPECT_THROW(accelerator.prepare_optimizer(adam), UsageError);
+  });
 }
 
 TEST(AcceleratorZero, LossScalingUnscalesTheShardsAndEveryRankSkipsAnOverflow) {

@@ -72,7 +72,7 @@ SKIP = 77
 # It refuses any other type by its value, so other types' params never reach
 # a key table. print_config_keys prints optimizer.params.* as the union over
 # these types, so the union is what is compared.
-TANDEM_OPTIMIZER_TYPES = ("Adam", "AdamW", "SGD")
+TANDEM_OPTIMIZER_TYPES = ("Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Lion", "Lamb")
 TANDEM_SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle")
 
 # tandem's own extensions: keys it implements or warns about that the
@@ -555,6 +555,15 @@ def deepspeed_optimizer_params(found):
     import deepspeed.runtime.lr_schedules as lr_schedules
     from deepspeed.runtime.engine import DeepSpeedEngine
 
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    deepspeed_built = {
+        ds_config.ADAGRAD_OPTIMIZER: (torch.optim.Adagrad, DeepSpeedCPUAdagrad),
+        ds_config.LAMB_OPTIMIZER: (FusedLamb,),
+        ds_config.LION_OPTIMIZER: (FusedLion, DeepSpeedCPULion),
+    }
     popped, refused = adam_engine_keys(DeepSpeedEngine, engine_module)
     if not popped:  # adam_w_mode and torch_adam at least
         raise RuntimeError("found no keys DeepSpeed's engine pops from optimizer params: its "
@@ -584,6 +593,12 @@ def deepspeed_optimizer_params(found):
                     # One the engine passes itself would be given twice: a TypeError.
                     if argument not in engine_kwargs:
                         note(argument, taker, optimizer_type)
+        elif name in deepspeed_built:
+            # _configure_basic_optimizer's own branches: every class one of
+            # them may build (the CPU ones with optimizer offload).
+            for cls in deepspeed_built[name]:
+                for argument in constructor_arguments(cls):
+                    note(argument, class_name(cls), optimizer_type)
         elif name in ds_config.DEEPSPEED_OPTIMIZERS:
             raise RuntimeError(f"DeepSpeed builds {optimizer_type} itself; extend "
                                f"deepspeed_optimizer_params for it")

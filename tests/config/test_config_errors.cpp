@@ -199,9 +199,9 @@ TEST(ConfigErrors, BadEnumValuesSuggestTheNearestOne) {
 }
 
 TEST(ConfigErrors, UnsupportedButRealChoicesSaySo) {
-  EXPECT_TRUE(contains(parse_error(R"({"optimizer": {"type": "Lamb"}})", "ds.json"),
-                       "optimizer.type: DeepSpeed's optimizer \"Lamb\" is not available in "
-                       "tandem; use Adam, AdamW or SGD"));
+  EXPECT_TRUE(contains(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})", "ds.json"),
+                       "optimizer.type: DeepSpeed's optimizer \"OneBitAdam\" is not available "
+                       "in tandem; use Adam, AdamW, SGD, Adagrad, RMSprop, Lion or Lamb"));
   EXPECT_TRUE(contains(
       parse_error(R"({"zero_optimization": {"offload_param": {"device": "nvme"}}})", "ds.json"),
       "zero_optimization.offload_param.device: NVMe offload is not supported by tandem; use "

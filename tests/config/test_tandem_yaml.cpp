@@ -156,6 +156,58 @@ TEST(TandemYaml, SgdAndWarmupLrRoundTrip) {
   EXPECT_TRUE(same_settings(round_trip(original), original)) << to_tandem_yaml(original);
 }
 
+TEST(TandemYaml, EveryOptimizerTypesParamsRoundTrip) {
+  Config adagrad;
+  adagrad.optimizer.type = "Adagrad";
+  adagrad.optimizer.lr = 0.1;
+  adagrad.optimizer.lr_decay = 0.01;
+  adagrad.optimizer.initial_accumulator_value = 0.5;
+  adagrad.optimizer.eps = 1e-9;
+  Config rmsprop;
+  rmsprop.optimizer.type = "RMSprop";
+  rmsprop.optimizer.alpha = 0.9;
+  rmsprop.optimizer.momentum = 0.5;
+  rmsprop.optimizer.centered = true;
+  Config lion;
+  lion.optimizer.type = "Lion";
+  lion.optimizer.lr = 1e-4;
+  lion.optimizer.beta1 = 0.95;
+  lion.optimizer.beta2 = 0.98;
+  lion.optimizer.weight_decay = 0.1;
+  Config lamb;
+  lamb.optimizer.type = "Lamb";
+  lamb.optimizer.bias_correction = false;
+  lamb.optimizer.eps_inside_sqrt = true;
+  lamb.optimizer.max_coeff = 5;
+  lamb.optimizer.min_coeff = 0.1;
+  for (const Config& original : {adagrad, rmsprop, lion, lamb}) {
+    EXPECT_TRUE(same_settings(round_trip(original), original)) << to_tandem_yaml(original);
+  }
+}
+
+TEST(TandemYaml, DeepSpeedOptimizerTypesReadTheirParams) {
+  const Config lamb = parse_config_text(
+      R"({"optimizer": {"type": "lamb", "params": {"lr": 0.01, "betas": [0.8, 0.9],
+          "eps_inside_sqrt": true, "max_coeff": 3, "min_coeff": 0.5, "bias_correction": false}}})",
+      "ds.json");
+  EXPECT_EQ(lamb.optimizer.type, "Lamb");
+  EXPECT_EQ(lamb.optimizer.beta1, 0.8);
+  EXPECT_EQ(lamb.optimizer.eps_inside_sqrt, true);
+  EXPECT_EQ(lamb.optimizer.max_coeff, 3.0);
+  EXPECT_EQ(lamb.optimizer.min_coeff, 0.5);
+  EXPECT_EQ(lamb.optimizer.bias_correction, false);
+  const Config rmsprop = parse_config_text(
+      R"({"optimizer": {"type": "RMSprop", "params": {"alpha": 0.9, "centered": true,
+          "momentum": 0.3}}})",
+      "ds.json");
+  EXPECT_EQ(rmsprop.optimizer.alpha, 0.9);
+  EXPECT_EQ(rmsprop.optimizer.centered, true);
+  EXPECT_EQ(rmsprop.optimizer.momentum, 0.3);
+  // A key of another type is refused with the type named.
+  EXPECT_TRUE(contains(testing::parse_error(R"({"optimizer": {"type": "Lion", "params":
+      {"eps": 1e-8}}})", "ds.json"), "for Lion"));
+}
+
 TEST(TandemYaml, SameSettingsNoticesASingleChangedField) {
   Config a = unusual_config();
   Config b = a;

@@ -15,6 +15,8 @@
 
 #include "optim/scheduler_testing.h"
 #include "tandem/core/error.h"
+#include "tandem/optim/lamb.h"
+#include "tandem/optim/lion.h"
 #include "tandem/optim/lr_scheduler.h"
 
 namespace tandem {
@@ -175,6 +177,25 @@ TEST(OneCycle, MomentumCyclesOnAdamWBeta1) {
   EXPECT_DOUBLE_EQ(std::get<1>(adamw.betas()), 0.999);
 }
 
+TEST(OneCycle, MomentumCyclesOnLionAndLambBeta1AndOnRmspropMomentum) {
+  auto lion = make_grouped<Lion>({0.5}, LionOptions(0.5).betas({0.9, 0.99}));
+  auto lamb = make_grouped<Lamb>({0.5}, LambOptions(0.5));
+  auto rmsprop =
+      make_grouped<torch::optim::RMSprop>({0.5}, torch::optim::RMSpropOptions(0.5).momentum(0.5));
+  OneCycle lion_cycle(*lion, cycle(0.1, 1.0, 4));
+  OneCycle lamb_cycle(*lamb, cycle(0.1, 1.0, 4));
+  OneCycle rmsprop_cycle(*rmsprop, cycle(0.1, 1.0, 4));
+  for (int t = 0; t <= 3; ++t) {  // t = 3: peak lr, minimum momentum
+    lion_cycle.step();
+    lamb_cycle.step();
+    rmsprop_cycle.step();
+  }
+  EXPECT_DOUBLE_EQ(std::get<0>(group_options<LionOptions>(*lion, 0).betas()), 0.8);
+  EXPECT_DOUBLE_EQ(std::get<1>(group_options<LionOptions>(*lion, 0).betas()), 0.99);
+  EXPECT_DOUBLE_EQ(std::get<0>(group_options<LambOptions>(*lamb, 0).betas()), 0.8);
+  EXPECT_DOUBLE_EQ(group_options<torch::optim::RMSpropOptions>(*rmsprop, 0).momentum(), 0.8);
+}
+
 TEST(OneCycle, MomentumCyclesOnSgdMomentumInEveryGroup) {
   auto optimizer = make_grouped<torch::optim::SGD>(
       {0.1, 0.2}, torch::optim::SGDOptions(0.1).momentum(0.5));
@@ -197,13 +218,13 @@ TEST(OneCycle, MomentumCyclesOnSgdMomentumInEveryGroup) {
 }
 
 TEST(OneCycle, OptimizerWithoutMomentumNeedsCycleMomentumFalse) {
-  auto optimizer = make_grouped<torch::optim::RMSprop>({0.1}, torch::optim::RMSpropOptions(0.1));
+  auto optimizer = make_grouped<torch::optim::Adagrad>({0.1}, torch::optim::AdagradOptions(0.1));
   try {
     OneCycle scheduler(*optimizer, cycle(0.01, 0.1, 2));
-    FAIL() << "cycled momentum on RMSprop";
+    FAIL() << "cycled momentum on Adagrad";
   } catch (const UsageError& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("RMSpropOptions"), std::string::npos) << what;
+    EXPECT_NE(what.find("AdagradOptions"), std::string::npos) << what;
     EXPECT_NE(what.find("set cycle_momentum to false"), std::string::npos) << what;
   }
   OneCycleOptions options = cycle(0.01, 0.1, 2);

@@ -202,7 +202,7 @@ TEST(MakeLRScheduler, OneCycleBlockBuildsTheCycleAndItsMomentum) {
 }
 
 TEST(MakeLRScheduler, CycleMomentumIsAFlag) {
-  auto optimizer = make_grouped<torch::optim::RMSprop>({0.1}, torch::optim::RMSpropOptions(0.1));
+  auto optimizer = make_grouped<torch::optim::Adagrad>({0.1}, torch::optim::AdagradOptions(0.1));
   auto scheduler = make_lr_scheduler(
       block("OneCycle", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1}, {"cycle_momentum", 0}}),
       *optimizer);

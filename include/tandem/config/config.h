@@ -105,13 +105,22 @@ inline constexpr int kHpzRanksPerHost = 0;
 // Parameters given as "auto" (or absent) stay empty; the Accelerator fills
 // them from the optimizer the code passes, or from torch's defaults.
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "SGD"
+  // canonical: "Adam", "AdamW", "SGD", "Adagrad", "RMSprop", "Lion", "Lamb"
+  std::string type;
   std::optional<double> lr;
   std::optional<double> weight_decay;
   std::optional<double> eps;
-  std::optional<double> momentum;  // SGD
-  std::optional<double> beta1;
+  std::optional<double> momentum;  // SGD, RMSprop
+  std::optional<double> beta1;     // Adam, AdamW, Lion, Lamb
   std::optional<double> beta2;
+  std::optional<double> lr_decay;                   // Adagrad
+  std::optional<double> initial_accumulator_value;  // Adagrad
+  std::optional<double> alpha;                      // RMSprop
+  std::optional<bool> centered;                     // RMSprop
+  std::optional<bool> bias_correction;              // Lamb
+  std::optional<bool> eps_inside_sqrt;              // Lamb
+  std::optional<double> max_coeff;                  // Lamb
+  std::optional<double> min_coeff;                  // Lamb
 };
 
 // DeepSpeed's `scheduler` block: "WarmupLR", "WarmupDecayLR",

@@ -246,7 +246,7 @@ class OneCycle : public LRScheduler {
   // every param group. Throws UsageError when cycle_min_lr or cycle_max_lr
   // is missing, a step size is not positive, a stair count or
   // decay_step_size is negative, or cycle_momentum is true and the
-  // optimizer is not Adam, AdamW or SGD.
+  // optimizer is not Adam, AdamW, SGD, RMSprop, Lion or Lamb.
   OneCycle(torch::optim::Optimizer& optimizer, const OneCycleOptions& options);
   const char* name() const override { return "OneCycle"; }
 
