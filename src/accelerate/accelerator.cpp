@@ -61,7 +61,8 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   // Every rank, in the same order: HSDP's split of the world is collective.
   strategies =
       std::make_unique<const detail::StrategyFactory>(config, options.ddp, group, local_world_size,
-                                                      options.zero_shard_optimizer_factory);
+                                                      options.zero_shard_optimizer_factory,
+                                                      options.zero_auto_wrap);
   if (main_process()) {
     for (const auto& warning : config.warnings) log_warn("{}", warning);
     strategies->warn_unfilled_auto_sizes(config);

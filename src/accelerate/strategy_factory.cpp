@@ -55,6 +55,14 @@ std::optional<ZeroOptions> zero_options(const ZeroConfig& zero) {
   options.allgather_bucket_size = zero.allgather_bucket_size;
   options.reduce_scatter = zero.reduce_scatter;
   options.overlap_comm = zero.overlap_comm;
+  if (zero.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" && !zero.auto_wrap_layer_types.empty()) {
+    options.auto_wrap.policy = AutoWrapOptions::kTransformerLayer;
+    options.auto_wrap.layer_types = zero.auto_wrap_layer_types;
+  } else if (zero.auto_wrap_policy == "SIZE_BASED_WRAP" && zero.auto_wrap_min_num_params > 0) {
+    // Accelerate wraps nothing for a size of 0 (its default).
+    options.auto_wrap.policy = AutoWrapOptions::kSize;
+    options.auto_wrap.min_num_params = zero.auto_wrap_min_num_params;
+  }
   return options;
 }
 
@@ -95,13 +103,15 @@ HybridGroups make_hybrid_groups(const ZeroConfig& zero, const std::shared_ptr<Pr
 
 StrategyFactory::StrategyFactory(const Config& config, const std::optional<DDPOptions>& ddp,
                                  std::shared_ptr<ProcessGroup> world, int local_world_size,
-                                 ZeroOptions::ShardOptimizerFactory shard_optimizer_factory)
+                                 ZeroOptions::ShardOptimizerFactory shard_optimizer_factory,
+                                 const std::optional<AutoWrapOptions>& auto_wrap)
     : world_(std::move(world)),
       ddp_(ddp ? *ddp : ddp_options(config.ddp)),
       zero_(zero_options(config.zero)),
       zero3_init_(config.zero.stage == 3 && config.zero.zero3_init),
       hybrid_(make_hybrid_groups(config.zero, world_, local_world_size)) {
   if (zero_) zero_->shard_optimizer_factory = std::move(shard_optimizer_factory);
+  if (zero_ && auto_wrap) zero_->auto_wrap = *auto_wrap;
 }
 
 std::shared_ptr<ModelStrategy> StrategyFactory::make(

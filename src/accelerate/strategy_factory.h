@@ -35,10 +35,12 @@ class StrategyFactory {
   // collective, so every rank constructs it at the same point. UsageError
   // when the partition size does not divide the world.
   // `shard_optimizer_factory` (may be empty) goes to every ZeroOptimizer
-  // (ZeroOptions::shard_optimizer_factory).
+  // (ZeroOptions::shard_optimizer_factory), and `auto_wrap`, when set,
+  // replaces the config's policy (ZeroOptions::auto_wrap).
   StrategyFactory(const Config& config, const std::optional<DDPOptions>& ddp,
                   std::shared_ptr<ProcessGroup> world, int local_world_size,
-                  ZeroOptions::ShardOptimizerFactory shard_optimizer_factory = {});
+                  ZeroOptions::ShardOptimizerFactory shard_optimizer_factory = {},
+                  const std::optional<AutoWrapOptions>& auto_wrap = std::nullopt);
 
   // How to hold `module`, prepared now: replicated, ZeRO or HSDP.
   // Collective (DDP and ZeRO broadcast rank 0's values).

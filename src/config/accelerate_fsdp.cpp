@@ -6,6 +6,7 @@
 // FullyShardedDataParallelPlugin it builds from the environment it exports;
 // docs/config.md ("FSDP") has the table.
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 
@@ -253,14 +254,76 @@ void read_prefetch(const FsdpRead& f, Config& config) {
   }
 }
 
+// fsdp_auto_wrap_policy and its two parameters, as Accelerate's FSDP plugin
+// reads them: the layer names only for TRANSFORMER_BASED_WRAP (a C++ model
+// has no _no_split_modules to default to), the size only for
+// SIZE_BASED_WRAP (0, its default, wraps nothing).
+void read_auto_wrap(const FsdpRead& f, Config& config) {
+  ZeroConfig& zero = config.zero;
+  const Value* policy = find(f, "fsdp_auto_wrap_policy");
+  if (policy && !policy->is_null()) zero.auto_wrap_policy = read_auto_wrap_policy(*policy);
+  const Value* layers = find(f, "fsdp_transformer_layer_cls_to_wrap");
+  if (layers && !layers->is_null()) zero.auto_wrap_layer_types = read_layer_types(*layers);
+  const Value* size = find(f, "fsdp_min_num_params");
+  if (size && !size->is_null()) zero.auto_wrap_min_num_params = size->as_int(0);
+  if (zero.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" && zero.auto_wrap_layer_types.empty()) {
+    // What `accelerate config` writes for a transformers model.
+    warn(config, *policy,
+         "without fsdp_transformer_layer_cls_to_wrap takes a Python model's "
+         "_no_split_modules, which a C++ model has not: no unit is chosen by policy until the "
+         "layer types are named there (LibTorch type names, e.g. BlockImpl or Block) or in "
+         "AcceleratorOptions::zero_auto_wrap");
+  }
+  if (layers && !zero.auto_wrap_layer_types.empty() &&
+      zero.auto_wrap_policy != "TRANSFORMER_BASED_WRAP") {
+    warn(config, *layers, "is read only with fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP "
+                          "(as Accelerate does); ignored");
+  }
+  if (size && zero.auto_wrap_min_num_params > 0 && zero.auto_wrap_policy != "SIZE_BASED_WRAP") {
+    warn(config, *size, "is read only with fsdp_auto_wrap_policy SIZE_BASED_WRAP (as Accelerate "
+                        "does); ignored");
+  }
+  if (f.stage != 3 && !zero.auto_wrap_policy.empty()) {
+    warn(config, *policy, "chooses the units ZeRO-3 gathers; at stage " +
+                              std::to_string(f.stage) + " (" +
+                              (f.stage == 2 ? "SHARD_GRAD_OP" : "NO_SHARD") +
+                              ") no parameter is gathered, so it has no effect");
+  }
+}
+
 }  // namespace
+
+std::string read_auto_wrap_policy(const Value& v) {
+  const std::string policy =
+      read_enum(v, {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"}, 0);
+  return policy == "NO_WRAP" ? "" : policy;
+}
+
+std::vector<std::string> read_layer_types(const Value& v) {
+  std::vector<std::string> pieces;
+  if (v.node().IsScalar()) {
+    std::string text = v.node().Scalar();
+    size_t start = 0;
+    while (start <= text.size()) {
+      const size_t comma = std::min(text.find(',', start), text.size());
+      pieces.push_back(text.substr(start, comma - start));
+      start = comma + 1;
+    }
+  } else {
+    v.fail("expected text, got " + v.describe(),
+           "write the names as one comma-separated string, as Accelerate takes them");
+  }
+  std::vector<std::string> names;
+  for (std::string& p : pieces) {
+    const auto first = p.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    names.push_back(p.substr(first, p.find_last_not_of(" \t") - first + 1));
+  }
+  return names;
+}
 
 const KeyTable& accelerate_fsdp_keys() {
   static const KeyTable table = [] {
-    const std::string units =
-        "tandem's ZeRO-3 gathers and frees the blocks the program marks with "
-        "tandem::Sharded<Impl> (FSDP's wrapped units), whatever the config says; mark those "
-        "layers in the model's definition; ignored";
     auto choice = [](std::vector<std::string> names, size_t numbered) {
       return [names, numbered](const Value& v) { (void)read_enum(v, names, numbered); };
     };
@@ -271,14 +334,9 @@ const KeyTable& accelerate_fsdp_keys() {
     KeyTable t{
         {"fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward",
          "fsdp_offload_params", "fsdp_activation_checkpointing", "fsdp_backward_prefetch",
-         "fsdp_forward_prefetch", "fsdp_cpu_ram_efficient_loading"},
-        {{"fsdp_auto_wrap_policy", "asks FSDP to wrap modules by a policy: " + units,
-          {"NO_WRAP", "null"}, choice({"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"}, 0)},
-         {"fsdp_transformer_layer_cls_to_wrap", "names Python layer classes to wrap: " + units,
-          {"null", ""}, text},
-         {"fsdp_min_num_params", "asks FSDP to wrap modules of that many parameters: " + units,
-          {"null"}, check_whole(0)},
-         {"fsdp_state_dict_type",
+         "fsdp_forward_prefetch", "fsdp_cpu_ram_efficient_loading", "fsdp_auto_wrap_policy",
+         "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params"},
+        {         {"fsdp_state_dict_type",
           "is not needed: tandem's save_state always writes each rank's shards (as "
           "SHARDED_STATE_DICT), which load at any world size and strategy, save_model writes "
           "the full weights, and `tandem checkpoint merge` makes one file of a checkpoint; "
@@ -360,6 +418,7 @@ void read_accelerate_fsdp(const Value& section, const Value& parallelism, Config
     }
   }
   read_prefetch(f, config);
+  read_auto_wrap(f, config);
 
   // Accelerate's launcher defaults fsdp_cpu_ram_efficient_loading to true
   // and refuses it with fsdp_sync_module_states false.

@@ -125,7 +125,10 @@ bool same(const ZeroConfig& a, const ZeroConfig& b) {
          a.zero3_init == b.zero3_init && a.allgather_bucket_size == b.allgather_bucket_size &&
          a.reduce_scatter == b.reduce_scatter && a.overlap_comm == b.overlap_comm &&
          a.gather_16bit_weights_on_model_save == b.gather_16bit_weights_on_model_save &&
-         a.hpz_partition_size == b.hpz_partition_size;
+         a.hpz_partition_size == b.hpz_partition_size &&
+         a.auto_wrap_policy == b.auto_wrap_policy &&
+         a.auto_wrap_min_num_params == b.auto_wrap_min_num_params &&
+         a.auto_wrap_layer_types == b.auto_wrap_layer_types;
 }
 
 bool same(const OptimizerConfig& a, const OptimizerConfig& b) {

@@ -139,7 +139,10 @@ const KeyTable& zero_optimization_keys(Dialect dialect) {
   static const KeyTable deepspeed_table{read_keys, zero_warned_keys(), removed};
   static const KeyTable tandem_table = [] {
     KeyTable table{read_keys, zero_warned_keys(), removed};
-    table.read.push_back("zero3_init");
+    for (const char* key : {"zero3_init", "auto_wrap_policy", "auto_wrap_min_num_params",
+                            "auto_wrap_layer_types"}) {
+      table.read.push_back(key);
+    }
     return table;
   }();
   return dialect == Dialect::kTandem ? tandem_table : deepspeed_table;
@@ -200,6 +203,12 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
                          "ranks of one host, usually) and replicates across them"));
     } else if (key == "zero3_init") {
       zero.zero3_init = v.as_bool();
+    } else if (key == "auto_wrap_policy") {
+      zero.auto_wrap_policy = read_auto_wrap_policy(v);
+    } else if (key == "auto_wrap_min_num_params") {
+      zero.auto_wrap_min_num_params = v.as_int(0);
+    } else if (key == "auto_wrap_layer_types") {
+      zero.auto_wrap_layer_types = read_layer_types(v);
     } else if (key == "allgather_bucket_size") {
       // "auto" keeps the default, as for the other sizes.
       zero.allgather_bucket_size = read_size(v, zero.allgather_bucket_size, 1, true);

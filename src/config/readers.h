@@ -102,6 +102,11 @@ const KeyTable& deepspeed_monitor_keys();  // tensorboard and csv_monitor
 // A tensorboard or csv_monitor block (DeepSpeed's keys; tandem YAML too).
 void read_monitor(const Value& block, MonitorConfig& monitor);
 const KeyTable& zero_optimization_keys(Dialect dialect);
+// ZeroConfig::auto_wrap_policy from Accelerate's names (NO_WRAP reads as "").
+std::string read_auto_wrap_policy(const Value& v);
+// Layer type names from one comma-separated string, as Accelerate takes
+// fsdp_transformer_layer_cls_to_wrap.
+std::vector<std::string> read_layer_types(const Value& v);
 const KeyTable& offload_keys(bool optimizer);  // offload_optimizer (true) or offload_param
 const KeyTable& activation_checkpointing_keys(Dialect dialect);
 const KeyTable& optimizer_keys();

@@ -28,6 +28,11 @@ ResolvedJson zero_json(const ZeroConfig& z) {
   out["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
   out["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
   out["zero3_init"] = z.zero3_init;
+  if (!z.auto_wrap_policy.empty()) {
+    out["auto_wrap_policy"] = z.auto_wrap_policy;
+    out["auto_wrap_min_num_params"] = z.auto_wrap_min_num_params;
+    out["auto_wrap_layer_types"] = z.auto_wrap_layer_types;
+  }
   out["allgather_bucket_size"] = z.allgather_bucket_size;
   out["reduce_scatter"] = z.reduce_scatter;
   out["overlap_comm"] = z.overlap_comm;

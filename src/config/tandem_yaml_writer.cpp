@@ -8,6 +8,7 @@
 #include "tandem/config/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tandem {
 namespace {
@@ -152,6 +153,15 @@ void write_zero(Writer& w, const Config& c) {
          w.size(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold));
   w.line(1, "stage3_max_live_parameters", fmt::format("{}", z.stage3_max_live_parameters));
   w.line(1, "zero3_init", flag(z.zero3_init));
+  // Stage-3 units by policy (Accelerate's fsdp_auto_wrap_policy), when set.
+  if (!z.auto_wrap_policy.empty()) w.line(1, "auto_wrap_policy", z.auto_wrap_policy);
+  if (z.auto_wrap_min_num_params != 0) {
+    w.line(1, "auto_wrap_min_num_params", fmt::format("{}", z.auto_wrap_min_num_params));
+  }
+  if (!z.auto_wrap_layer_types.empty()) {
+    w.line(1, "auto_wrap_layer_types",
+           "\"" + fmt::format("{}", fmt::join(z.auto_wrap_layer_types, ",")) + "\"");
+  }
   w.line(1, "allgather_bucket_size", fmt::format("{}", z.allgather_bucket_size));
   w.line(1, "reduce_scatter", flag(z.reduce_scatter));
   w.line(1, "overlap_comm", flag(z.overlap_comm));

@@ -17,6 +17,8 @@
 #include "core/torch_internals.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
+#include "tandem/core/logging.h"
+#include "zero/auto_unit.h"
 #include "zero/unit_shard.h"
 
 namespace tandem::detail {
@@ -138,13 +140,19 @@ void ZeroLayout::build_unit_groups(torch::nn::Module& model, ProcessGroup& pg) {
     return count;
   };
   const std::vector<int> everywhere = registrations(model);
+  auto_wrap(model, options_.auto_wrap);
+  const auto wrapped = auto_units(model);
   std::vector<ShardedUnit*> units;
   std::vector<std::string> unit_names;
   std::vector<std::size_t> unit_of(params_.size(), kNoGroup);
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     const auto& module = item.value();
     auto* unit = dynamic_cast<ShardedUnit*>(module.get());
-    if (unit == nullptr) continue;
+    if (unit == nullptr) {
+      auto it = wrapped.find(module.get());
+      if (it == wrapped.end()) continue;
+      unit = it->second;
+    }
     TANDEM_CHECK_ARG(!unit->sharding_attached(),
                      "ZeroOptimizer: a Sharded unit of this model is already owned by another "
                      "ZeroOptimizer; one ZeRO optimizer per model");
@@ -155,10 +163,14 @@ void ZeroLayout::build_unit_groups(torch::nn::Module& model, ProcessGroup& pg) {
     units.push_back(unit);
     unit_names.push_back(item.key().empty() ? "(the model itself)" : item.key());
   }
-  TANDEM_CHECK_ARG(!units.empty(),
-                   "ZeroOptimizer: stage 3 found no tandem::Sharded unit in the model, so no "
-                   "parameter would be partitioned. Declare the blocks to shard as "
-                   "tandem::Sharded<BlockImpl> (see tandem/zero/sharded.h), or use stage 2");
+  if (units.empty() && rank_ == 0) {
+    log_warn("ZeRO stage 3 found no unit in the model (no tandem::Sharded block, no auto-wrap "
+             "policy): every parameter stays whole on each rank, as in FSDP's root unit "
+             "without a wrap policy, and only gradients and optimizer state are sharded. To "
+             "shard the parameters too, declare blocks tandem::Sharded<BlockImpl> "
+             "(tandem/zero/sharded.h) or set an auto-wrap policy (fsdp_auto_wrap_policy; "
+             "tandem/zero/auto_wrap.h)");
+  }
   // Launch order: units in reverse forward order, then the loose parameters.
   // Parameters under the persistence threshold stay whole, with the loose ones.
   for (std::size_t i = 0; i < params_.size(); ++i) {

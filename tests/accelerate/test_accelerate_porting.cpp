@@ -107,7 +107,9 @@ TEST(PreparedLoaderSharding, SplitAndDispatchBatchesDealAsAcceleratesLoaders) {
         const auto t = (*batch)[0].contiguous();
         mine.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
       }
-      if (!dispatch) EXPECT_EQ(accelerator.config().train_micro_batch_size_per_gpu, 2);
+      if (!dispatch) {
+        EXPECT_EQ(accelerator.config().train_micro_batch_size_per_gpu, 2);
+      }
     });
   }
   // Global batches [0..3], [4..7], [8, 9 + 0, 1]: rank 0 the first half.

@@ -5,6 +5,8 @@
 // warning naming each), bad values and unknown keys (an error at the value's
 // line and column).
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -233,14 +235,17 @@ TEST(AccelerateFsdp, KeysTandemDoesNotFollowWarnOnceEachAndTheirDefaultsSayNothi
       "  fsdp_cpu_ram_efficient_loading: false\n"
       "  fsdp_sync_module_states: false\n");
   EXPECT_EQ(warned_keys(c), (std::vector<std::string>{
-                                "fsdp_config.fsdp_auto_wrap_policy",
                                 "fsdp_config.fsdp_ignored_modules",
                                 "fsdp_config.fsdp_min_num_params",
                                 "fsdp_config.fsdp_state_dict_type",
                                 "fsdp_config.fsdp_sync_module_states",
-                                "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
                                 "fsdp_config.fsdp_use_orig_params"}));
-  EXPECT_TRUE(contains(c.warnings[0], "tandem::Sharded<Impl>")) << c.warnings[0];
+  // The wrap policy is followed; the size is Accelerate's only for SIZE_BASED_WRAP.
+  EXPECT_EQ(c.zero.auto_wrap_policy, "TRANSFORMER_BASED_WRAP");
+  EXPECT_EQ(c.zero.auto_wrap_layer_types, (std::vector<std::string>{"BertLayer", "BertEmbeddings"}));
+  EXPECT_TRUE(std::any_of(c.warnings.begin(), c.warnings.end(), [](const std::string& w) {
+    return contains(w, "read only with fsdp_auto_wrap_policy SIZE_BASED_WRAP");
+  }));
   const Config quiet = fsdp(
       "  fsdp_auto_wrap_policy: NO_WRAP\n"
       "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
@@ -253,6 +258,25 @@ TEST(AccelerateFsdp, KeysTandemDoesNotFollowWarnOnceEachAndTheirDefaultsSayNothi
                        "FSDP2 has no LOCAL_STATE_DICT"));
   EXPECT_EQ(warned_keys(fsdp("  fsdp_state_dict_type: LOCAL_STATE_DICT\n")),
             std::vector<std::string>{"fsdp_config.fsdp_state_dict_type"});
+}
+
+TEST(AccelerateFsdp, WrapPoliciesAsAccelerateReadsThem) {
+  const Config size = fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
+                           "  fsdp_min_num_params: 2000\n");
+  EXPECT_EQ(size.zero.auto_wrap_policy, "SIZE_BASED_WRAP");
+  EXPECT_EQ(size.zero.auto_wrap_min_num_params, 2000);
+  EXPECT_TRUE(size.warnings.empty()) << size.warnings.front();
+  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: NO_WRAP\n").zero.auto_wrap_policy, "");
+  // `accelerate config` for a transformers model: no layer names. A C++
+  // model has no _no_split_modules to take them from: warned, no unit.
+  const Config unnamed = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n");
+  EXPECT_EQ(warned_keys(unnamed), std::vector<std::string>{"fsdp_config.fsdp_auto_wrap_policy"});
+  EXPECT_TRUE(contains(unnamed.warnings.front(), "_no_split_modules"));
+  // Names with spaces after the commas, as people write them.
+  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                 "  fsdp_transformer_layer_cls_to_wrap: 'Block, ns::LayerImpl'\n")
+                .zero.auto_wrap_layer_types,
+            (std::vector<std::string>{"Block", "ns::LayerImpl"}));
 }
 
 TEST(AccelerateFsdp, BadValuesNameTheirPlaceTheValidValuesAndTheFix) {

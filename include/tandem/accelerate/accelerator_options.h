@@ -57,6 +57,10 @@ struct AcceleratorOptions {
   // zero_allow_untested_optimizer): builds it over the shards. See
   // ZeroOptions::shard_optimizer_factory; unused at stage 0.
   ZeroOptions::ShardOptimizerFactory zero_shard_optimizer_factory;
+  // ZeRO-3 units by policy (tandem/zero/auto_wrap.h), beating the config's
+  // fsdp_auto_wrap_policy / zero_optimization.auto_wrap_* keys. Empty: the
+  // config decides.
+  std::optional<AutoWrapOptions> zero_auto_wrap;
   // Dynamic loss scaling whatever the precision, with these settings (the
   // config's fp16 block otherwise, used only for fp16). For fp32 runs that
   // want overflow protection, and for tests of the scaling path on a CPU.

@@ -98,6 +98,15 @@ struct ZeroConfig {
   // fsdp_sharding_strategy HYBRID_SHARD and HYBRID_SHARD_ZERO2; tandem
   // YAML's `zero_hpz_partition_size: ranks_per_host`).
   int hpz_partition_size = 1;
+  // Stage 3 units chosen by a policy besides the tandem::Sharded ones
+  // (Accelerate's fsdp_auto_wrap_policy; ZeroOptions::auto_wrap): "" or
+  // "NO_WRAP" (none), "SIZE_BASED_WRAP" (units of at least
+  // auto_wrap_min_num_params parameters; 0, Accelerate's default, wraps
+  // nothing) or "TRANSFORMER_BASED_WRAP" (modules whose type is named in
+  // auto_wrap_layer_types, fsdp_transformer_layer_cls_to_wrap).
+  std::string auto_wrap_policy;
+  int64_t auto_wrap_min_num_params = 0;
+  std::vector<std::string> auto_wrap_layer_types;
 };
 inline constexpr int kHpzRanksPerHost = 0;
 

@@ -24,8 +24,9 @@
 //            `reduce_bucket_size` elements is reduce-scattered as soon as its
 //            gradients are complete (overlapping the rest of backward), and
 //            its full gradients are freed.                       4Ψ + 12Ψ/N
-//   stage 3  1/N of everything: tandem::Sharded units are gathered before
-//            their forward and backward and freed after (see sharded.h). 16Ψ/N
+//   stage 3  1/N of everything: tandem::Sharded units (or those an
+//            auto-wrap policy picks, auto_wrap.h) are gathered before their
+//            forward and backward and freed after (see sharded.h). 16Ψ/N
 //
 // Parameters are flattened into one buffer per bucket (stage 1/2) or per unit
 // (stage 3), padded to a multiple of N; rank r owns slice r of each. The
@@ -77,6 +78,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "tandem/comm/process_group.h"
+#include "tandem/zero/auto_wrap.h"
 
 namespace tandem {
 
@@ -136,6 +138,11 @@ struct ZeroOptions {
   using ShardOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
       std::vector<torch::optim::OptimizerParamGroup>)>;
   ShardOptimizerFactory shard_optimizer_factory;
+  // Stage 3: units chosen by a policy besides the tandem::Sharded ones
+  // (FSDP's auto_wrap_policy; tandem/zero/auto_wrap.h), applied by the
+  // constructor. With no unit at all, stage 3 keeps the parameters whole on
+  // every rank (FSDP's root unit) and shards gradients and optimizer state.
+  AutoWrapOptions auto_wrap;
 };
 
 // Bytes each rank holds now, by kind (the memory accounting of ZeRO's paper).
