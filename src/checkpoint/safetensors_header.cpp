@@ -259,10 +259,11 @@ uint64_t parse_safetensors_header_length(const unsigned char* prefix, std::size_
   const bool pickle = have >= 2 && prefix[0] == 0x80 && prefix[1] >= 2 && prefix[1] <= 5;
   const bool zip = have >= 4 && std::memcmp(prefix, "PK\x03\x04", 4) == 0;
   const std::string pickle_message =
-      "this is a pickle/torch.save file, not safetensors; tandem never unpickles (loading a "
-      "pickle runs arbitrary code). Convert it once in Python: "
-      "`safetensors.torch.save_file(torch.load(path), 'out.safetensors')`, or save it with "
-      "tandem";
+      "this is a pickle/torch.save file, not safetensors; tandem loads no pickle directly "
+      "(loading one can run arbitrary code). Convert it once with `tandem checkpoint import "
+      "FILE OUT.safetensors` (weights only: it builds tensors and numbers and executes "
+      "nothing), or in Python with "
+      "`safetensors.torch.save_file(torch.load(path), 'out.safetensors')`";
   if (file_size < 8 || have < 8) {
     if (pickle || zip) fail(pickle_message);
     fail("the file is only " + std::to_string(file_size) +

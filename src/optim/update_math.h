@@ -6,6 +6,11 @@
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/optimizer.h>
+
+#include "tandem/core/error.h"
+#include "tandem/core/torch_types.h"
 
 #include "tandem/optim/lamb.h"
 #include "tandem/optim/lion.h"
@@ -36,5 +41,36 @@ at::Tensor lamb_direction(const at::Tensor& p, const at::Tensor& grad, at::Tenso
 // The factor of u in the second half, p <- p - factor * u, from the whole
 // parameter's sums of squares at 1-based step `step`.
 double lamb_factor(const LambHyper& h, int64_t step, double p_squares, double u_squares);
+
+// The body of Lion's and Lamb's step(): runs `closure` (with grad), then
+// calls fn(options, param, state) for every parameter with a dense
+// gradient, its State made by fresh(param) at its first step. UsageError
+// for a group with other options and for sparse gradients.
+template <typename Options, typename State, typename Fresh, typename Fn>
+torch::Tensor step_each_param(torch::optim::Optimizer& optimizer, const char* name,
+                              const torch::optim::Optimizer::LossClosure& closure, Fresh fresh,
+                              Fn fn) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : optimizer.param_groups()) {
+    const auto* options = dynamic_cast<const Options*>(&group.options());
+    TANDEM_CHECK_ARG(options != nullptr,
+                     "{}: a param group has options of another optimizer; give every group "
+                     "{}Options",
+                     name, name);
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TANDEM_CHECK_ARG(!p.grad().is_sparse(), "{}: sparse gradients are not supported", name);
+      auto& slot = optimizer.state()[compat::optimizer_state_key(p)];
+      if (!slot) slot = fresh(p);
+      fn(*options, p, static_cast<State&>(*slot));
+    }
+  }
+  return loss;
+}
 
 }  // namespace tandem::detail

@@ -44,21 +44,13 @@ UpdateRule update_rule_of(torch::optim::Optimizer& optimizer, bool has_factory) 
 
 namespace {
 
-void read_adam(const torch::optim::AdamOptions& o, UpdateHyper& h) {
+// Adam's or AdamW's options (the same fields, two types).
+template <typename Options>
+void read_adam(const Options& o, const char* name, UpdateHyper& h) {
   TANDEM_CHECK_ARG(!o.amsgrad(),
-                   "ZeRO does not shard Adam with amsgrad=true; turn it off, or build it over "
-                   "the shards with ZeroOptions::shard_optimizer_factory");
-  h.lr = o.lr();
-  h.weight_decay = o.weight_decay();
-  h.beta1 = std::get<0>(o.betas());
-  h.beta2 = std::get<1>(o.betas());
-  h.eps = o.eps();
-}
-
-void read_adamw(const torch::optim::AdamWOptions& o, UpdateHyper& h) {
-  TANDEM_CHECK_ARG(!o.amsgrad(),
-                   "ZeRO does not shard AdamW with amsgrad=true; turn it off, or build it over "
-                   "the shards with ZeroOptions::shard_optimizer_factory");
+                   "ZeRO does not shard {} with amsgrad=true; turn it off, or build it over "
+                   "the shards with ZeroOptions::shard_optimizer_factory",
+                   name);
   h.lr = o.lr();
   h.weight_decay = o.weight_decay();
   h.beta1 = std::get<0>(o.betas());
@@ -87,10 +79,10 @@ std::vector<UpdateHyper> read_hyper(torch::optim::Optimizer& optimizer, UpdateRu
     const auto& options = group.options();
     switch (rule) {
       case UpdateRule::kAdam:
-        read_adam(options_as<torch::optim::AdamOptions>(options), h);
+        read_adam(options_as<torch::optim::AdamOptions>(options), "Adam", h);
         break;
       case UpdateRule::kAdamW:
-        read_adamw(options_as<torch::optim::AdamWOptions>(options), h);
+        read_adam(options_as<torch::optim::AdamWOptions>(options), "AdamW", h);
         break;
       case UpdateRule::kSgd: {
         const auto& o = options_as<torch::optim::SGDOptions>(options);

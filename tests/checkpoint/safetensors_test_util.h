@@ -87,11 +87,12 @@ inline std::vector<FormulaSpec> formula_specs() {
           {"scalar", at::kFloat, {}},      {"empty", at::kFloat, {0, 3}}};
 }
 
-// Runs `args` with tests/checkpoint/safetensors_interop.py under the peer
-// Python (TANDEM_PEER_PYTHON); its exit code, stdout+stderr in `output`.
-inline int run_interop(const std::string& args, std::string& output) {
+// Runs tests/checkpoint/`script` with `args` under the peer Python
+// (TANDEM_PEER_PYTHON); its exit code, stdout+stderr in `output`.
+inline int run_peer_script(const std::string& script_name, const std::string& args,
+                           std::string& output) {
   const std::string here = __FILE__;
-  const std::string script = here.substr(0, here.rfind('/')) + "/safetensors_interop.py";
+  const std::string script = here.substr(0, here.rfind('/')) + "/" + script_name;
   const std::string command = std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return -1;
@@ -100,6 +101,11 @@ inline int run_interop(const std::string& args, std::string& output) {
   while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
   const int status = ::pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// safetensors_interop.py (an independent reader and writer of the format).
+inline int run_interop(const std::string& args, std::string& output) {
+  return run_peer_script("safetensors_interop.py", args, output);
 }
 
 // Whether the peer Python can import `module` (torch, safetensors.torch).

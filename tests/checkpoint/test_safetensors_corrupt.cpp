@@ -99,7 +99,9 @@ TEST(SafetensorsCorrupt, PickleAndZipFilesAreRefusedNeverUnpickled) {
   ScratchDir dir;
   // The start of a legacy torch.save file: protocol 2, then the magic number.
   const std::string pickle = std::string("\x80\x02\x8a\x0a", 4) + "l\xfc\x9c" "F\xf9 j\xa8" "P\x19.";
-  expect_rejected(dir, pickle, "pickle/torch.save file, not safetensors; tandem never unpickles");
+  expect_rejected(dir, pickle,
+                  "pickle/torch.save file, not safetensors; tandem loads no pickle directly");
+  expect_rejected(dir, pickle, "tandem checkpoint import");
   expect_rejected(dir, std::string("PK\x03\x04\x00\x00\x08\x08\x00\x00archive/data.pkl", 26),
                   "pickle/torch.save file");
   expect_rejected(dir, std::string("\x80\x05", 2), "pickle/torch.save file");

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "support/parity.h"
+#include "support/thread_ranks.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/optim/lamb.h"
 #include "tandem/optim/lion.h"
@@ -181,6 +182,18 @@ inline Params train_ddp(ProcessGroup& pg, const Recipe& r) {
     optimizer->step();
   }
   return snapshot(*model);
+}
+
+// train_ddp's parameters (rank 0's) at `world` ranks.
+inline Params ddp_reference(int world, const Recipe& r) {
+  Params out;
+  std::mutex mutex;
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Params p = train_ddp(pg, r);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (pg.rank() == 0) out = p;
+  });
+  return out;
 }
 
 // ZeroOptimizer over the same recipe; `inspect` sees the optimizer after

@@ -45,17 +45,6 @@ void expect_refusal_naming(const std::function<void()>& fn, const std::string& n
   EXPECT_NE(message.find(needle), std::string::npos) << "message: " << message;
 }
 
-Params ddp_reference(int world, const Recipe& r) {
-  Params out;
-  std::mutex mutex;
-  run_ranks(world, [&](ProcessGroup& pg) {
-    Params p = testing::train_ddp(pg, r);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (pg.rank() == 0) out = p;
-  });
-  return out;
-}
-
 using OptimizerCase = std::tuple<int /*stage*/, int /*world*/, Opt, bool /*offload*/>;
 
 class ZeroOptimizers : public ::testing::TestWithParam<OptimizerCase> {};
@@ -69,7 +58,7 @@ TEST_P(ZeroOptimizers, TrainLikeDdpWithTheSameOptimizer) {
   options.stage = stage;
   options.reduce_bucket_size = 150;
   options.offload_optimizer = offload;
-  const Params expected = ddp_reference(world, r);
+  const Params expected = testing::ddp_reference(world, r);
   std::vector<Params> got(world);
   run_ranks(world, [&](ProcessGroup& pg) { got[pg.rank()] = testing::train_zero(pg, r, options); });
   for (int rank = 0; rank < world; ++rank) {
@@ -106,7 +95,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ZeroOptimizers, LambTrustRatioChangesTheResult) {
   Recipe lamb;
   lamb.opt = Opt::kLamb;
-  Params with_ratio = ddp_reference(2, lamb);
+  Params with_ratio = testing::ddp_reference(2, lamb);
   // max_coeff = min_coeff = 1 turns the ratio off.
   testing::Stack model = testing::make_model(lamb);
   Lamb plain(model->parameters(), LambOptions(1e-2).weight_decay(0.01).max_coeff(1).min_coeff(1));

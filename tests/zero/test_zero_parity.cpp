@@ -29,17 +29,6 @@ const char* name_of(Opt opt) {
   return "?";
 }
 
-Params reference(int world, const Recipe& r) {
-  Params out;
-  std::mutex mutex;
-  run_ranks(world, [&](ProcessGroup& pg) {
-    Params p = testing::train_ddp(pg, r);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (pg.rank() == 0) out = p;
-  });
-  return out;
-}
-
 // Every rank's parameters after ZeRO training.
 std::vector<Params> zero_run(int world, const Recipe& r, const ZeroOptions& options) {
   std::vector<Params> out(world);
@@ -59,7 +48,7 @@ TEST_P(ZeroParity, TrainsLikeDdpWithAccumulationAndClipping) {
   options.stage = stage;
   options.reduce_bucket_size = 150;  // several buckets, split across parameters
   options.offload_optimizer = offload;
-  const Params expected = reference(world, r);
+  const Params expected = testing::ddp_reference(world, r);
   const std::vector<Params> got = zero_run(world, r, options);
   for (int rank = 0; rank < world; ++rank) {
     EXPECT_LT(testing::max_relative_diff(got[rank], expected), 1e-5) << "rank " << rank;
@@ -84,7 +73,9 @@ TEST(ZeroParity, ClippingChangesTheResultSoTheParityAboveCoversIt) {
   Recipe clipped;
   Recipe unclipped;
   unclipped.clip = 0;
-  EXPECT_GT(testing::max_relative_diff(reference(2, clipped), reference(2, unclipped)), 1e-4);
+  EXPECT_GT(testing::max_relative_diff(testing::ddp_reference(2, clipped),
+                                       testing::ddp_reference(2, unclipped)),
+            1e-4);
 }
 
 TEST(ZeroParity, Stage3WithoutPrefetchAndWithoutLooseParameters) {
@@ -95,7 +86,7 @@ TEST(ZeroParity, Stage3WithoutPrefetchAndWithoutLooseParameters) {
   ZeroOptions options;
   options.stage = 3;
   options.prefetch_bucket_size = 0;
-  const Params expected = reference(2, r);
+  const Params expected = testing::ddp_reference(2, r);
   for (const auto& got : zero_run(2, r, options)) {
     EXPECT_LT(testing::max_relative_diff(got, expected), 1e-5);
   }

@@ -27,6 +27,7 @@
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/checkpoint/torch_import.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
 
@@ -311,7 +312,8 @@ int inspect(const std::string& dir, bool json) {
 }  // namespace
 
 int run_checkpoint_command(int argc, char** argv) {
-  CLI::App app("Inspect tandem checkpoints, or merge one into a single safetensors file",
+  CLI::App app("Inspect tandem checkpoints, merge one into a single safetensors file, or "
+               "import a torch.save file",
                "tandem checkpoint");
   app.require_subcommand(1);
   std::string dir, out, tag, dtype = "fp32", max_shard_size;
@@ -336,8 +338,24 @@ int run_checkpoint_command(int argc, char** argv) {
       app.add_subcommand("inspect", "list the tags: step, world size, strategy, dtype, sizes");
   inspect_cmd->add_option("DIR", dir, "checkpoint directory")->required();
   inspect_cmd->add_flag("--json", json, "machine-readable output");
+  std::string source;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import",
+      "read a torch.save file (a state_dict, pytorch_model.bin, any dict of tensors) with "
+      "weights-only semantics, executing nothing in it, and write its tensors as one "
+      "safetensors file for load_model / load_safetensors");
+  import_cmd->add_option("SRC", source, "the torch.save file (.pt, .pth, .bin)")->required();
+  import_cmd->add_option("OUT", out, "output .safetensors file")->required();
   if (auto code = parse_cli(app, argc, argv)) return *code;
   if (merge_cmd->parsed()) return merge(dir, out, tag, dtype, max_shard_size);
+  if (import_cmd->parsed()) {
+    const TorchImportResult r = import_torch_save(source, out);
+    std::printf("imported %s: %ld tensors (%.1f MB) and %ld other values into %s\n",
+                source.c_str(), static_cast<long>(r.tensors),
+                static_cast<double>(r.tensor_bytes) / 1e6, static_cast<long>(r.other_values),
+                out.c_str());
+    return 0;
+  }
   return inspect(dir, json);
 }
 
