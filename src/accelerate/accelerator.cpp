@@ -65,7 +65,7 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
                                                       options.zero_auto_wrap);
   if (main_process()) {
     for (const auto& warning : config.warnings) log_warn("{}", warning);
-    strategies->warn_unfilled_auto_sizes(config);
+    strategies->warn_about_config(config);
   }
   const bool want_cuda = !options.cpu && !config.use_cpu;
   if (want_cuda && torch::cuda::is_available()) {

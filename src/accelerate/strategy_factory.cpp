@@ -134,7 +134,16 @@ zero::Init StrategyFactory::zero_init(c10::Device device) const {
 
 // Accelerate refuses "auto" sizes it cannot fill; tandem keeps its defaults
 // and says so.
-void StrategyFactory::warn_unfilled_auto_sizes(const Config& config) const {
+void StrategyFactory::warn_about_config(const Config& config) const {
+  if (zero_ && zero_->stage == 3 && config.zero.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" &&
+      config.zero.auto_wrap_layer_types.empty() &&
+      zero_->auto_wrap.policy == AutoWrapOptions::kNone) {
+    log_warn("fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP without "
+             "fsdp_transformer_layer_cls_to_wrap takes a Python model's _no_split_modules, "
+             "which a C++ model has not: no unit is chosen by policy. Name the layer types "
+             "there (LibTorch type names, e.g. BlockImpl or Block) or in "
+             "AcceleratorOptions::zero_auto_wrap");
+  }
   if (!zero_) return;  // the sizes are ZeRO's
   const int64_t values[] = {config.zero.reduce_bucket_size, config.zero.stage3_prefetch_bucket_size,
                             config.zero.stage3_param_persistence_threshold};

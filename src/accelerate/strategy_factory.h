@@ -59,9 +59,10 @@ class StrategyFactory {
   zero::Init zero_init(c10::Device device) const;
 
   // The warnings about the config's ZeRO sizes left "auto" with no hidden
-  // size to fill them (none unless the models will be sharded). Log on the
-  // main process only.
-  void warn_unfilled_auto_sizes(const Config& config) const;
+  // size to fill them, and about a transformer-layer wrap policy without
+  // layer names (none unless the models will be sharded). Log on the main
+  // process only.
+  void warn_about_config(const Config& config) const;
 
  private:
   std::shared_ptr<ProcessGroup> world_;

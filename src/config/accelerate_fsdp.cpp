@@ -255,9 +255,10 @@ void read_prefetch(const FsdpRead& f, Config& config) {
 }
 
 // fsdp_auto_wrap_policy and its two parameters, as Accelerate's FSDP plugin
-// reads them: the layer names only for TRANSFORMER_BASED_WRAP (a C++ model
-// has no _no_split_modules to default to), the size only for
-// SIZE_BASED_WRAP (0, its default, wraps nothing).
+// reads them: the layer names only for TRANSFORMER_BASED_WRAP, the size
+// only for SIZE_BASED_WRAP (0, its default, wraps nothing). Without layer
+// names a Python model's _no_split_modules stand in, which a C++ model has
+// not: the Accelerator warns when it shards (strategy_factory.cpp).
 void read_auto_wrap(const FsdpRead& f, Config& config) {
   ZeroConfig& zero = config.zero;
   const Value* policy = find(f, "fsdp_auto_wrap_policy");
@@ -266,23 +267,6 @@ void read_auto_wrap(const FsdpRead& f, Config& config) {
   if (layers && !layers->is_null()) zero.auto_wrap_layer_types = read_layer_types(*layers);
   const Value* size = find(f, "fsdp_min_num_params");
   if (size && !size->is_null()) zero.auto_wrap_min_num_params = size->as_int(0);
-  if (zero.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" && zero.auto_wrap_layer_types.empty()) {
-    // What `accelerate config` writes for a transformers model.
-    warn(config, *policy,
-         "without fsdp_transformer_layer_cls_to_wrap takes a Python model's "
-         "_no_split_modules, which a C++ model has not: no unit is chosen by policy until the "
-         "layer types are named there (LibTorch type names, e.g. BlockImpl or Block) or in "
-         "AcceleratorOptions::zero_auto_wrap");
-  }
-  if (layers && !zero.auto_wrap_layer_types.empty() &&
-      zero.auto_wrap_policy != "TRANSFORMER_BASED_WRAP") {
-    warn(config, *layers, "is read only with fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP "
-                          "(as Accelerate does); ignored");
-  }
-  if (size && zero.auto_wrap_min_num_params > 0 && zero.auto_wrap_policy != "SIZE_BASED_WRAP") {
-    warn(config, *size, "is read only with fsdp_auto_wrap_policy SIZE_BASED_WRAP (as Accelerate "
-                        "does); ignored");
-  }
   if (f.stage != 3 && !zero.auto_wrap_policy.empty()) {
     warn(config, *policy, "chooses the units ZeRO-3 gathers; at stage " +
                               std::to_string(f.stage) + " (" +

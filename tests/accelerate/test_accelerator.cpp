@@ -347,20 +347,25 @@ TEST(Accelerator, AConfigMicroBatchThatDisagreesWithTheLoaderIsAnErrorNamingBoth
   }
 }
 
-TEST(Accelerator, ZeroStageThreeWithoutShardedUnitsSaysHowToDeclareThem) {
-  run_ranks(1, [&](ProcessGroup& pg) {
+TEST(Accelerator, ZeroStageThreeWithoutUnitsKeepsTheParametersWholeAsFsdpsRootUnit) {
+  // Refused before issue 44; now FSDP's root unit: nothing partitioned, the
+  // gradients and optimizer state sharded (AcceleratorAutoWrap.* trains it).
+  run_ranks(2, [&](ProcessGroup& pg) {
     Config zero;
     zero.zero.stage = 3;
     Accelerator accelerator(pg.shared_from_this(), zero);
     Mlp model(kIn, kHidden, kOut);
     auto adam = std::make_shared<torch::optim::Adam>(model->parameters());
     accelerator.prepare_model(model);
-    try {
-      accelerator.prepare_optimizer(adam);
-      FAIL() << "expected UsageError";
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("tandem::Sharded<BlockImpl>"), std::string::npos);
-    }
+    accelerator.prepare_optimizer(adam);
+    ASSERT_NE(accelerator.zero_optimizer(), nullptr);
+    int64_t whole = 0;
+    for (const auto& p : model->parameters()) whole += p.numel() * 4;
+    // Whole on each rank (the flat buffer pads to a multiple of the ranks).
+    const int64_t held = accelerator.zero_optimizer()->memory_stats().parameter_bytes;
+    EXPECT_GE(held, whole);
+    EXPECT_LT(held, whole + 4 * pg.world_size());
+    EXPECT_EQ(accelerator.zero_optimizer()->group_parameter_names().size(), 1u);
   });
 }
 

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 
 #include "checkpoint/pickle_reader.h"
@@ -13,6 +12,7 @@
 #include "support/scratch_dir.h"
 #include "tandem/checkpoint/torch_import.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem {
 namespace {
@@ -59,8 +59,8 @@ TEST(TorchImportInterop, AHostilePickleIsRefusedNamingWhatItCallsAndNothingRuns)
               std::string::npos)
         << e.what();
   }
-  EXPECT_FALSE(std::filesystem::exists(dir.file("ran")));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("hostile.safetensors")));
+  EXPECT_FALSE(fs::exists(dir.file("ran")));
+  EXPECT_FALSE(fs::exists(dir.file("hostile.safetensors")));
 }
 
 TEST(PickleReader, ReadsADictOfNumbersAndStrings) {

@@ -110,8 +110,8 @@ TEST(RealWorldConfigs, NumProcessesMinusOneLeavesTheCountToTheLaunch) {
   EXPECT_EQ(c.key_locations.count("num_processes"), 0u);
 }
 
-// An FSDP2 file as `accelerate config` writes it trains as ZeRO-3; the keys
-// tandem does not follow (its wrap policy, its state dict type) say so.
+// An FSDP2 file as `accelerate config` writes it trains as ZeRO-3; the key
+// tandem does not follow (its state dict type) says so.
 TEST(RealWorldConfigs, FsdpConfigTrainsAsZero3) {
   Config c = load_config_file(config_data("accelerate_fsdp.yaml"));
   EXPECT_EQ(c.distributed_type, DistributedType::kFsdp);
@@ -119,8 +119,11 @@ TEST(RealWorldConfigs, FsdpConfigTrainsAsZero3) {
   EXPECT_EQ(c.zero.hpz_partition_size, 1);
   EXPECT_EQ(c.zero.offload_param, OffloadDevice::kNone);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kBf16);
-  EXPECT_EQ(warned_keys(c), (std::vector<std::string>{"fsdp_config.fsdp_auto_wrap_policy",
-                                                      "fsdp_config.fsdp_state_dict_type"}));
+  EXPECT_EQ(warned_keys(c), std::vector<std::string>{"fsdp_config.fsdp_state_dict_type"});
+  // Its TRANSFORMER_BASED_WRAP names no layer (transformers takes them from
+  // the Python model): no unit by policy, and the Accelerator says so.
+  EXPECT_EQ(c.zero.auto_wrap_policy, "TRANSFORMER_BASED_WRAP");
+  EXPECT_TRUE(c.zero.auto_wrap_layer_types.empty());
 }
 
 TEST(RealWorldConfigs, ContextParallelismIsRefusedNotSilentlyDropped) {
