@@ -49,13 +49,27 @@ const std::map<std::string, std::string>& storage_dtypes() {
   return dtypes;
 }
 
+// DeepSpeed's classes that its checkpoints pickle as plain data: read as
+// dicts of their pickled state with "__class__" set (a record; no code of
+// theirs runs), or for the enum its int value.
+bool deepspeed_record(const std::string& module, const std::string& name) {
+  return (module == "deepspeed.runtime.fp16.loss_scaler" &&
+          (name == "LossScaler" || name == "DynamicLossScaler")) ||
+         (module == "deepspeed.utils.tensor_fragment" && name == "fragment_address");
+}
+
 bool allowed_global(const std::string& module, const std::string& name) {
+  if (deepspeed_record(module, name)) return true;
+  if (module == "deepspeed.runtime.zero.config") return name == "ZeroStageEnum";
+  if (module == "torch._tensor") return name == "_rebuild_from_type_v2";
   if (module == "torch._utils") {
     return name == "_rebuild_tensor_v2" || name == "_rebuild_tensor" ||
            name == "_rebuild_parameter";
   }
   if (module == "collections") return name == "OrderedDict";
-  if (module == "torch") return name == "Size" || storage_dtypes().count(name) > 0;
+  if (module == "torch") {
+    return name == "Size" || name == "Tensor" || storage_dtypes().count(name) > 0;
+  }
   if (module == "builtins" || module == "__builtin__") return name == "set" || name == "frozenset";
   if (module == "_codecs") return name == "encode";
   return false;
@@ -308,6 +322,37 @@ class Machine {
       return args[0];
     }
     if (f == "OrderedDict") return Node::of(make(PickleValue::Kind::kDict));
+    if (deepspeed_record(callable.module, f)) {
+      // A record: its class name now, its state at BUILD (see step('b')).
+      PickleRef record = make(PickleValue::Kind::kDict);
+      PickleRef key = make(PickleValue::Kind::kString);
+      key->text = "__class__";
+      PickleRef name = make(PickleValue::Kind::kString);
+      name->text = callable.module + "." + f;
+      record->entries.emplace_back(key, name);
+      records_.insert(record.get());
+      return Node::of(record);
+    }
+    if (f == "ZeroStageEnum") {  // ZeroStageEnum(n): the stage number
+      if (args.size() != 1) fail(at, "ZeroStageEnum takes one int");
+      PickleRef stage = as_value(args[0], at, "ZeroStageEnum");
+      (void)int_of(stage, at, "ZeroStageEnum's value");
+      return Node::of(stage);
+    }
+    if (f == "_rebuild_from_type_v2") {
+      // (func, type, args, state): a tensor subclass rebuilt by func(*args);
+      // only torch.Tensor itself, only through _rebuild_tensor_v2.
+      if (args.size() != 4 || args[0].kind != Node::Kind::kGlobal ||
+          args[0].name != "_rebuild_tensor_v2" || args[1].kind != Node::Kind::kGlobal ||
+          args[1].name != "Tensor") {
+        fail(at, "_rebuild_from_type_v2 of something other than a plain torch.Tensor");
+      }
+      PickleRef inner = as_value(args[2], at, "_rebuild_from_type_v2's arguments");
+      if (inner->kind != PickleValue::Kind::kTuple) fail(at, "_rebuild_from_type_v2's args");
+      std::vector<Node> inner_args;
+      for (const auto& a : inner->items) inner_args.push_back(unwrap(a));
+      return Node::of(rebuild_tensor(inner_args, at));
+    }
     if (f == "Size") {
       if (args.size() != 1) fail(at, "torch.Size takes one tuple");
       PickleRef t = as_value(args[0], at, "torch.Size");
@@ -564,10 +609,14 @@ class Machine {
       case 'b': {                                         // BUILD
         PickleRef state = pop_value(at, "BUILD");
         Node& target = top(at);
-        // An OrderedDict's or a tensor's state: nothing a weights-only read
-        // keeps (torch.save writes an empty state or a dict of metadata).
+        // A DeepSpeed record takes its state's entries; an OrderedDict's or a
+        // tensor's state is nothing a weights-only read keeps (torch.save
+        // writes an empty state or a dict of metadata).
         if (target.kind != Node::Kind::kValue) fail(at, "BUILD on {}", describe(target));
-        (void)state;
+        if (records_.count(target.value.get()) > 0) {
+          if (state->kind != K::kDict) fail(at, "a DeepSpeed record's state is not a dict");
+          for (const auto& [key, value] : state->entries) set_item(*target.value, key, value);
+        }
         return;
       }
       default:
@@ -606,6 +655,7 @@ class Machine {
   std::unordered_map<uint64_t, Node> memo_;
   std::unordered_map<const PickleValue*, Node> wrapped_;
   std::vector<PickleRef> placeholders_;
+  std::unordered_set<const PickleValue*> records_;  // DeepSpeed records, for BUILD
   std::unordered_map<const PickleValue*, int> heights_;
   std::vector<PickleRef> made_;  // every value, to break cycles in ~Machine
   std::unordered_set<const PickleValue*> kept_;

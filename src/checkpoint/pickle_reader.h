@@ -4,7 +4,9 @@
 // semantics, as torch.load(weights_only=True). It builds None, booleans,
 // integers, floats, strings, bytes, lists, tuples, dicts (OrderedDict too),
 // sets (as lists) and tensors (torch._utils._rebuild_tensor_v2 and
-// _rebuild_parameter over persistent storage ids); every other class or
+// _rebuild_parameter over persistent storage ids), and the few DeepSpeed
+// classes its checkpoints pickle as data (LossScaler, fragment_address:
+// dicts with "__class__"; ZeroStageEnum: an int); every other class or
 // function a pickle names is refused, naming it, and nothing a pickle says
 // is ever executed: it is data for this reader. LibTorch-free, so it is
 // fuzzed on its own (fuzz/fuzz_pickle_reader.cpp); tensors come out as

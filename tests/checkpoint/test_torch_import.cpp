@@ -46,6 +46,32 @@ TEST(TorchImportInterop, TorchSaveFilesImportBitForBit) {
   }
 }
 
+// DeepSpeed's own ZeRO-2 and ZeRO-3 checkpoint folders (2 CPU ranks, gloo):
+// every file reads, its records (LossScaler, fragment_address) as data.
+// Mapping them onto a tandem checkpoint that resumes is issue 44's next step.
+TEST(TorchImportInterop, DeepSpeedZeroFoldersReadBitForBit) {
+  if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
+  for (int stage : {2, 3}) {
+    testing::ScratchDir dir;
+    std::string output;
+    ASSERT_EQ(run_import_peer("deepspeed '" + dir.path() + "' " + std::to_string(stage), output),
+              0)
+        << output;
+    const std::string tag = dir.file("global_step3");
+    int files = 0;
+    for (const auto& name : fs::list_directory(tag)) {
+      const std::string source = tag + "/" + name;
+      const std::string out = dir.file(name + ".safetensors");
+      import_torch_save(source, out);
+      output.clear();
+      EXPECT_EQ(run_import_peer("check '" + source + "' '" + out + "'", output), 0)
+          << name << ": " << output;
+      ++files;
+    }
+    EXPECT_EQ(files, stage == 2 ? 3 : 4) << "stage " << stage;
+  }
+}
+
 TEST(TorchImportInterop, AHostilePickleIsRefusedNamingWhatItCallsAndNothingRuns) {
   if (!testing::peer_can_import("torch")) GTEST_SKIP() << "no torch in the peer";
   testing::ScratchDir dir;

@@ -6,6 +6,8 @@ torch in the peer Python, and the check of what tandem wrote from them.
                      hostile.pt (a pickle that would run os.system on load)
   check SRC OUT      OUT (safetensors) holds every tensor of SRC under its
                      dotted path, bit for bit, and its other values as JSON
+  deepspeed DIR N    trains a small model with DeepSpeed ZeRO-N on 2 CPU
+                     ranks (gloo) and saves a checkpoint folder in DIR
 """
 import json
 import os
@@ -38,7 +40,14 @@ def write(directory):
 
 
 def flatten(value, name, out):
-    if isinstance(value, dict):
+    plain = (dict, list, tuple, set, str, bytes, int, float, bool, type(None))
+    if not isinstance(value, plain) and not torch.is_tensor(value) and hasattr(value, "__dict__"):
+        # A DeepSpeed record (LossScaler, fragment_address): tandem reads its
+        # state as a dict with __class__.
+        cls = type(value)
+        state = {"__class__": f"{cls.__module__}.{cls.__name__}", **vars(value)}
+        flatten(state, name, out)
+    elif isinstance(value, dict):
         for key, item in value.items():
             flatten(item, f"{name}.{key}" if name else str(key), out)
     elif isinstance(value, (list, tuple, set)):
@@ -52,7 +61,9 @@ def flatten(value, name, out):
 def check(source, output):
     from safetensors import safe_open
     expected = {}
-    flatten(torch.load(source, weights_only=True), "", expected)
+    # weights_only=False: the files are this script's own (DeepSpeed's
+    # records need it); tandem's reader is what must not trust them.
+    flatten(torch.load(source, weights_only=False), "", expected)
     tensors = {k: v for k, v in expected.items() if torch.is_tensor(v)}
     others = {k: v for k, v in expected.items() if not torch.is_tensor(v)}
     with safe_open(output, "pt") as f:
@@ -72,8 +83,40 @@ def check(source, output):
     print(f"ok {len(tensors)} tensors {len(others)} values")
 
 
+def deepspeed_run(directory, stage):
+    """Runs this script as 2 torchrun ranks that train with DeepSpeed."""
+    import subprocess
+    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", str(29500 + stage + os.getpid() % 1000),
+                    os.path.abspath(__file__), "deepspeed-rank"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    print("ok", sorted(os.listdir(directory)))
+
+
+def deepspeed_rank():
+    import deepspeed
+    directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+              "zero_optimization": {"stage": stage}}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    for _ in range(3):
+        x, y = torch.randn(2, 5), torch.randint(0, 3, (2,))
+        engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
+        engine.step()
+    engine.save_checkpoint(directory, client_state={"epoch": 4})
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2])
+    elif sys.argv[1] == "deepspeed":
+        deepspeed_run(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "deepspeed-rank":
+        deepspeed_rank()
     else:
         check(sys.argv[2], sys.argv[3])
