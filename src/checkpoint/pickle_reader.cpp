@@ -5,12 +5,13 @@
 #include "checkpoint/pickle_reader.h"
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
+
+#include "checkpoint/pickle_globals.h"
+#include "checkpoint/pickle_input.h"
 
 namespace tandem::detail {
 namespace {
@@ -39,42 +40,6 @@ struct Node {
   }
 };
 
-// torch.<X>Storage -> the safetensors dtype of its elements.
-const std::map<std::string, std::string>& storage_dtypes() {
-  static const std::map<std::string, std::string> dtypes = {
-      {"FloatStorage", "F32"},   {"DoubleStorage", "F64"}, {"HalfStorage", "F16"},
-      {"BFloat16Storage", "BF16"}, {"LongStorage", "I64"}, {"IntStorage", "I32"},
-      {"ShortStorage", "I16"},   {"CharStorage", "I8"},    {"ByteStorage", "U8"},
-      {"BoolStorage", "BOOL"}};
-  return dtypes;
-}
-
-// DeepSpeed's classes that its checkpoints pickle as plain data: read as
-// dicts of their pickled state with "__class__" set (a record; no code of
-// theirs runs), or for the enum its int value.
-bool deepspeed_record(const std::string& module, const std::string& name) {
-  return (module == "deepspeed.runtime.fp16.loss_scaler" &&
-          (name == "LossScaler" || name == "DynamicLossScaler")) ||
-         (module == "deepspeed.utils.tensor_fragment" && name == "fragment_address");
-}
-
-bool allowed_global(const std::string& module, const std::string& name) {
-  if (deepspeed_record(module, name)) return true;
-  if (module == "deepspeed.runtime.zero.config") return name == "ZeroStageEnum";
-  if (module == "torch._tensor") return name == "_rebuild_from_type_v2";
-  if (module == "torch._utils") {
-    return name == "_rebuild_tensor_v2" || name == "_rebuild_tensor" ||
-           name == "_rebuild_parameter";
-  }
-  if (module == "collections") return name == "OrderedDict";
-  if (module == "torch") {
-    return name == "Size" || name == "Tensor" || storage_dtypes().count(name) > 0;
-  }
-  if (module == "builtins" || module == "__builtin__") return name == "set" || name == "frozenset";
-  if (module == "_codecs") return name == "encode";
-  return false;
-}
-
 class Machine {
  public:
   explicit Machine(std::string_view bytes) : in_(bytes) {}
@@ -94,18 +59,18 @@ class Machine {
 
   PickleRef run() {
     while (true) {
-      const std::size_t at = pos_;
-      const uint8_t op = byte();
+      const std::size_t at = in_.pos();
+      const uint8_t op = in_.byte();
       if (op == '.') break;  // STOP
       step(op, at);
     }
     if (stack_.size() != 1 || stack_.back().kind != Node::Kind::kValue) {
-      fail(pos_, "the pickle ends with {} item(s) on its stack instead of one value",
+      fail(in_.pos(), "the pickle ends with {} item(s) on its stack instead of one value",
            stack_.size());
     }
     PickleRef root = stack_.back().value;
     std::unordered_set<const PickleValue*> path;
-    if (wrapped_.count(root.get())) fail(pos_, "the pickle's value is a global or storage");
+    if (wrapped_.count(root.get())) fail(in_.pos(), "the pickle's value is a global or storage");
     (void)height(*root, path);
     for (const auto& [value, h] : heights_) kept_.insert(value);  // what the result holds
     kept_.insert(root.get());
@@ -115,36 +80,11 @@ class Machine {
  private:
   template <typename... Args>
   [[noreturn]] void fail(std::size_t at, fmt::format_string<Args...> f, Args&&... args) const {
-    throw PickleFormatError(
-        fmt::format("pickle byte {}: {}", at, fmt::format(f, std::forward<Args>(args)...)));
-  }
-
-  uint8_t byte() {
-    if (pos_ >= in_.size()) fail(pos_, "the data ends before the pickle's STOP");
-    return static_cast<uint8_t>(in_[pos_++]);
-  }
-  std::string_view take(uint64_t n) {
-    if (n > in_.size() - pos_) fail(pos_, "a length of {} runs past the end of the data", n);
-    std::string_view out = in_.substr(pos_, n);
-    pos_ += n;
-    return out;
-  }
-  uint64_t unsigned_le(int bytes) {
-    std::string_view b = take(bytes);
-    uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(b[i]);
-    return v;
-  }
-  std::string line() {
-    const std::size_t end = in_.find('\n', pos_);
-    if (end == std::string_view::npos) fail(pos_, "a GLOBAL's name has no end of line");
-    std::string out(in_.substr(pos_, end - pos_));
-    pos_ = end + 1;
-    return out;
+    pickle_fail(at, f, std::forward<Args>(args)...);
   }
 
   PickleRef make(PickleValue::Kind kind) {
-    if (++objects_ > kMaxObjects) fail(pos_, "more than {} objects", kMaxObjects);
+    if (++objects_ > kMaxObjects) fail(in_.pos(), "more than {} objects", kMaxObjects);
     auto v = std::make_shared<PickleValue>();
     v->kind = kind;
     made_.push_back(v);
@@ -214,22 +154,6 @@ class Machine {
     }
     return t.value;
   }
-  static void set_item(PickleValue& dict, PickleRef key, PickleRef value) {
-    // Python's dict: a repeated key keeps its place and takes the new value.
-    for (auto& [k, v] : dict.entries) {
-      if (k->kind == key->kind && k->kind == PickleValue::Kind::kString && k->text == key->text) {
-        v = std::move(value);
-        return;
-      }
-      if (k->kind == key->kind && k->kind == PickleValue::Kind::kInt &&
-          k->integer == key->integer) {
-        v = std::move(value);
-        return;
-      }
-    }
-    dict.entries.emplace_back(std::move(key), std::move(value));
-  }
-
   void memo_put(uint64_t index, std::size_t at) {
     memo_[index] = top(at);
   }
@@ -263,10 +187,8 @@ class Machine {
     // The storage type was pushed as a global and wrapped: see step('Q').
     auto s = std::make_shared<PickleTensor>();
     const PickleRef& type = pid->items[1];
-    if (type->kind != PickleValue::Kind::kString || storage_dtypes().count(type->text) == 0) {
-      fail(at, "a storage of an unknown type");
-    }
-    s->dtype = storage_dtypes().at(type->text);
+    s->dtype = type->kind == PickleValue::Kind::kString ? storage_dtype(type->text) : "";
+    if (s->dtype.empty()) fail(at, "a storage of an unknown type");
     for (int i : {2, 3}) {
       if (pid->items[i]->kind != PickleValue::Kind::kString) {
         fail(at, "a storage key or location that is not a string");
@@ -385,17 +307,8 @@ class Machine {
         fail(at, "_codecs.encode of something other than latin-1 text");
       }
       PickleRef out = make(PickleValue::Kind::kBytes);
-      // The text is UTF-8 here; latin-1 code points become one byte each.
-      for (std::size_t i = 0; i < text->text.size(); ++i) {
-        const auto c = static_cast<uint8_t>(text->text[i]);
-        if (c < 0x80) {
-          out->text.push_back(static_cast<char>(c));
-        } else if ((c & 0xE0) == 0xC0 && i + 1 < text->text.size()) {
-          out->text.push_back(static_cast<char>(((c & 0x1F) << 6) |
-                                                (static_cast<uint8_t>(text->text[++i]) & 0x3F)));
-        } else {
-          fail(at, "_codecs.encode of text outside latin-1");
-        }
+      if (!latin1_bytes(text->text, &out->text)) {
+        fail(at, "_codecs.encode of text outside latin-1");
       }
       return Node::of(out);
     }
@@ -429,8 +342,8 @@ class Machine {
   void step(uint8_t op, std::size_t at) {
     using K = PickleValue::Kind;
     switch (op) {
-      case 0x80: (void)byte(); return;                    // PROTO
-      case 0x95: (void)take(8); return;                   // FRAME
+      case 0x80: (void)in_.byte(); return;                    // PROTO
+      case 0x95: (void)in_.take(8); return;                   // FRAME
       case '(': stack_.push_back(Node::mark()); return;  // MARK
       case '}': push_value(make(K::kDict)); return;       // EMPTY_DICT
       case ']': push_value(make(K::kList)); return;       // EMPTY_LIST
@@ -448,30 +361,22 @@ class Machine {
       case 'K':
       case 'M': {                                         // BININT, BININT1, BININT2
         PickleRef v = make(K::kInt);
-        v->integer = op == 'J' ? static_cast<int32_t>(unsigned_le(4))
-                               : static_cast<int64_t>(unsigned_le(op == 'K' ? 1 : 2));
+        v->integer = op == 'J' ? static_cast<int32_t>(in_.unsigned_le(4))
+                               : static_cast<int64_t>(in_.unsigned_le(op == 'K' ? 1 : 2));
         push_value(v);
         return;
       }
       case 0x8a:
       case 0x8b: {                                        // LONG1, LONG4
-        const uint64_t n = op == 0x8a ? unsigned_le(1) : unsigned_le(4);
-        if (n > 8) fail(at, "an integer of {} bytes (tandem reads up to 64 bits)", n);
-        std::string_view b = take(n);
-        uint64_t u = 0;
-        for (int i = static_cast<int>(n) - 1; i >= 0; --i) u = (u << 8) | static_cast<uint8_t>(b[i]);
-        if (n > 0 && n < 8 && (static_cast<uint8_t>(b[n - 1]) & 0x80)) u |= ~uint64_t{0} << (8 * n);
+        const uint64_t n = op == 0x8a ? in_.unsigned_le(1) : in_.unsigned_le(4);
         PickleRef v = make(K::kInt);
-        v->integer = static_cast<int64_t>(u);
+        v->integer = in_.signed_le(n);
         push_value(v);
         return;
       }
       case 'G': {                                         // BINFLOAT (big-endian)
-        std::string_view b = take(8);
-        uint64_t u = 0;
-        for (int i = 0; i < 8; ++i) u = (u << 8) | static_cast<uint8_t>(b[i]);
         PickleRef v = make(K::kFloat);
-        std::memcpy(&v->number, &u, 8);
+        v->number = in_.float_be();
         push_value(v);
         return;
       }
@@ -480,20 +385,22 @@ class Machine {
       case 0x8d:
       case 'T':
       case 'U': {  // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINSTRING, SHORT_BINSTRING
-        const uint64_t n = op == 0x8c || op == 'U' ? unsigned_le(1)
-                           : op == 0x8d             ? unsigned_le(8)
-                                                    : unsigned_le(4);
+        const uint64_t n = op == 0x8c || op == 'U' ? in_.unsigned_le(1)
+                           : op == 0x8d             ? in_.unsigned_le(8)
+                                                    : in_.unsigned_le(4);
         PickleRef v = make(K::kString);
-        v->text = std::string(take(n));
+        v->text = std::string(in_.take(n));
         push_value(v);
         return;
       }
       case 'B':
       case 'C':
       case 0x8e: {                                        // BINBYTES, SHORT_BINBYTES, BINBYTES8
-        const uint64_t n = op == 'C' ? unsigned_le(1) : op == 'B' ? unsigned_le(4) : unsigned_le(8);
+        const uint64_t n = op == 'C'   ? in_.unsigned_le(1)
+                           : op == 'B' ? in_.unsigned_le(4)
+                                       : in_.unsigned_le(8);
         PickleRef v = make(K::kBytes);
-        v->text = std::string(take(n));
+        v->text = std::string(in_.take(n));
         push_value(v);
         return;
       }
@@ -513,7 +420,7 @@ class Machine {
         if (items.size() % 2 != 0) fail(at, "DICT with an odd number of items");
         PickleRef d = make(K::kDict);
         for (std::size_t i = 0; i < items.size(); i += 2) {
-          set_item(*d, as_value(items[i], at, "a dict key"),
+          pickle_dict_set(*d, as_value(items[i], at, "a dict key"),
                    as_value(items[i + 1], at, "a dict value"));
         }
         push_value(d);
@@ -535,7 +442,7 @@ class Machine {
       case 's': {                                         // SETITEM
         PickleRef value = pop_value(at, "SETITEM");
         PickleRef key = pop_value(at, "SETITEM");
-        set_item(*dict_target(at, "SETITEM"), std::move(key), std::move(value));
+        pickle_dict_set(*dict_target(at, "SETITEM"), std::move(key), std::move(value));
         return;
       }
       case 'u': {                                         // SETITEMS
@@ -543,16 +450,16 @@ class Machine {
         if (items.size() % 2 != 0) fail(at, "SETITEMS with an odd number of items");
         PickleRef& d = dict_target(at, "SETITEMS");
         for (std::size_t i = 0; i < items.size(); i += 2) {
-          set_item(*d, as_value(items[i], at, "a dict key"),
+          pickle_dict_set(*d, as_value(items[i], at, "a dict key"),
                    as_value(items[i + 1], at, "a dict value"));
         }
         return;
       }
-      case 'q': memo_put(unsigned_le(1), at); return;     // BINPUT
-      case 'r': memo_put(unsigned_le(4), at); return;     // LONG_BINPUT
+      case 'q': memo_put(in_.unsigned_le(1), at); return;     // BINPUT
+      case 'r': memo_put(in_.unsigned_le(4), at); return;     // LONG_BINPUT
       case 0x94: memo_put(memo_.size(), at); return;      // MEMOIZE
-      case 'h': memo_get(unsigned_le(1), at); return;     // BINGET
-      case 'j': memo_get(unsigned_le(4), at); return;     // LONG_BINGET
+      case 'h': memo_get(in_.unsigned_le(1), at); return;     // BINGET
+      case 'j': memo_get(in_.unsigned_le(4), at); return;     // LONG_BINGET
       case '0': (void)pop(at); return;                    // POP
       case '1': (void)pop_to_mark(at); return;            // POP_MARK
       case '2': stack_.push_back(top(at)); return;        // DUP
@@ -561,8 +468,8 @@ class Machine {
         Node g;
         g.kind = Node::Kind::kGlobal;
         if (op == 'c') {
-          g.module = line();
-          g.name = line();
+          g.module = in_.line();
+          g.name = in_.line();
         } else {
           PickleRef name = pop_value(at, "STACK_GLOBAL");
           PickleRef module = pop_value(at, "STACK_GLOBAL");
@@ -615,7 +522,7 @@ class Machine {
         if (target.kind != Node::Kind::kValue) fail(at, "BUILD on {}", describe(target));
         if (records_.count(target.value.get()) > 0) {
           if (state->kind != K::kDict) fail(at, "a DeepSpeed record's state is not a dict");
-          for (const auto& [key, value] : state->entries) set_item(*target.value, key, value);
+          for (const auto& [key, value] : state->entries) pickle_dict_set(*target.value, key, value);
         }
         return;
       }
@@ -632,12 +539,12 @@ class Machine {
   int height(const PickleValue& v, std::unordered_set<const PickleValue*>& path) {
     auto known = heights_.find(&v);
     if (known != heights_.end()) return known->second;
-    if (!path.insert(&v).second) fail(pos_, "a container contains itself");
+    if (!path.insert(&v).second) fail(in_.pos(), "a container contains itself");
     int h = 0;
     auto visit = [&](const PickleRef& child) {
-      if (wrapped_.count(child.get())) fail(pos_, "a global or storage stands where data should");
+      if (wrapped_.count(child.get())) fail(in_.pos(), "a global or storage stands where data should");
       h = std::max(h, 1 + height(*child, path));
-      if (h > kMaxDepth) fail(pos_, "values nest deeper than {} levels", kMaxDepth);
+      if (h > kMaxDepth) fail(in_.pos(), "values nest deeper than {} levels", kMaxDepth);
     };
     for (const auto& item : v.items) visit(item);
     for (const auto& [key, value] : v.entries) {
@@ -649,8 +556,7 @@ class Machine {
     return h;
   }
 
-  std::string_view in_;
-  std::size_t pos_ = 0;
+  PickleInput in_;
   std::vector<Node> stack_;
   std::unordered_map<uint64_t, Node> memo_;
   std::unordered_map<const PickleValue*, Node> wrapped_;
@@ -665,21 +571,5 @@ class Machine {
 }  // namespace
 
 PickleRef read_pickle(std::string_view bytes) { return Machine(bytes).run(); }
-
-const char* pickle_kind_name(PickleValue::Kind kind) {
-  switch (kind) {
-    case PickleValue::Kind::kNone: return "None";
-    case PickleValue::Kind::kBool: return "bool";
-    case PickleValue::Kind::kInt: return "int";
-    case PickleValue::Kind::kFloat: return "float";
-    case PickleValue::Kind::kString: return "str";
-    case PickleValue::Kind::kBytes: return "bytes";
-    case PickleValue::Kind::kList: return "list";
-    case PickleValue::Kind::kTuple: return "tuple";
-    case PickleValue::Kind::kDict: return "dict";
-    case PickleValue::Kind::kTensor: return "tensor";
-  }
-  return "?";
-}
 
 }  // namespace tandem::detail

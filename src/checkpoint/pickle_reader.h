@@ -67,5 +67,8 @@ PickleRef read_pickle(std::string_view bytes);
 
 // "None", "int", "dict", ... for messages.
 const char* pickle_kind_name(PickleValue::Kind kind);
+// dict[key] = value as Python sets it: a str or int key already there keeps
+// its place and takes the new value; any other key is appended.
+void pickle_dict_set(PickleValue& dict, PickleRef key, PickleRef value);
 
 }  // namespace tandem::detail
