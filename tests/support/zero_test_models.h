@@ -219,4 +219,11 @@ inline Params train_zero(ProcessGroup& pg, const Recipe& r, ZeroOptions options,
   return snapshot(*model);
 }
 
+// Every rank's parameters after train_zero at `world` ranks.
+inline std::vector<Params> zero_runs(int world, const Recipe& r, const ZeroOptions& options) {
+  std::vector<Params> out(world);
+  run_ranks(world, [&](ProcessGroup& pg) { out[pg.rank()] = train_zero(pg, r, options); });
+  return out;
+}
+
 }  // namespace tandem::testing

@@ -59,8 +59,7 @@ TEST_P(ZeroOptimizers, TrainLikeDdpWithTheSameOptimizer) {
   options.reduce_bucket_size = 150;
   options.offload_optimizer = offload;
   const Params expected = testing::ddp_reference(world, r);
-  std::vector<Params> got(world);
-  run_ranks(world, [&](ProcessGroup& pg) { got[pg.rank()] = testing::train_zero(pg, r, options); });
+  const std::vector<Params> got = testing::zero_runs(world, r, options);
   for (int rank = 0; rank < world; ++rank) {
     EXPECT_LT(testing::max_relative_diff(got[rank], expected), 1e-5) << "rank " << rank;
   }

@@ -29,13 +29,6 @@ const char* name_of(Opt opt) {
   return "?";
 }
 
-// Every rank's parameters after ZeRO training.
-std::vector<Params> zero_run(int world, const Recipe& r, const ZeroOptions& options) {
-  std::vector<Params> out(world);
-  run_ranks(world, [&](ProcessGroup& pg) { out[pg.rank()] = testing::train_zero(pg, r, options); });
-  return out;
-}
-
 using ParityCase = std::tuple<int /*stage*/, int /*world*/, Opt, bool /*offload*/>;
 
 class ZeroParity : public ::testing::TestWithParam<ParityCase> {};
@@ -49,7 +42,7 @@ TEST_P(ZeroParity, TrainsLikeDdpWithAccumulationAndClipping) {
   options.reduce_bucket_size = 150;  // several buckets, split across parameters
   options.offload_optimizer = offload;
   const Params expected = testing::ddp_reference(world, r);
-  const std::vector<Params> got = zero_run(world, r, options);
+  const std::vector<Params> got = testing::zero_runs(world, r, options);
   for (int rank = 0; rank < world; ++rank) {
     EXPECT_LT(testing::max_relative_diff(got[rank], expected), 1e-5) << "rank " << rank;
   }
@@ -87,7 +80,7 @@ TEST(ZeroParity, Stage3WithoutPrefetchAndWithoutLooseParameters) {
   options.stage = 3;
   options.prefetch_bucket_size = 0;
   const Params expected = testing::ddp_reference(2, r);
-  for (const auto& got : zero_run(2, r, options)) {
+  for (const auto& got : testing::zero_runs(2, r, options)) {
     EXPECT_LT(testing::max_relative_diff(got, expected), 1e-5);
   }
 }
