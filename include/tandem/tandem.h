@@ -2,6 +2,7 @@
 // Umbrella header: everything a training program needs from tandem.
 
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/deepspeed_import.h"
 #include "tandem/accelerate/local_sgd.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/cpu_bf16.h"

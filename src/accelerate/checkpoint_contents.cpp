@@ -381,7 +381,8 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(*saved);
     }
-  } else if (options.load_rng_states && main_process()) {
+  } else if (options.load_rng_states && main_process() &&
+             checkpoint.meta().value("rng_states", true)) {
     log_warn("load_state: the checkpoint was saved by {} processes and this run has {}; RNG "
              "states are per rank, so they are not restored",
              checkpoint.world_size(), group_->world_size());

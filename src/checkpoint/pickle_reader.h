@@ -70,5 +70,9 @@ const char* pickle_kind_name(PickleValue::Kind kind);
 // dict[key] = value as Python sets it: a str or int key already there keeps
 // its place and takes the new value; any other key is appended.
 void pickle_dict_set(PickleValue& dict, PickleRef key, PickleRef value);
+// dict[key] for a str (or int) key; nullptr when `dict` is no dict or has
+// no such key.
+const PickleValue* pickle_dict_find(const PickleValue& dict, std::string_view key);
+const PickleValue* pickle_dict_find(const PickleValue& dict, int64_t key);
 
 }  // namespace tandem::detail

@@ -19,6 +19,22 @@ void pickle_dict_set(PickleValue& dict, PickleRef key, PickleRef value) {
   dict.entries.emplace_back(std::move(key), std::move(value));
 }
 
+const PickleValue* pickle_dict_find(const PickleValue& dict, std::string_view key) {
+  if (dict.kind != PickleValue::Kind::kDict) return nullptr;
+  for (const auto& [k, v] : dict.entries) {
+    if (k->kind == PickleValue::Kind::kString && k->text == key) return v.get();
+  }
+  return nullptr;
+}
+
+const PickleValue* pickle_dict_find(const PickleValue& dict, int64_t key) {
+  if (dict.kind != PickleValue::Kind::kDict) return nullptr;
+  for (const auto& [k, v] : dict.entries) {
+    if (k->kind == PickleValue::Kind::kInt && k->integer == key) return v.get();
+  }
+  return nullptr;
+}
+
 const char* pickle_kind_name(PickleValue::Kind kind) {
   switch (kind) {
     case PickleValue::Kind::kNone: return "None";

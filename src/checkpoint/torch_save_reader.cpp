@@ -94,6 +94,59 @@ at::Tensor TorchSaveReader::tensor(const PickleTensor& t) {
   return storage.as_strided(t.sizes, t.strides, t.offset).clone(at::MemoryFormat::Contiguous);
 }
 
+nlohmann::ordered_json TorchSaveReader::json(const PickleValue& value, const std::string& where) {
+  using K = PickleValue::Kind;
+  using Json = nlohmann::ordered_json;
+  switch (value.kind) {
+    case K::kNone: return nullptr;
+    case K::kBool: return value.boolean;
+    case K::kInt: return value.integer;
+    case K::kFloat: return value.number;
+    case K::kString: return value.text;
+    case K::kBytes:
+      return Json::binary(std::vector<uint8_t>(value.text.begin(), value.text.end()));
+    case K::kList:
+    case K::kTuple: {
+      Json out = Json::array();
+      for (std::size_t i = 0; i < value.items.size(); ++i) {
+        out.push_back(json(*value.items[i], where + "." + std::to_string(i)));
+      }
+      return out;
+    }
+    case K::kDict: {
+      Json out = Json::object();
+      for (const auto& [key, item] : value.entries) {
+        std::string k;
+        if (key->kind == K::kString) k = key->text;
+        else if (key->kind == K::kInt) k = std::to_string(key->integer);
+        else {
+          TANDEM_THROW(CheckpointError, "'{}': '{}' has a dict key of type {}; only str and int "
+                                        "keys carry over to JSON",
+                       path_, where, pickle_kind_name(key->kind));
+        }
+        out[k] = json(*item, where + "." + k);
+      }
+      return out;
+    }
+    case K::kTensor: break;
+  }
+  at::Tensor t = tensor(*value.tensor);
+  TANDEM_CHECK(t.numel() <= 1'000'000,
+               "'{}': '{}' is a tensor of {} elements, too large for a checkpoint's JSON state",
+               path_, where, t.numel());
+  t = t.to(t.is_floating_point() ? at::kDouble : at::kLong);
+  std::function<Json(const at::Tensor&)> to_json = [&](const at::Tensor& x) -> Json {
+    if (x.dim() == 0) {
+      if (value.tensor->dtype == "BOOL") return x.item<int64_t>() != 0;
+      return x.is_floating_point() ? Json(x.item<double>()) : Json(x.item<int64_t>());
+    }
+    Json out = Json::array();
+    for (int64_t i = 0; i < x.size(0); ++i) out.push_back(to_json(x[i]));
+    return out;
+  };
+  return to_json(t.numel() == 1 ? t.reshape({}) : t);
+}
+
 std::vector<std::pair<std::string, const PickleValue*>> pickle_leaves(const PickleValue& value,
                                                                       const std::string& prefix,
                                                                       int64_t max_leaves) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/pickle_reader.h"
 
@@ -37,6 +38,12 @@ class TorchSaveReader {
   // (storages shared by several tensors are read once). CheckpointError for
   // a missing or short storage record, or a view outside its storage.
   at::Tensor tensor(const PickleTensor& t);
+  // `value` as JSON: dicts (str or int keys, in order) as objects, lists and
+  // tuples as arrays, bytes as JSON binary, a one-element tensor as its
+  // number and any other tensor as nested arrays (torch's tolist()).
+  // CheckpointError naming `where` for another key type or a tensor of
+  // more than a million elements (JSON is no place for those).
+  nlohmann::ordered_json json(const PickleValue& value, const std::string& where);
 
  private:
   std::string path_;

@@ -48,7 +48,7 @@ TEST(TorchImportInterop, TorchSaveFilesImportBitForBit) {
 
 // DeepSpeed's own ZeRO-2 and ZeRO-3 checkpoint folders (2 CPU ranks, gloo):
 // every file reads, its records (LossScaler, fragment_address) as data.
-// Mapping them onto a tandem checkpoint that resumes is issue 44's next step.
+// test_deepspeed_import.cpp turns such folders into tandem checkpoints.
 TEST(TorchImportInterop, DeepSpeedZeroFoldersReadBitForBit) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
   for (int stage : {2, 3}) {

@@ -21,9 +21,11 @@
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_parse.h"
+#include "tandem/accelerate/deepspeed_import.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/checkpoint/safetensors_set.h"
@@ -309,6 +311,26 @@ int inspect(const std::string& dir, bool json) {
   return 0;
 }
 
+int import_deepspeed(const std::string& source, const std::string& out, const std::string& tag,
+                     const std::string& optimizer_type) {
+  DeepSpeedImportOptions options;
+  options.tag = tag;
+  options.optimizer_type = optimizer_type;
+  const DeepSpeedImportResult r = import_deepspeed_checkpoint(source, out, options);
+  std::printf("imported DeepSpeed ZeRO-%d checkpoint %s/%s (%d ranks, step %ld): %ld parameters "
+              "(%ld frozen), %s state [%s]%s, into %s/%s\n",
+              r.zero_stage, source.c_str(), r.tag.c_str(), r.world_size,
+              static_cast<long>(r.step), static_cast<long>(r.parameters),
+              static_cast<long>(r.frozen), r.optimizer_type.c_str(),
+              fmt::format("{}", fmt::join(r.optimizer_states, ", ")).c_str(),
+              r.scheduler ? ", scheduler" : "", out.c_str(), r.tag.c_str());
+  for (const auto& part : r.not_carried) {
+    std::printf("not carried over: DeepSpeed's %s (tandem has no place for it)\n",
+                part.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_checkpoint_command(int argc, char** argv) {
@@ -338,17 +360,40 @@ int run_checkpoint_command(int argc, char** argv) {
       app.add_subcommand("inspect", "list the tags: step, world size, strategy, dtype, sizes");
   inspect_cmd->add_option("DIR", dir, "checkpoint directory")->required();
   inspect_cmd->add_flag("--json", json, "machine-readable output");
-  std::string source;
+  std::string source, optimizer_type;
   CLI::App* import_cmd = app.add_subcommand(
       "import",
-      "read a torch.save file (a state_dict, pytorch_model.bin, any dict of tensors) with "
-      "weights-only semantics, executing nothing in it, and write its tensors as one "
-      "safetensors file for load_model / load_safetensors");
-  import_cmd->add_option("SRC", source, "the torch.save file (.pt, .pth, .bin)")->required();
-  import_cmd->add_option("OUT", out, "output .safetensors file")->required();
+      "bring a Python checkpoint over, with weights-only semantics (nothing in it is "
+      "executed): a DeepSpeed ZeRO checkpoint folder becomes a tandem checkpoint that "
+      "load_state resumes from at any world size (weights, optimizer state, step, scheduler, "
+      "client state); a torch.save file (a state_dict, pytorch_model.bin, any dict of "
+      "tensors) becomes one safetensors file for load_model / load_safetensors");
+  import_cmd->add_option("SRC", source,
+                         "a DeepSpeed checkpoint folder (holds `latest` and global_step* "
+                         "tags), or a torch.save file (.pt, .pth, .bin)")
+      ->required();
+  import_cmd->add_option("OUT", out,
+                         "for a DeepSpeed folder: the tandem checkpoint directory to write "
+                         "(the same tag, and `latest`); for a file: the output .safetensors")
+      ->required();
+  import_cmd->add_option("--tag", tag,
+                         "DeepSpeed folder only: the tag to import (default: the one `latest` "
+                         "names)");
+  import_cmd->add_option("--optimizer-type", optimizer_type,
+                         "DeepSpeed folder only: Adam, AdamW, SGD, Adagrad, RMSprop, Lion or "
+                         "Lamb, when ds_config does not say (a client optimizer)");
   if (auto code = parse_cli(app, argc, argv)) return *code;
   if (merge_cmd->parsed()) return merge(dir, out, tag, dtype, max_shard_size);
   if (import_cmd->parsed()) {
+    if (is_deepspeed_checkpoint(source)) return import_deepspeed(source, out, tag, optimizer_type);
+    if (!tag.empty() || !optimizer_type.empty()) {
+      std::fprintf(stderr,
+                   "tandem checkpoint import: --tag and --optimizer-type apply to a DeepSpeed "
+                   "checkpoint folder, and '%s' is not one; drop them to import a torch.save "
+                   "file\n",
+                   source.c_str());
+      return 2;
+    }
     const TorchImportResult r = import_torch_save(source, out);
     std::printf("imported %s: %ld tensors (%.1f MB) and %ld other values into %s\n",
                 source.c_str(), static_cast<long>(r.tensors),

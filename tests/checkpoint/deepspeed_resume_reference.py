@@ -1,0 +1,115 @@
+"""The Python side of the DeepSpeed resume test: a run trained with the real
+DeepSpeed (ZeRO stage N, 2 CPU ranks over gloo) that saves a checkpoint
+folder and then continues, and what it continued to.
+
+  run DIR STAGE      DIR/data.safetensors     the batches of every step
+                                              (x: [steps, 6, 5], y: [steps, 6])
+                     DIR/ds/                  DeepSpeed's checkpoint after
+                                              SAVE_AT steps (client_sd
+                                              {"epoch": 4, "best": 0.25})
+                     DIR/continued.safetensors the parameters after all
+                                              steps, and each step's loss
+
+The model has odd sizes, a frozen layer and a tied weight (DeepSpeed's
+frozen_param_fragments and shared_params). Each step's global batch is 6
+rows; rank r of the 2 takes rows [3r, 3r + 3), so any world that splits the
+same 6 rows evenly (1, 2, 3) computes the same averaged gradient.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+
+STEPS = 8
+SAVE_AT = 3
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(5, 7)
+        self.frozen = torch.nn.Linear(7, 7)
+        self.hidden = torch.nn.Linear(7, 7, bias=False)
+        self.tied = torch.nn.Linear(7, 7, bias=False)
+        self.tied.weight = self.hidden.weight  # one parameter, two names
+        self.head = torch.nn.Linear(7, 3)
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        h = torch.relu(self.embed(x))
+        h = torch.tanh(self.frozen(h))
+        h = torch.relu(self.hidden(h))
+        h = torch.tanh(self.tied(h))
+        return self.head(h)
+
+
+def config(stage):
+    return {
+        "train_micro_batch_size_per_gpu": 3,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 1000,
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": 1e-2, "betas": [0.8, 0.95], "eps": 1e-7,
+                                 "weight_decay": 0.05, "torch_adam": True}},
+        "scheduler": {"type": "WarmupLR",
+                      "params": {"warmup_min_lr": 1e-3, "warmup_max_lr": 2e-2,
+                                 "warmup_num_steps": 5, "warmup_type": "linear"}},
+        "zero_optimization": {"stage": stage},
+    }
+
+
+def rank_main():
+    import deepspeed
+    directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = Model()
+    data = torch.Generator().manual_seed(1)
+    xs = torch.randn(STEPS, 6, 5, generator=data)
+    ys = torch.randint(0, 3, (STEPS, 6), generator=data)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=config(stage))
+    losses = []
+    for step in range(STEPS):
+        x, y = xs[step, 3 * rank:3 * rank + 3], ys[step, 3 * rank:3 * rank + 3]
+        loss = torch.nn.functional.cross_entropy(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean)
+        losses.append(mean.item() / 2)
+        if step + 1 == SAVE_AT:
+            engine.save_checkpoint(os.path.join(directory, "ds"),
+                                   client_state={"epoch": 4, "best": 0.25})
+    if stage == 3:
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    else:
+        final = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    if rank == 0:
+        from safetensors.torch import save_file
+        # Tied: one tensor under its first name (the test compares that one).
+        final.pop("tied.weight", None)
+        final["losses"] = torch.tensor(losses, dtype=torch.float64)
+        save_file({k: v.contiguous() for k, v in final.items()},
+                  os.path.join(directory, "continued.safetensors"))
+        save_file({"x": xs, "y": ys}, os.path.join(directory, "data.safetensors"))
+
+
+def run(directory, stage):
+    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage))
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", str(29600 + stage + os.getpid() % 1000),
+                    os.path.abspath(__file__), "rank"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    print("ok", sorted(os.listdir(directory)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "rank":
+        rank_main()
+    else:
+        run(sys.argv[2], int(sys.argv[3]))
