@@ -27,7 +27,9 @@ void print_usage() {
       "  env              report versions, backends, devices, BLAS and the rank environment\n"
       "  estimate-memory  model-state memory per rank for DDP and ZeRO stages 1-3\n"
       "  checkpoint       `checkpoint inspect DIR` lists a checkpoint's tags; `checkpoint\n"
-      "                   merge DIR OUT.safetensors` writes its consolidated weights\n"
+      "                   merge DIR OUT.safetensors` writes its consolidated weights;\n"
+      "                   `checkpoint import` brings a DeepSpeed folder or a torch.save\n"
+      "                   file over\n"
       "\n"
       "Run `tandem <command> --help` for a command's options.\n");
 }

@@ -357,6 +357,10 @@ void read_accelerate_document(const Value& root, Config& config, const std::stri
   }
 
   if (config.distributed_type == DistributedType::kDeepSpeed) {
+    // Accelerate's DeepSpeedPlugin leaves gradient_clipping "auto" and fills
+    // it with 1.0, DeepSpeed's own default; a value in the section or the
+    // file beats it.
+    config.gradient_clipping = kDeepSpeedGradientClipping;
     MixedPrecision from_yaml = config.mixed_precision;
     std::optional<Config> ds = read_deepspeed_section(
         section ? *section : root.child("deepspeed_config"), config, base_dir);

@@ -232,7 +232,8 @@ void apply_torch_autocast(const PrecisionBlocks& seen, Config& config) {
 bool read_shared_training_key(const std::string& key, const Value& v, Config& config) {
   if (key == "gradient_clipping") {
     if (v.is_auto()) {
-      v.note_auto();
+      v.note_auto();  // the program may set it; else what Accelerate fills in
+      config.gradient_clipping = kDeepSpeedGradientClipping;
     } else {
       config.gradient_clipping = v.as_number(0.0, std::numeric_limits<double>::infinity(),
                                              "set it to 0 (no clipping) or a positive max norm");
@@ -336,6 +337,10 @@ const KeyTable& deepspeed_monitor_keys() {
 
 void read_deepspeed_document(const Value& root, Config& config) {
   config.distributed_type = DistributedType::kDeepSpeed;
+  // DeepSpeed clips at 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT),
+  // and Accelerate and HF's Trainer fill "auto" with 1.0 (max_grad_norm's
+  // default): "auto" keeps it, listed in auto_keys for the program to set.
+  config.gradient_clipping = kDeepSpeedGradientClipping;
   PrecisionBlocks precision;
   for_each_key(root, deepspeed_top_level_keys(), [&](const std::string& key, const Value& v) {
     if (read_shared_training_key(key, v, config)) return;

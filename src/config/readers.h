@@ -18,6 +18,10 @@ enum class Dialect {
   kTandem,     // "Adam" means Adam; zero_optimization also takes zero3_init
 };
 
+// DeepSpeed's gradient_clipping when a config does not say (0.19.8's
+// GRADIENT_CLIPPING_DEFAULT; also what Accelerate fills "auto" with).
+inline constexpr double kDeepSpeedGradientClipping = 1.0;
+
 // A DeepSpeed JSON document (its top-level object) into `config`.
 void read_deepspeed_document(const Value& root, Config& config);
 // DeepSpeed JSON text, e.g. an Accelerate deepspeed_config_file.

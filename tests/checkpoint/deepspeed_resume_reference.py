@@ -49,6 +49,7 @@ def config(stage):
     return {
         "train_micro_batch_size_per_gpu": 3,
         "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.2,  # below these gradients' norms, so it acts
         "steps_per_print": 1000,
         "optimizer": {"type": "AdamW",
                       "params": {"lr": 1e-2, "betas": [0.8, 0.95], "eps": 1e-7,

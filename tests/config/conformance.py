@@ -292,15 +292,6 @@ def rule_auto_only_where_filled(peer, tandem, **_):
     return peer[0] == "accept" and tandem[0] == "reject" and 'got "auto"' in tandem[1]
 
 
-def rule_gradient_clipping_default(peer, tandem, document, differences, **_):
-    # Current DeepSpeed clips at 1.0 when the file does not say (older
-    # releases at 0), and Accelerate's DeepSpeed path turns "auto" into 1.0;
-    # tandem clips only when the file or the program gives a value.
-    return (differences == ["gradient_clipping"] and isinstance(document, dict)
-            and document.get("gradient_clipping") in (None, "auto")
-            and peer[1]["gradient_clipping"] == 1.0 and tandem[1]["gradient_clipping"] == 0.0)
-
-
 def rule_accelerate_ds_file_with_section_keys(peer, tandem, **_):
     # Accelerate refuses every deepspeed_config key (and mixed_precision)
     # next to a deepspeed_config_file; tandem refuses only those that
@@ -342,7 +333,6 @@ DELIBERATE = {
     "quoted-value": rule_quoted_value,
     "stricter-value": rule_stricter_value,
     "auto-only-where-filled": rule_auto_only_where_filled,
-    "gradient-clipping-default": rule_gradient_clipping_default,
     "accelerate-ds-file-with-section-keys": rule_accelerate_ds_file_with_section_keys,
     "fsdp1-reshard-after-forward": rule_fsdp1_reshard_after_forward,
     "fsdp-offload-without-sharding": rule_fsdp_offload_without_sharding,

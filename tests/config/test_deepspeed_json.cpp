@@ -111,7 +111,7 @@ TEST(DeepSpeedJson, AutoValuesAsHfTrainerWritesThemLeaveFieldsEmpty) {
   EXPECT_FALSE(c.train_micro_batch_size_per_gpu.has_value());
   EXPECT_FALSE(c.gradient_accumulation_steps.has_value());
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kNo);  // fp16/bf16 "auto": code decides
-  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // "auto": what Accelerate and HF's Trainer fill in
 
   EXPECT_EQ(c.optimizer.type, "AdamW");
   EXPECT_FALSE(c.optimizer.lr || c.optimizer.beta1 || c.optimizer.beta2 || c.optimizer.eps ||
@@ -135,6 +135,25 @@ TEST(DeepSpeedJson, AutoValuesAsHfTrainerWritesThemLeaveFieldsEmpty) {
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{"zero_optimization.stage3_max_reuse_distance",
                                       "zero_optimization.sub_group_size"}));
+}
+
+TEST(DeepSpeedJson, GradientClippingNotGivenIsDeepSpeedsOne) {
+  // DeepSpeed 0.19.8 clips at 1.0 when the key is absent; so does an
+  // Accelerate DEEPSPEED config without a file. A tandem YAML does not clip.
+  EXPECT_EQ(parse_config_text("{\"train_micro_batch_size_per_gpu\": 2}", "ds.json")
+                .gradient_clipping,
+            1.0);
+  EXPECT_EQ(parse_config_text("{\"gradient_clipping\": 0}", "ds.json").gradient_clipping, 0.0);
+  EXPECT_EQ(parse_config_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n",
+                              "a.yaml")
+                .gradient_clipping,
+            1.0);
+  EXPECT_EQ(parse_config_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+                              "  gradient_clipping: 0.0\n",
+                              "a.yaml")
+                .gradient_clipping,
+            0.0);
+  EXPECT_EQ(parse_config_text("seed: 1\n", "t.yaml").gradient_clipping, 0.0);
 }
 
 TEST(DeepSpeedJson, AdamStaysAdamWhenAdamWModeIsFalse) {

@@ -68,7 +68,7 @@ TEST(RealWorldConfigs, GradientClippingAutoInTheAccelerateSectionIsListedAsAuto)
       "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
       "  gradient_clipping: auto\n  gradient_accumulation_steps: auto\n",
       "a.yaml");
-  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // Accelerate fills "auto" with 1.0
   EXPECT_EQ(c.auto_keys.count("gradient_clipping"), 1u);
   EXPECT_FALSE(c.gradient_accumulation_steps.has_value());
 }
