@@ -201,6 +201,12 @@ std::shared_ptr<PreparedLoader> Accelerator::prepare_local_loader(DistributedLoa
   return impl_->data->wrap(std::move(loader));
 }
 
+std::shared_ptr<PreparedStreamingLoader> Accelerator::prepare_streaming_loader(
+    StreamFactory factory, StreamingLoaderOptions options, StreamingLoader::Collate collate) {
+  return impl_->data->prepare_streaming(std::move(factory), std::move(options),
+                                        std::move(collate));
+}
+
 // ---- Checkpoints (Checkpointer) ----------------------------------------------
 
 bool Accelerator::has_checkpoint(const std::string& dir) {

@@ -359,7 +359,8 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
     const bool same_world = checkpoint.world_size() == group_->world_size();
     const int64_t size =
         same_world && l.contains("size") ? l.at("size").get<int64_t>() : c.size;
-    if (in_pass && position < size) {
+    // A streaming loader's pass has no known size (< 0): it goes on.
+    if (in_pass && (size < 0 || position < size)) {
       c.skip = position;  // continue this epoch after the last batch handed out
       c.epoch_set = true;
     } else if (in_pass) {

@@ -4,8 +4,10 @@
 #include "accelerate/data_preparation.h"
 
 #include "tandem/accelerate/prepared.h"
+#include "tandem/accelerate/prepared_streaming.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
 
 namespace tandem::detail {
 
@@ -48,17 +50,45 @@ std::shared_ptr<PreparedLoader> DataPreparation::prepare(DistributedLoader::Fetc
   return wrap(DistributedLoader(std::move(fetch), dataset_size, *group_, on_device(options)));
 }
 
-std::shared_ptr<PreparedLoader> DataPreparation::wrap(DistributedLoader loader) {
+std::shared_ptr<LoaderCursor> DataPreparation::new_cursor(int64_t batch_size) {
   auto cursor = std::make_shared<LoaderCursor>();
   // The first loader is the training data: its batch is the micro batch of
   // the config's batch triple, and checkpoints keep its position
   // (evaluation loaders restart every pass anyway).
   if (train_cursor_ == nullptr) {
-    on_training_batch_(loader.options().batch_size);
+    on_training_batch_(batch_size);
     train_cursor_ = cursor;
   }
+  return cursor;
+}
+
+std::shared_ptr<PreparedLoader> DataPreparation::wrap(DistributedLoader loader) {
+  auto cursor = new_cursor(loader.options().batch_size);
   return PreparedAccess::make_loader(std::move(loader), prepared_.controller(), std::move(cursor),
                                      group_);
+}
+
+std::shared_ptr<PreparedStreamingLoader> DataPreparation::prepare_streaming(
+    StreamFactory factory, StreamingLoaderOptions options, StreamingLoader::Collate collate) {
+  if (options.device.is_cpu()) options.device = device_;
+  if (sharding_.split_batches) {
+    const int64_t world = group_->world_size();
+    TANDEM_CHECK_ARG(options.batch_size % world == 0,
+                     "prepare_streaming_loader: with split_batches the batch_size ({}) is the "
+                     "global batch, split evenly over the {} processes; make it a multiple of {}",
+                     options.batch_size, world, world);
+    options.batch_size /= world;
+  }
+  if (sharding_.dispatch_batches && group_->rank() == 0) {
+    log_warn("prepare_streaming_loader: dispatch_batches does not apply to a streaming loader: "
+             "each process reads its own shards of the stream (StreamShard) instead of "
+             "receiving a slice of batches the main process drew, so the samples are the same "
+             "but each rank gets other ones than under Accelerate's dispatcher");
+  }
+  StreamingLoader loader(std::move(factory), *group_, std::move(options), std::move(collate));
+  auto cursor = new_cursor(loader.options().batch_size);
+  return PreparedAccess::make_streaming_loader(std::move(loader), prepared_.controller(),
+                                               std::move(cursor));
 }
 
 void DataPreparation::reset() { train_cursor_.reset(); }

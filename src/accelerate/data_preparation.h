@@ -19,10 +19,12 @@
 
 #include "accelerate/prepared_objects.h"
 #include "tandem/data/distributed_loader.h"
+#include "tandem/data/streaming_loader.h"
 
 namespace tandem {
 
 class PreparedLoader;
+class PreparedStreamingLoader;
 class ProcessGroup;
 
 namespace detail {
@@ -47,6 +49,10 @@ class DataPreparation {
                                           DistributedLoaderOptions options);
   // A loader built in code, as it is.
   std::shared_ptr<PreparedLoader> wrap(DistributedLoader loader);
+  // A StreamingLoader over the group (prepared_streaming.h).
+  std::shared_ptr<PreparedStreamingLoader> prepare_streaming(StreamFactory factory,
+                                                             StreamingLoaderOptions options,
+                                                             StreamingLoader::Collate collate);
 
   // The training loader's position (null before one is prepared).
   const std::shared_ptr<LoaderCursor>& train_cursor() const { return train_cursor_; }
@@ -64,6 +70,9 @@ class DataPreparation {
   const PreparedObjects& prepared_;
   TrainingBatchHook on_training_batch_;
   Sharding sharding_;
+  // The cursor of a new loader: the first one prepared is the training data.
+  std::shared_ptr<LoaderCursor> new_cursor(int64_t batch_size);
+
   std::shared_ptr<LoaderCursor> train_cursor_;
 };
 

@@ -20,6 +20,7 @@
 
 #include "accelerate/prepared_internals.h"
 #include "tandem/accelerate/prepared.h"
+#include "tandem/accelerate/prepared_streaming.h"
 
 namespace tandem::detail {
 
@@ -52,6 +53,12 @@ struct PreparedAccess {
                                                      std::shared_ptr<ProcessGroup> group) {
     return std::shared_ptr<PreparedLoader>(new PreparedLoader(
         std::move(loader), std::move(controller), std::move(cursor), std::move(group)));
+  }
+  static std::shared_ptr<PreparedStreamingLoader> make_streaming_loader(
+      StreamingLoader loader, std::shared_ptr<StepController> controller,
+      std::shared_ptr<LoaderCursor> cursor) {
+    return std::shared_ptr<PreparedStreamingLoader>(new PreparedStreamingLoader(
+        std::move(loader), std::move(controller), std::move(cursor)));
   }
 };
 

@@ -44,6 +44,7 @@
 #include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/prepared.h"
+#include "tandem/accelerate/prepared_streaming.h"
 #include "tandem/accelerate/profiler.h"
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/accelerate/train_step.h"
@@ -152,6 +153,14 @@ class Accelerator {
   }
   // Wraps a loader built in code as it is, without resharding.
   std::shared_ptr<PreparedLoader> prepare_local_loader(DistributedLoader loader);
+  // An iterable (streaming) dataset, as Accelerate prepares a DataLoader over
+  // an IterableDataset: a StreamingLoader over this job's processes whose
+  // batches go to the training device, whose last batch of a pass syncs
+  // gradients, and whose position save_state keeps when it is the first
+  // loader prepared (tandem/accelerate/prepared_streaming.h).
+  std::shared_ptr<PreparedStreamingLoader> prepare_streaming_loader(
+      StreamFactory factory, StreamingLoaderOptions options = {},
+      StreamingLoader::Collate collate = stack_collate);
   // Model, optimizer, data (, scheduler): {optimizer, loader(, scheduler)}.
   template <typename Model, typename Data, typename Batch>
   auto prepare(const Model& model, std::shared_ptr<torch::optim::Optimizer> optimizer, Data data,
