@@ -504,6 +504,22 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
       out.parameters.push_back(std::move(p));
     }
   }
+  // Parameters no list names (stage 1 keeps frozen ones only in the
+  // module): frozen, whole from the module.
+  std::set<std::string> covered;
+  for (const auto& p : out.parameters) covered.insert(p.name);
+  for (const auto& [name, t] : out.buffers) covered.insert(name);
+  for (const auto& [alias, name] : out.shared) covered.insert(alias);
+  for (const auto& [name, t] : module_tensors) {
+    if (covered.count(name)) continue;
+    TANDEM_CHECK(t.numel() > 0 || optim.zero_stage < 3,
+                 "'{}': module entry '{}' is partitioned but the folder keeps no fragments of "
+                 "it (frozen_param_fragments)",
+                 model.path(), name);
+    DeepSpeedParameter p = parameter(name, t.sizes().vec(), -1);
+    p.value = t;
+    out.parameters.push_back(std::move(p));
+  }
   out.module_dtype = "F32";
   for (const auto& p : out.parameters) {
     auto it = module_tensors.find(p.name);

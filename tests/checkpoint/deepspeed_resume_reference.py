@@ -11,7 +11,8 @@ folder and then continues, and what it continued to.
                                               steps, and each step's loss
 
 The model has odd sizes, a frozen layer and a tied weight (DeepSpeed's
-frozen_param_fragments and shared_params). Each step's global batch is 6
+frozen_param_fragments and shared_params); the optimizer has two param
+groups (biases without weight decay). Each step's global batch is 6
 rows; rank r of the 2 takes rows [3r, 3r + 3), so any world that splits the
 same 6 rows evenly (1, 2, 3) computes the same averaged gradient.
 """
@@ -70,9 +71,12 @@ def rank_main():
     data = torch.Generator().manual_seed(1)
     xs = torch.randn(STEPS, 6, 5, generator=data)
     ys = torch.randint(0, 3, (STEPS, 6), generator=data)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-        config=config(stage))
+    # Two param groups, as HF scripts build them: no weight decay on biases.
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in trainable if not n.endswith("bias")]},
+              {"params": [p for n, p in trainable if n.endswith("bias")], "weight_decay": 0.0}]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups,
+                                           config=config(stage))
     losses = []
     for step in range(STEPS):
         x, y = xs[step, 3 * rank:3 * rank + 3], ys[step, 3 * rank:3 * rank + 3]

@@ -1,10 +1,11 @@
 // `tandem checkpoint import DS_DIR OUT_DIR` (tandem::import_deepspeed_checkpoint):
-// a checkpoint the real DeepSpeed saved (ZeRO-2 and ZeRO-3, 2 CPU ranks;
+// a checkpoint the real DeepSpeed saved (ZeRO-1, 2 and 3, 2 CPU ranks;
 // tests/checkpoint/deepspeed_resume_reference.py) resumes in tandem at
 // worlds 1, 2 and 3 and trains to what the Python run continued to. The
 // model has odd sizes, a frozen layer and a tied weight; the optimizer is
-// AdamW with a WarmupLR schedule, so weights, moments, step counts and the
-// scheduler must all carry over. Malformed folders are refused by name
+// AdamW over two param groups with a WarmupLR schedule and clipping, so
+// weights, moments, step counts, per-group hyperparameters and the scheduler
+// must all carry over. Malformed folders are refused by name
 // without Python.
 
 #include <gtest/gtest.h>
@@ -90,15 +91,24 @@ ResumeResult resume_imported(const std::string& imported, const std::string& dat
   testing::run_ranks(world, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), config, options);
     DsReferenceModel model;
-    std::vector<at::Tensor> trainable;  // each tensor once, as Python's parameters()
-    for (auto& p : model->parameters()) {
-      const bool seen = std::any_of(trainable.begin(), trainable.end(),
-                                    [&](const at::Tensor& t) { return t.is_same(p); });
-      if (p.requires_grad() && !seen) trainable.push_back(p);
+    // Each tensor once, as Python's parameters(); biases in a second group
+    // without weight decay, as the reference (and HF scripts) build them.
+    std::vector<at::Tensor> decay, no_decay;
+    for (const auto& item : model->named_parameters()) {
+      const at::Tensor& p = item.value();
+      auto same = [&](const at::Tensor& t) { return t.is_same(p); };
+      if (!p.requires_grad() || std::any_of(decay.begin(), decay.end(), same)) continue;
+      const std::string& name = item.key();
+      (name.size() > 4 && name.substr(name.size() - 4) == "bias" ? no_decay : decay).push_back(p);
     }
-    auto adamw = std::make_shared<torch::optim::AdamW>(
-        trainable,
-        torch::optim::AdamWOptions(1e-2).betas({0.8, 0.95}).eps(1e-7).weight_decay(0.05));
+    const auto options =
+        torch::optim::AdamWOptions(1e-2).betas({0.8, 0.95}).eps(1e-7).weight_decay(0.05);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
+    auto no_decay_options = std::make_unique<torch::optim::AdamWOptions>(options);
+    no_decay_options->weight_decay(0.0);
+    groups.emplace_back(no_decay, std::move(no_decay_options));
+    auto adamw = std::make_shared<torch::optim::AdamW>(std::move(groups), options);
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(adamw);
     WarmupLROptions warmup;
@@ -158,9 +168,9 @@ void expect_matches_python(const ResumeResult& got, const std::string& continued
   EXPECT_EQ(got.client_state, nlohmann::json({{"epoch", 4}, {"best", 0.25}})) << what;
 }
 
-TEST(DeepSpeedImportInterop, Zero2AndZero3CheckpointsResumeAtWorlds1To3LikePython) {
+TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     testing::ScratchDir dir;
     std::string output;
     ASSERT_EQ(testing::run_peer_script("deepspeed_resume_reference.py",
