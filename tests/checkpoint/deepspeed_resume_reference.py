@@ -2,7 +2,8 @@
 DeepSpeed (ZeRO stage N, 2 CPU ranks over gloo) that saves a checkpoint
 folder and then continues, and what it continued to.
 
-  run DIR STAGE      DIR/data.safetensors     the batches of every step
+  run DIR STAGE [bf16]
+                     DIR/data.safetensors     the batches of every step
                                               (x: [steps, 6, 5], y: [steps, 6])
                      DIR/ds/                  DeepSpeed's checkpoint after
                                               SAVE_AT steps (client_sd
@@ -46,8 +47,9 @@ class Model(torch.nn.Module):
         return self.head(h)
 
 
-def config(stage):
+def config(stage, bf16=False):
     return {
+        "bf16": {"enabled": bf16},
         "train_micro_batch_size_per_gpu": 3,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.2,  # below these gradients' norms, so it acts
@@ -65,6 +67,7 @@ def config(stage):
 def rank_main():
     import deepspeed
     directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
+    bf16 = os.environ.get("TANDEM_DS_BF16") == "1"
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     model = Model()
@@ -76,16 +79,18 @@ def rank_main():
     groups = [{"params": [p for n, p in trainable if not n.endswith("bias")]},
               {"params": [p for n, p in trainable if n.endswith("bias")], "weight_decay": 0.0}]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups,
-                                           config=config(stage))
+                                           config=config(stage, bf16))
     losses = []
     for step in range(STEPS):
         x, y = xs[step, 3 * rank:3 * rank + 3], ys[step, 3 * rank:3 * rank + 3]
+        if bf16:
+            x = x.to(torch.bfloat16)
         loss = torch.nn.functional.cross_entropy(engine(x), y)
         engine.backward(loss)
         engine.step()
         mean = loss.detach().clone()
         torch.distributed.all_reduce(mean)
-        losses.append(mean.item() / 2)
+        losses.append(mean.float().item() / 2)
         if step + 1 == SAVE_AT:
             engine.save_checkpoint(os.path.join(directory, "ds"),
                                    client_state={"epoch": 4, "best": 0.25})
@@ -99,13 +104,15 @@ def rank_main():
         # Tied: one tensor under its first name (the test compares that one).
         final.pop("tied.weight", None)
         final["losses"] = torch.tensor(losses, dtype=torch.float64)
-        save_file({k: v.contiguous() for k, v in final.items()},
+        save_file({k: v.float().contiguous() if v.is_floating_point() and k != "losses" else v
+                   for k, v in final.items()},
                   os.path.join(directory, "continued.safetensors"))
         save_file({"x": xs, "y": ys}, os.path.join(directory, "data.safetensors"))
 
 
-def run(directory, stage):
-    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage))
+def run(directory, stage, bf16=False):
+    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage),
+               TANDEM_DS_BF16="1" if bf16 else "0")
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                     "--master-port", str(29600 + stage + os.getpid() % 1000),
                     os.path.abspath(__file__), "rank"], env=env, check=True,
@@ -117,4 +124,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "rank":
         rank_main()
     else:
-        run(sys.argv[2], int(sys.argv[3]))
+        run(sys.argv[2], int(sys.argv[3]), len(sys.argv) > 4 and sys.argv[4] == "bf16")
