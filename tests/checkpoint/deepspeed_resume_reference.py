@@ -2,7 +2,7 @@
 DeepSpeed (ZeRO stage N, 2 CPU ranks over gloo) that saves a checkpoint
 folder and then continues, and what it continued to.
 
-  run DIR STAGE [bf16]
+  run DIR STAGE [bf16] [world=N]
                      DIR/data.safetensors     the batches of every step
                                               (x: [steps, 6, 5], y: [steps, 6])
                      DIR/ds/                  DeepSpeed's checkpoint after
@@ -15,7 +15,8 @@ The model has odd sizes, a frozen layer and a tied weight (DeepSpeed's
 frozen_param_fragments and shared_params); the optimizer has two param
 groups (biases without weight decay). Each step's global batch is 6
 rows; rank r of the 2 takes rows [3r, 3r + 3), so any world that splits the
-same 6 rows evenly (1, 2, 3) computes the same averaged gradient.
+same 6 rows evenly (1, 2, 3) computes the same averaged gradient. world=3
+runs DeepSpeed on 3 ranks (2 rows each) instead.
 """
 import os
 import subprocess
@@ -47,10 +48,10 @@ class Model(torch.nn.Module):
         return self.head(h)
 
 
-def config(stage, bf16=False):
+def config(stage, world, bf16=False):
     return {
         "bf16": {"enabled": bf16},
-        "train_micro_batch_size_per_gpu": 3,
+        "train_micro_batch_size_per_gpu": 6 // world,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.2,  # below these gradients' norms, so it acts
         "steps_per_print": 1000,
@@ -68,7 +69,8 @@ def rank_main():
     import deepspeed
     directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
     bf16 = os.environ.get("TANDEM_DS_BF16") == "1"
-    rank = int(os.environ["RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rows = 6 // world
     torch.manual_seed(0)
     model = Model()
     data = torch.Generator().manual_seed(1)
@@ -79,10 +81,10 @@ def rank_main():
     groups = [{"params": [p for n, p in trainable if not n.endswith("bias")]},
               {"params": [p for n, p in trainable if n.endswith("bias")], "weight_decay": 0.0}]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups,
-                                           config=config(stage, bf16))
+                                           config=config(stage, world, bf16))
     losses = []
     for step in range(STEPS):
-        x, y = xs[step, 3 * rank:3 * rank + 3], ys[step, 3 * rank:3 * rank + 3]
+        x, y = xs[step, rows * rank:rows * (rank + 1)], ys[step, rows * rank:rows * (rank + 1)]
         if bf16:
             x = x.to(torch.bfloat16)
         loss = torch.nn.functional.cross_entropy(engine(x), y)
@@ -90,7 +92,7 @@ def rank_main():
         engine.step()
         mean = loss.detach().clone()
         torch.distributed.all_reduce(mean)
-        losses.append(mean.float().item() / 2)
+        losses.append(mean.float().item() / world)
         if step + 1 == SAVE_AT:
             engine.save_checkpoint(os.path.join(directory, "ds"),
                                    client_state={"epoch": 4, "best": 0.25})
@@ -110,10 +112,10 @@ def rank_main():
         save_file({"x": xs, "y": ys}, os.path.join(directory, "data.safetensors"))
 
 
-def run(directory, stage, bf16=False):
+def run(directory, stage, bf16=False, world=2):
     env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage),
                TANDEM_DS_BF16="1" if bf16 else "0")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                     "--master-port", str(29600 + stage + os.getpid() % 1000),
                     os.path.abspath(__file__), "rank"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
@@ -124,4 +126,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "rank":
         rank_main()
     else:
-        run(sys.argv[2], int(sys.argv[3]), len(sys.argv) > 4 and sys.argv[4] == "bf16")
+        extra = sys.argv[4:]
+        run(sys.argv[2], int(sys.argv[3]), "bf16" in extra,
+            int(next((a.split("=")[1] for a in extra if a.startswith("world=")), 2)))

@@ -219,6 +219,33 @@ TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
   }
 }
 
+// Saved by 3 DeepSpeed ranks (odd partitions: ZeRO-2 aligns its flat groups
+// to 2 x world, ZeRO-3 pads each parameter to a multiple of 3), resumed at
+// worlds 1, 2 and 3.
+TEST(DeepSpeedImportInterop, CheckpointsOf3RanksResumeAtWorlds1To3LikePython) {
+  if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
+  for (int stage : {2, 3}) {
+    testing::ScratchDir dir;
+    std::string output;
+    ASSERT_EQ(testing::run_peer_script("deepspeed_resume_reference.py",
+                                       "run '" + dir.path() + "' " + std::to_string(stage) +
+                                           " world=3",
+                                       output),
+              0)
+        << output;
+    const DeepSpeedImportResult r = import_deepspeed_checkpoint(dir / "ds", dir / "imported");
+    EXPECT_EQ(r.world_size, 3);
+    EXPECT_EQ(r.zero_stage, stage);
+    for (int world : {1, 2, 3}) {
+      expect_matches_python(resume_imported(dir / "imported", dir / "data.safetensors", world,
+                                            world == 1 ? 0 : stage),
+                            dir / "continued.safetensors",
+                            "ZeRO-" + std::to_string(stage) + " of 3 ranks at world " +
+                                std::to_string(world));
+    }
+  }
+}
+
 // bf16: the module's bf16 weights and the fp32 masters both carry over. A
 // run that loads the import and saves again at once (ZeRO-2 at worlds 2 and
 // 3) holds exactly the imported masters, moments and weights; training on
