@@ -21,6 +21,7 @@
 #include <torch/data/example.h>
 
 #include "tandem/accelerate/prepared.h"
+#include "tandem/data/pull_iterator.h"
 
 namespace tandem {
 
@@ -42,30 +43,7 @@ class ExampleLoader {
   }
   PreparedLoader& prepared() { return *loader_; }
 
-  class Iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = ExampleType;
-    using difference_type = std::ptrdiff_t;
-    using pointer = ExampleType*;
-    using reference = ExampleType&;
-
-    Iterator() = default;
-    ExampleType& operator*() { return *example_; }
-    ExampleType* operator->() { return &*example_; }
-    Iterator& operator++() {
-      example_ = loader_->next();
-      return *this;
-    }
-    bool operator==(const Iterator& other) const { return !example_ && !other.example_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
-
-   private:
-    friend class ExampleLoader;
-    explicit Iterator(ExampleLoader* loader) : loader_(loader), example_(loader->next()) {}
-    ExampleLoader* loader_ = nullptr;
-    std::optional<ExampleType> example_;
-  };
+  using Iterator = PullIterator<ExampleLoader, ExampleType>;
   // Starts a new pass (ending one in progress).
   Iterator begin() {
     loader_->start_new_pass();

@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 
+#include "tandem/data/pull_iterator.h"
 #include "tandem/data/streaming_loader.h"
 
 namespace tandem {
@@ -52,29 +53,7 @@ class PreparedStreamingLoader {
   // Batches handed out in the current pass, skipped ones included.
   int64_t position() const;
 
-  class Iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = StreamingLoader::Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = value_type*;
-    using reference = value_type&;
-    Iterator() = default;
-    value_type& operator*() { return *batch_; }
-    value_type* operator->() { return &*batch_; }
-    Iterator& operator++() {
-      batch_ = loader_->next();
-      return *this;
-    }
-    bool operator==(const Iterator& other) const { return !batch_ && !other.batch_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
-
-   private:
-    friend class PreparedStreamingLoader;
-    explicit Iterator(PreparedStreamingLoader* loader) : loader_(loader), batch_(loader->next()) {}
-    PreparedStreamingLoader* loader_ = nullptr;
-    std::optional<value_type> batch_;
-  };
+  using Iterator = PullIterator<PreparedStreamingLoader, StreamingLoader::Batch>;
   // Starts a pass (ending one in progress, which then restarts its epoch;
   // a skip from skip_first_batches() or load_state() is kept).
   Iterator begin();

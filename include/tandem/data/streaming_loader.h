@@ -52,6 +52,7 @@
 
 #include "tandem/data/collate.h"
 #include "tandem/data/distributed_loader.h"
+#include "tandem/data/pull_iterator.h"
 
 namespace tandem {
 
@@ -148,30 +149,7 @@ class StreamingLoader {
 
   // Input iterator over one pass; begin() ends a pass in progress and starts
   // a new one (a pending skip_first_batches() applies).
-  class Iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
-    Iterator() = default;
-    Batch& operator*() { return *batch_; }
-    Batch* operator->() { return &*batch_; }
-    Iterator& operator++() {
-      batch_ = loader_->next();
-      return *this;
-    }
-    bool operator==(const Iterator& other) const { return !batch_ && !other.batch_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
-
-   private:
-    friend class StreamingLoader;
-    explicit Iterator(StreamingLoader* loader) : loader_(loader), batch_(loader->next()) {}
-    StreamingLoader* loader_ = nullptr;
-    std::optional<Batch> batch_;
-  };
+  using Iterator = PullIterator<StreamingLoader, Batch>;
   Iterator begin();
   Iterator end() { return Iterator(); }
 
