@@ -20,16 +20,20 @@ DataPreparation::DataPreparation(std::shared_ptr<ProcessGroup> group, c10::Devic
       on_training_batch_(std::move(on_training_batch)),
       sharding_(sharding) {}
 
+int64_t DataPreparation::split_batch(int64_t batch_size, const char* caller) const {
+  const int64_t world = group_->world_size();
+  TANDEM_CHECK_ARG(batch_size % world == 0,
+                   "{}: with split_batches the loader's batch_size ({}) is the global batch, "
+                   "split evenly over the {} processes; make it a multiple of {}",
+                   caller, batch_size, world, world);
+  return batch_size / world;
+}
+
 DistributedLoaderOptions DataPreparation::on_device(DistributedLoaderOptions options) const {
   if (options.device.is_cpu()) options.device = device_;
   using Mode = DistributedLoaderOptions::Sharding;
   if (sharding_.split_batches) {
-    const int64_t world = group_->world_size();
-    TANDEM_CHECK_ARG(options.batch_size % world == 0,
-                     "prepare: with split_batches the loader's batch_size ({}) is the global "
-                     "batch, split evenly over the {} processes; make it a multiple of {}",
-                     options.batch_size, world, world);
-    options.batch_size /= world;
+    options.batch_size = split_batch(options.batch_size, "prepare");
     options.split_batches = true;
     options.sharding = Mode::kBatches;
   }
@@ -72,12 +76,7 @@ std::shared_ptr<PreparedStreamingLoader> DataPreparation::prepare_streaming(
     StreamFactory factory, StreamingLoaderOptions options, StreamingLoader::Collate collate) {
   if (options.device.is_cpu()) options.device = device_;
   if (sharding_.split_batches) {
-    const int64_t world = group_->world_size();
-    TANDEM_CHECK_ARG(options.batch_size % world == 0,
-                     "prepare_streaming_loader: with split_batches the batch_size ({}) is the "
-                     "global batch, split evenly over the {} processes; make it a multiple of {}",
-                     options.batch_size, world, world);
-    options.batch_size /= world;
+    options.batch_size = split_batch(options.batch_size, "prepare_streaming_loader");
   }
   if (sharding_.dispatch_batches && group_->rank() == 0) {
     log_warn("prepare_streaming_loader: dispatch_batches does not apply to a streaming loader: "

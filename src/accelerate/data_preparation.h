@@ -64,6 +64,9 @@ class DataPreparation {
   // dealt as Accelerate's loaders deal them with split_batches (batch_size
   // is then the global batch) or dispatch_batches.
   DistributedLoaderOptions on_device(DistributedLoaderOptions options) const;
+  // With split_batches: the per-process share of a global `batch_size`
+  // (UsageError naming `caller` unless the process count divides it).
+  int64_t split_batch(int64_t batch_size, const char* caller) const;
 
   std::shared_ptr<ProcessGroup> group_;
   c10::Device device_;
