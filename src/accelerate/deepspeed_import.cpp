@@ -142,7 +142,7 @@ void check_state_names(const std::vector<std::string>& names, const std::string&
   else if (type == "Lion") allowed = {"exp_avg"};
   else allowed = {"exp_avg", "exp_avg_sq"};
   for (const auto& n : names) {
-    TANDEM_CHECK(allowed.count(n), "the checkpoint's {} optimizer keeps state '{}', which "
+    TANDEM_CHECK_FILE(allowed.count(n), "the checkpoint's {} optimizer keeps state '{}', which "
                                    "tandem's {} does not have; it cannot be carried over",
                  type, n, type);
   }
@@ -152,7 +152,7 @@ Json scheduler_entries(const DeepSpeedCheckpoint& ds, const Json& groups) {
   Json out = Json::array();
   const Json& s = ds.lr_scheduler;
   if (s.is_null()) return out;
-  TANDEM_CHECK(s.is_object(), "the checkpoint's lr_scheduler is {}, not a state_dict",
+  TANDEM_CHECK_FILE(s.is_object(), "the checkpoint's lr_scheduler is {}, not a state_dict",
                s.dump());
   if (s.contains("last_batch_iteration")) {
     // DeepSpeed's schedulers (WarmupLR, WarmupDecayLR, WarmupCosineLR,

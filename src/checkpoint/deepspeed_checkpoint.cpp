@@ -86,10 +86,10 @@ class DsFile {
 std::vector<int64_t> shape_of(DsFile& file, const PickleValue& v, const std::string& name) {
   nlohmann::ordered_json j = file.json(v, name);
   if (j.is_number_integer()) return {j.get<int64_t>()};  // a 1-D torch.Size read as one int
-  TANDEM_CHECK(j.is_array(), "'{}': the shape of '{}' is not a torch.Size", file.path(), name);
+  TANDEM_CHECK_FILE(j.is_array(), "'{}': the shape of '{}' is not a torch.Size", file.path(), name);
   std::vector<int64_t> shape;
   for (const auto& d : j) {
-    TANDEM_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0,
+    TANDEM_CHECK_FILE(d.is_number_integer() && d.get<int64_t>() >= 0,
                  "'{}': the shape of '{}' holds {}", file.path(), name, d.dump());
     shape.push_back(d.get<int64_t>());
   }
@@ -125,11 +125,11 @@ std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> param_sha
   }
   std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> out;
   for (const PickleValue* d : dicts) {
-    TANDEM_CHECK(d->kind == K::kDict, "'{}': a param_shapes entry is a {}", model.path(),
+    TANDEM_CHECK_FILE(d->kind == K::kDict, "'{}': a param_shapes entry is a {}", model.path(),
                  pickle_kind_name(d->kind));
     auto& group = out.emplace_back();
     for (const auto& [key, value] : d->entries) {
-      TANDEM_CHECK(key->kind == K::kString, "'{}': a param_shapes key is a {}", model.path(),
+      TANDEM_CHECK_FILE(key->kind == K::kString, "'{}': a param_shapes key is a {}", model.path(),
                    pickle_kind_name(key->kind));
       group.emplace_back(key->text, shape_of(model, *value, key->text));
     }
@@ -187,11 +187,11 @@ void read_base_state(DsFile& file, const PickleValue& base, RankPartition& rank,
 void read_optimizer_file(DsFile& file, int rank, OptimizerFiles& out) {
   const PickleValue& osd = file.at(file.root(), "optimizer_state_dict", K::kDict, "");
   const int stage = static_cast<int>(file.integer(osd, "zero_stage", 0));
-  TANDEM_CHECK(stage >= 1 && stage <= 3, "'{}': zero_stage is {}; tandem imports ZeRO stages "
+  TANDEM_CHECK_FILE(stage >= 1 && stage <= 3, "'{}': zero_stage is {}; tandem imports ZeRO stages "
                                          "1-3",
                file.path(), stage);
   if (rank == 0) out.zero_stage = stage;
-  TANDEM_CHECK(stage == out.zero_stage, "'{}' was saved at ZeRO stage {}, rank 0's at {}",
+  TANDEM_CHECK_FILE(stage == out.zero_stage, "'{}' was saved at ZeRO stage {}, rank 0's at {}",
                file.path(), stage, out.zero_stage);
   RankPartition part;
   const char* fp32_key = stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups";
@@ -200,7 +200,7 @@ void read_optimizer_file(DsFile& file, int rank, OptimizerFiles& out) {
   }
   const PickleValue* base = pickle_dict_find(osd, stage == 3 ? "optimizer_state_dict"
                                                               : "base_optimizer_state");
-  TANDEM_CHECK(base != nullptr && base->kind == K::kDict,
+  TANDEM_CHECK_FILE(base != nullptr && base->kind == K::kDict,
                "'{}' has no base optimizer state (a dict) in its optimizer_state_dict",
                file.path());
   read_base_state(file, *base, part, out, rank == 0);
@@ -219,13 +219,13 @@ void read_optimizer_file(DsFile& file, int rank, OptimizerFiles& out) {
 std::string read_tag(const std::string& dir) {
   const std::string latest = dir + "/latest";
   std::ifstream in(latest);
-  TANDEM_CHECK(in.good(), "'{}' has no 'latest' file to say which checkpoint to import; name "
+  TANDEM_CHECK_FILE(in.good(), "'{}' has no 'latest' file to say which checkpoint to import; name "
                           "the tag (a subfolder such as global_step1000) with --tag",
                dir);
   std::string tag;
   std::getline(in, tag);
   while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
-  TANDEM_CHECK(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != "..",
+  TANDEM_CHECK_FILE(!tag.empty() && tag.find('/') == std::string::npos && tag != "." && tag != "..",
                "'{}' names '{}', not a checkpoint tag", latest, tag);
   return tag;
 }
@@ -251,7 +251,7 @@ FolderFiles find_files(const std::string& tag_dir) {
     const bool is_optim = std::regex_match(name, m, optim_re);
     if (!is_optim && !std::regex_match(name, m, model_re)) continue;
     const std::string mp = m[3].str();
-    TANDEM_CHECK(std::stoi(mp) == 0, "'{}/{}' belongs to tensor-parallel rank {}; tandem imports "
+    TANDEM_CHECK_FILE(std::stoi(mp) == 0, "'{}/{}' belongs to tensor-parallel rank {}; tandem imports "
                                      "data-parallel ZeRO checkpoints only (mp_rank_00)",
                  tag_dir, name, mp);
     const int rank = m[2].matched ? std::stoi(m[2].str()) : -1;
@@ -259,12 +259,12 @@ FolderFiles find_files(const std::string& tag_dir) {
   }
   FolderFiles out;
   for (const auto& [rank, path] : optim) {
-    TANDEM_CHECK(rank == static_cast<int>(out.optim.size()),
+    TANDEM_CHECK_FILE(rank == static_cast<int>(out.optim.size()),
                  "'{}' lacks the optimizer states of data-parallel rank {}", tag_dir,
                  out.optim.size());
     out.optim.push_back(path);
   }
-  TANDEM_CHECK(!out.optim.empty(),
+  TANDEM_CHECK_FILE(!out.optim.empty(),
                "'{}' holds no *_optim_states.pt: a checkpoint saved without ZeRO (its "
                "optimizer lives in the model states). Import its weights with `tandem "
                "checkpoint import {}/mp_rank_00_model_states.pt OUT.safetensors`",
@@ -273,7 +273,7 @@ FolderFiles find_files(const std::string& tag_dir) {
     out.model.push_back(model[-1]);
   } else {
     for (std::size_t r = 0; r < out.optim.size(); ++r) {
-      TANDEM_CHECK(model.count(static_cast<int>(r)), "'{}' lacks the model states of rank {}",
+      TANDEM_CHECK_FILE(model.count(static_cast<int>(r)), "'{}' lacks the model states of rank {}",
                    tag_dir, r);
       out.model.push_back(model[static_cast<int>(r)]);
     }
@@ -300,7 +300,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
   DeepSpeedCheckpoint out;
   out.tag = tag.empty() ? read_tag(dir) : tag;
   const std::string tag_dir = dir + "/" + out.tag;
-  TANDEM_CHECK(fs::is_directory(tag_dir), "'{}' is not a folder: no checkpoint '{}' in '{}'",
+  TANDEM_CHECK_FILE(fs::is_directory(tag_dir), "'{}' is not a folder: no checkpoint '{}' in '{}'",
                tag_dir, out.tag, dir);
   const FolderFiles files = find_files(tag_dir);
   out.world_size = static_cast<int>(files.optim.size());
@@ -314,7 +314,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
   out.optimizer_step = optim.step;
   out.param_groups = std::move(optim.param_groups);
   out.loss_scaler = std::move(optim.loss_scaler);
-  TANDEM_CHECK(optim.zero_stage == 3 || files.model.size() == 1,
+  TANDEM_CHECK_FILE(optim.zero_stage == 3 || files.model.size() == 1,
                "'{}' holds per-rank model states but was saved at ZeRO stage {}", tag_dir,
                optim.zero_stage);
 
@@ -326,7 +326,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
   out.skipped_steps = model.integer(root, "skipped_steps", 0);
   out.global_samples = model.integer(root, "global_samples", 0);
   const int64_t dp = model.integer(root, "dp_world_size", out.world_size);
-  TANDEM_CHECK(dp == out.world_size, "'{}' says dp_world_size {} but the folder holds {} "
+  TANDEM_CHECK_FILE(dp == out.world_size, "'{}' says dp_world_size {} but the folder holds {} "
                                      "ranks' optimizer states",
                model.path(), dp, out.world_size);
   if (const PickleValue* v = pickle_dict_find(root, "ds_version"); v && v->kind == K::kString) {
@@ -368,7 +368,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
     for (const auto& n : names->items) {
       if (n->kind != K::kString) continue;
       auto it = module_tensors.find(n->text);
-      TANDEM_CHECK(it != module_tensors.end(), "'{}': buffer '{}' is not in the module",
+      TANDEM_CHECK_FILE(it != module_tensors.end(), "'{}': buffer '{}' is not in the module",
                    model.path(), n->text);
       out.buffers.emplace_back(n->text, it->second);
     }
@@ -378,7 +378,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
   const auto groups = param_shapes(model);
   const int world = out.world_size;
   for (const auto& rank : optim.ranks) {
-    TANDEM_CHECK(rank.fp32.size() == groups.size(),
+    TANDEM_CHECK_FILE(rank.fp32.size() == groups.size(),
                  "'{}': the optimizer has {} param group(s) but param_shapes lists {}", tag_dir,
                  rank.fp32.size(), groups.size());
   }
@@ -420,7 +420,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
       for (std::size_t i = 0; i < groups[g].size(); ++i) {
         const auto& [name, shape] = groups[g][i];
         const int64_t n = numel_of(shape);
-        TANDEM_CHECK(offset + n <= flat.numel(),
+        TANDEM_CHECK_FILE(offset + n <= flat.numel(),
                      "'{}': param group {} holds {} elements, too few for its parameters "
                      "(at '{}')",
                      tag_dir, g, flat.numel(), name);
@@ -457,7 +457,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
           std::vector<at::Tensor> pieces;
           for (int r = 0; r < world; ++r) {
             const at::Tensor& src = piece_of(r);
-            TANDEM_CHECK(offset + part <= src.numel(),
+            TANDEM_CHECK_FILE(offset + part <= src.numel(),
                          "'{}': rank {}'s partition holds {} elements, too few for its "
                          "parameters (at '{}')",
                          tag_dir, r, src.numel(), name);
@@ -496,7 +496,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
                 .reshape({-1}));
       }
       at::Tensor whole = at::cat(pieces);
-      TANDEM_CHECK(whole.numel() >= numel_of(shape),
+      TANDEM_CHECK_FILE(whole.numel() >= numel_of(shape),
                    "'{}': frozen parameter '{}' has {} elements saved, [{}] needs {}", tag_dir,
                    name, whole.numel(), fmt::join(shape, ", "), numel_of(shape));
       DeepSpeedParameter p = parameter(name, shape, -1);
@@ -512,7 +512,7 @@ DeepSpeedCheckpoint read_deepspeed_checkpoint(const std::string& dir, const std:
   for (const auto& [alias, name] : out.shared) covered.insert(alias);
   for (const auto& [name, t] : module_tensors) {
     if (covered.count(name)) continue;
-    TANDEM_CHECK(t.numel() > 0 || optim.zero_stage < 3,
+    TANDEM_CHECK_FILE(t.numel() > 0 || optim.zero_stage < 3,
                  "'{}': module entry '{}' is partitioned but the folder keeps no fragments of "
                  "it (frozen_param_fragments)",
                  model.path(), name);

@@ -39,7 +39,7 @@ TorchSaveReader::TorchSaveReader(const std::string& path) : path_(path) {
                                         "little-endian archives only",
                      path, order);
   }
-  TANDEM_CHECK(zip_->hasRecord("data.pkl"), "'{}' has no data.pkl: not a torch.save archive",
+  TANDEM_CHECK_FILE(zip_->hasRecord("data.pkl"), "'{}' has no data.pkl: not a torch.save archive",
                path);
   auto [data, size] = zip_->getRecord("data.pkl");
   try {
@@ -72,7 +72,7 @@ at::Tensor TorchSaveReader::tensor(const PickleTensor& t) {
     it = storages_.emplace(t.storage_key, storage).first;
   }
   const at::Tensor& storage = it->second;
-  TANDEM_CHECK(storage.scalar_type() == type,
+  TANDEM_CHECK_FILE(storage.scalar_type() == type,
                "'{}': storage '{}' is read as {} and as {}", path_, t.storage_key,
                c10::toString(storage.scalar_type()), t.dtype);
   // The view must lie inside the storage.
@@ -131,7 +131,7 @@ nlohmann::ordered_json TorchSaveReader::json(const PickleValue& value, const std
     case K::kTensor: break;
   }
   at::Tensor t = tensor(*value.tensor);
-  TANDEM_CHECK(t.numel() <= 1'000'000,
+  TANDEM_CHECK_FILE(t.numel() <= 1'000'000,
                "'{}': '{}' is a tensor of {} elements, too large for a checkpoint's JSON state",
                path_, where, t.numel());
   t = t.to(t.is_floating_point() ? at::kDouble : at::kLong);

@@ -282,8 +282,10 @@ TEST(DeepSpeedImportInterop, Bf16CheckpointsKeepTheirFp32Masters) {
 std::string import_error(const std::string& source, const std::string& out) {
   try {
     import_deepspeed_checkpoint(source, out);
-  } catch (const Error& e) {
-    return e.what();
+  } catch (const CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find(".cpp:"), std::string::npos) << "a source location: " << what;
+    return what;
   }
   return "";
 }

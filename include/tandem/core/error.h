@@ -89,6 +89,16 @@ template <typename E, typename... Args>
     }                                                  \
   } while (false)
 
+// Throws tandem::CheckpointError when `cond` is false: a file's content is
+// wrong or unsupported. Like TANDEM_CHECK_ARG, the message names the file
+// and the fix, with no call site.
+#define TANDEM_CHECK_FILE(cond, ...)                        \
+  do {                                                      \
+    if (!(cond)) {                                          \
+      TANDEM_THROW(::tandem::CheckpointError, __VA_ARGS__); \
+    }                                                       \
+  } while (false)
+
 // Throws tandem::Error printing both values when a != b.
 #define TANDEM_CHECK_EQ(a, b, ...)                                                         \
   do {                                                                                     \
