@@ -132,6 +132,12 @@ Json param_groups(const DeepSpeedCheckpoint& ds, const std::string& type) {
   return out;
 }
 
+// DeepSpeed's CPU Adagrad keeps torch's `sum` as exp_avg_sq; the others use
+// torch's names.
+std::string tandem_state_name(const std::string& type, const std::string& name) {
+  return type == "Adagrad" && name == "exp_avg_sq" ? "sum" : name;
+}
+
 // The optimizer state names tandem keeps for `type`.
 void check_state_names(const std::vector<std::string>& names, const std::string& type) {
   std::set<std::string> allowed;
@@ -284,7 +290,8 @@ DeepSpeedImportResult import_folder(const std::string& source_dir, const std::st
     if (p.value.scalar_type() != at::kFloat) {
       tensors.emplace_back(fragment_key("master", p.name, 0), flat(p.master));
     }
-    for (const auto& [name, t] : p.state) {
+    for (const auto& [saved_name, t] : p.state) {
+      const std::string name = tandem_state_name(type, saved_name);
       if (std::find(state_names.begin(), state_names.end(), name) == state_names.end()) {
         state_names.push_back(name);
       }

@@ -170,7 +170,9 @@ void read_base_state(DsFile& file, const PickleValue& base, RankPartition& rank,
       }
       if (value->kind != K::kTensor) continue;
       at::Tensor t = file.tensor(*value, "state." + key->text);
-      if (t.dim() == 1 && t.numel() >= rank.fp32[g].numel() && t.numel() > 1) {
+      // Per-element state is laid out as the partition (the last rank's
+      // keeps its padding: cut it off); a scalar is not per-element.
+      if (t.dim() == 1 && t.numel() >= rank.fp32[g].numel()) {
         tensors.emplace_back(key->text, t.narrow(0, 0, rank.fp32[g].numel()));
       }
     }
