@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 #include <ATen/ATen.h>
@@ -18,6 +19,14 @@ at::ScalarType scalar_type_of(const std::string& dtype) {
       {"I64", at::kLong},  {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},
       {"U8", at::kByte},   {"BOOL", at::kBool}};
   return types.at(dtype);  // pickle_reader only makes these
+}
+
+// A dict key as a name: a str as it is, an int in decimal; nullopt for
+// any other kind.
+std::optional<std::string> key_text(const PickleValue& key) {
+  if (key.kind == PickleValue::Kind::kString) return key.text;
+  if (key.kind == PickleValue::Kind::kInt) return std::to_string(key.integer);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -116,14 +125,13 @@ nlohmann::ordered_json TorchSaveReader::json(const PickleValue& value, const std
     case K::kDict: {
       Json out = Json::object();
       for (const auto& [key, item] : value.entries) {
-        std::string k;
-        if (key->kind == K::kString) k = key->text;
-        else if (key->kind == K::kInt) k = std::to_string(key->integer);
-        else {
+        const std::optional<std::string> name = key_text(*key);
+        if (!name) {
           TANDEM_THROW(CheckpointError, "'{}': '{}' has a dict key of type {}; only str and int "
                                         "keys carry over to JSON",
                        path_, where, pickle_kind_name(key->kind));
         }
+        const std::string& k = *name;
         out[k] = json(*item, where + "." + k);
       }
       return out;
@@ -161,15 +169,13 @@ std::vector<std::pair<std::string, const PickleValue*>> pickle_leaves(const Pick
         using K = PickleValue::Kind;
         if (v.kind == K::kDict) {
           for (const auto& [key, item] : v.entries) {
-            std::string k;
-            if (key->kind == K::kString) k = key->text;
-            else if (key->kind == K::kInt) k = std::to_string(key->integer);
-            else {
+            const std::optional<std::string> k = key_text(*key);
+            if (!k) {
               TANDEM_THROW(CheckpointError, "'{}': a dict key of type {}; tandem names values "
                                             "by str or int keys",
                            name, pickle_kind_name(key->kind));
             }
-            walk(*item, child(k));
+            walk(*item, child(*k));
           }
           return;
         }
