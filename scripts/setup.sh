@@ -6,7 +6,7 @@
 #     environment .venv/ (or $TANDEM_VENV). CMake finds Torch through its
 #     Python, and the tests and benchmarks use that Python as the peer;
 #     with it the Python tools the tests compare against (safetensors,
-#     tensorboard, accelerate, deepspeed).
+#     tensorboard, accelerate, deepspeed, mlflow).
 # Idempotent: installs only what is missing, and runs apt-get update only then.
 #   scripts/setup.sh              everything above
 #   scripts/setup.sh --no-peers   without the Python tools (README command 1:
@@ -71,16 +71,17 @@ else
   echo "setup: $venv has torch $torch_version"
 fi
 # The Python tools tandem is checked against, for tests and benchmarks only
-# (the library needs no Python): safetensors, TensorBoard, Accelerate, and
+# (the library needs no Python): safetensors, TensorBoard, Accelerate,
 # DeepSpeed (tests/config/conformance.py reads every config with it, and the
-# ZeRO benchmarks run it; DS_ACCELERATOR=cpu lets it import without CUDA).
+# ZeRO benchmarks run it; DS_ACCELERATOR=cpu lets it import without CUDA) and
+# MLflow (its server, for the MLflow tracker's test).
 if ((peers == 0)); then
-  echo "setup: the Python tools (safetensors, tensorboard, accelerate, deepspeed) left out" \
+  echo "setup: the Python tools (safetensors, tensorboard, accelerate, deepspeed, mlflow) left out" \
        "(--no-peers); the tests that compare against them need them"
 elif ! DS_ACCELERATOR=cpu "$venv/bin/python" -c \
-    "import safetensors, tensorboard, accelerate, deepspeed" 2>/dev/null; then
-  echo "setup: installing safetensors, tensorboard, accelerate and deepspeed into $venv"
-  "$venv/bin/pip" install -q --no-compile safetensors tensorboard accelerate deepspeed \
+    "import safetensors, tensorboard, accelerate, deepspeed, mlflow" 2>/dev/null; then
+  echo "setup: installing safetensors, tensorboard, accelerate, deepspeed and mlflow into $venv"
+  "$venv/bin/pip" install -q --no-compile safetensors tensorboard accelerate deepspeed mlflow \
     > "$venv/pip-tools.log" 2>&1 || {
     cat "$venv/pip-tools.log" >&2; echo "setup: pip could not install them" >&2; exit 1; }
 fi

@@ -44,6 +44,7 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   detail::Trackers::Settings tracking;
   tracking.log_with = options.log_with;
   tracking.project_dir = options.project_dir;
+  tracking.mlflow = options.mlflow;
   tracking.main_process = main_process();
   tracking.local_main_process = local_rank == 0;
   trackers = std::make_unique<detail::Trackers>(std::move(tracking));
@@ -340,8 +341,8 @@ Writer* tracker_writer(Writer* writer, const std::string& name, const char* expe
                        bool main_process) {
   TANDEM_CHECK_ARG(name == expected,
                    "Accelerator::get_tracker: '{}' is not this writer's tracker; ask for "
-                   "get_tracker<TensorBoardWriter>(\"tensorboard\") or "
-                   "get_tracker<CsvWriter>(\"csv\")",
+                   "get_tracker<TensorBoardWriter>(\"tensorboard\"), "
+                   "get_tracker<CsvWriter>(\"csv\") or get_tracker<MlflowWriter>(\"mlflow\")",
                    name);
   TANDEM_CHECK_ARG(writer != nullptr || !main_process,
                    "Accelerator::get_tracker(\"{}\"): there is no such tracker; put \"{}\" in "
@@ -361,6 +362,11 @@ TensorBoardWriter* Accelerator::get_tracker<TensorBoardWriter>(const std::string
 template <>
 CsvWriter* Accelerator::get_tracker<CsvWriter>(const std::string& name) const {
   return tracker_writer(impl_->trackers->csv(), name, "csv", impl_->main_process());
+}
+
+template <>
+MlflowWriter* Accelerator::get_tracker<MlflowWriter>(const std::string& name) const {
+  return tracker_writer(impl_->trackers->mlflow(), name, "mlflow", impl_->main_process());
 }
 
 WallClockBreakdown Accelerator::wall_clock() const { return impl_->trackers->wall_clock(); }

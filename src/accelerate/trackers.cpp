@@ -1,22 +1,65 @@
-// Trackers (trackers.h): metrics to JSON lines and TensorBoard, and the
-// step timer's reports.
+// Trackers (trackers.h): metrics to JSON lines, TensorBoard, CSV and
+// MLflow, and the step timer's reports.
 
 #include "accelerate/trackers.h"
 
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "core/http_client.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
 
 namespace tandem::detail {
+namespace {
+
+// A hyperparameter as Python's str() writes it, the text MLflow keeps for a
+// parameter: whole numbers without ".0" (they are ints in a C++ program),
+// others the shortest round trip; True/False.
+std::string param_text(const HParamValue& value) {
+  switch (value.kind()) {
+    case HParamValue::Kind::kBool:
+      return value.flag() ? "True" : "False";
+    case HParamValue::Kind::kString:
+      return value.text();
+    case HParamValue::Kind::kNumber:
+      break;
+  }
+  const double number = value.number();
+  if (number == static_cast<double>(static_cast<int64_t>(number)) && std::abs(number) < 1e15) {
+    return std::to_string(static_cast<int64_t>(number));
+  }
+  return fmt::format("{}", number);
+}
+
+}  // namespace
 
 Trackers::Trackers(Settings settings) : settings_(std::move(settings)) {
   for (const auto& tracker : settings_.log_with) {
-    TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "csv" || tracker == "all",
+    TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "csv" || tracker == "mlflow" ||
+                         tracker == "all",
                      "Accelerator: log_with '{}' is not available. tandem writes JSON lines "
-                     "always, TensorBoard event files with log_with \"tensorboard\" and CSV "
-                     "files (DeepSpeed's csv_monitor layout) with \"csv\" (\"all\": both); "
-                     "other trackers can read them",
+                     "always, and with log_with \"tensorboard\" TensorBoard event files, "
+                     "\"csv\" CSV files (DeepSpeed's csv_monitor layout), \"mlflow\" a run on "
+                     "an MLflow tracking server (\"all\": each of them; MLflow when "
+                     "MLFLOW_TRACKING_URI is set); other trackers can read the files",
                      tracker);
-    tensorboard_wanted_ = tensorboard_wanted_ || tracker != "csv";
-    csv_wanted_ = csv_wanted_ || tracker != "tensorboard";
+    const bool all = tracker == "all";
+    tensorboard_wanted_ = tensorboard_wanted_ || all || tracker == "tensorboard";
+    csv_wanted_ = csv_wanted_ || all || tracker == "csv";
+    mlflow_wanted_ = mlflow_wanted_ || tracker == "mlflow" ||
+                     (all && !mlflow_options_from_environment(settings_.mlflow).tracking_uri.empty());
+  }
+  // On every rank, before any work: a run asking for MLflow without a
+  // server it can reach stops here, not later on the main process alone.
+  if (mlflow_wanted_) {
+    const std::string uri = mlflow_options_from_environment(settings_.mlflow).tracking_uri;
+    TANDEM_CHECK_ARG(!uri.empty(),
+                     "Accelerator: log_with \"mlflow\" needs a tracking server: set "
+                     "MLFLOW_TRACKING_URI=http://HOST:PORT (or AcceleratorOptions::mlflow."
+                     "tracking_uri) to a running `mlflow server`, or leave \"mlflow\" out");
+    (void)HttpUrl::parse(uri, "MLFLOW_TRACKING_URI");
   }
 }
 
@@ -94,10 +137,25 @@ void Trackers::init(const std::string& path, const std::map<std::string, HParamV
     if (!config.empty()) tensorboard_->add_hparams(config);
   }
   if (csv_wanted_) csv_ = std::make_unique<CsvWriter>(dir);
+  mlflow_.reset();
+  if (mlflow_wanted_) {
+    // Accelerate names the experiment after init_trackers' project_name;
+    // here that is the log file's stem ("runs/gpt.jsonl": gpt).
+    MlflowOptions options = settings_.mlflow;
+    if (options.experiment_name.empty() && std::getenv("MLFLOW_EXPERIMENT_ID") == nullptr) {
+      const std::string file = path.substr(path.rfind('/') + 1);
+      options.experiment_name = file.substr(0, file.find('.'));
+    }
+    mlflow_ = std::make_unique<MlflowWriter>(std::move(options));
+    std::map<std::string, std::string> params;
+    for (const auto& [key, value] : config) params.emplace(key, param_text(value));
+    if (!params.empty()) mlflow_->log_params(params);
+  }
 }
 
 void Trackers::log(const std::map<std::string, double>& values, int64_t step) {
   metrics_.log(values, step);
+  if (mlflow_) mlflow_->log_metrics(values, step);
   for (const auto& [tag, value] : values) {
     if (tensorboard_) tensorboard_->add_scalar(tag, value, step);
     if (csv_) csv_->add_scalar(tag, value, step);
@@ -118,6 +176,14 @@ ProgressBar Trackers::progress_bar(int64_t total, std::string description) const
 
 void Trackers::close() {
   metrics_.close();
+  if (mlflow_) {
+    try {
+      mlflow_->finish();
+    } catch (const UsageError& e) {
+      log_warn("{} (the JSON lines file has every metric)", e.what());
+    }
+    mlflow_.reset();
+  }
   tensorboard_.reset();
   csv_.reset();
   monitor_tensorboard_.reset();

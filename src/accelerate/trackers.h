@@ -1,7 +1,7 @@
 #pragma once
 // Trackers: where an Accelerator's metrics and step times go. It owns the
-// JSON-lines logger, the TensorBoard writer (AcceleratorOptions::log_with)
-// and the wall-clock timer (wall_clock_breakdown / steps_per_print), whose
+// JSON-lines logger, the TensorBoard, CSV and MLflow writers
+// (AcceleratorOptions::log_with) and the wall-clock timer (wall_clock_breakdown / steps_per_print), whose
 // window reports it logs. Behind Accelerator::init_trackers, log,
 // wall_clock, progress_bar and end_training.
 //
@@ -17,6 +17,7 @@
 #include "accelerate/wall_clock_timer.h"
 #include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/metrics_logger.h"
+#include "tandem/accelerate/mlflow_writer.h"
 #include "tandem/accelerate/progress_bar.h"
 #include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/wall_clock.h"
@@ -29,6 +30,7 @@ class Trackers {
   struct Settings {
     std::vector<std::string> log_with;  // AcceleratorOptions::log_with
     std::string project_dir;            // TensorBoard's directory (empty: the log's)
+    MlflowOptions mlflow;               // AcceleratorOptions::mlflow
     bool main_process = false;          // writes the trackers
     bool local_main_process = false;    // draws progress bars
   };
@@ -54,16 +56,19 @@ class Trackers {
   const std::shared_ptr<WallClockTimer>& timer() const { return timer_; }
 
   // Accelerator::init_trackers: JSON lines in `path`, TensorBoard events
-  // beside it (or in the project dir) with the hyperparameters `config`.
+  // beside it (or in the project dir) with the hyperparameters `config`,
+  // and an MLflow run (experiment: the options', else `path`'s stem).
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
   void log(const std::map<std::string, double>& values, int64_t step);
   // Accelerate's get_tracker: "tensorboard" (null before init_trackers or
-  // off), "csv"; UsageError for another name.
+  // off), "csv", "mlflow"; UsageError for another name.
   TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
   CsvWriter* csv() const { return csv_.get(); }
+  MlflowWriter* mlflow() const { return mlflow_.get(); }
   WallClockBreakdown wall_clock() const;
   ProgressBar progress_bar(int64_t total, std::string description) const;
-  // Flushes and closes the trackers.
+  // Flushes and closes the trackers (an MLflow run ends FINISHED; when its
+  // server cannot take the last metrics, a warning says so).
   void close();
 
  private:
@@ -74,9 +79,11 @@ class Trackers {
 
   bool tensorboard_wanted_ = false;
   bool csv_wanted_ = false;
+  bool mlflow_wanted_ = false;
   MetricsLogger metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<CsvWriter> csv_;
+  std::unique_ptr<MlflowWriter> mlflow_;
   // The DeepSpeed monitors' own writers (output_path/job_name).
   bool monitors_on_ = false;
   bool fp16_ = false;

@@ -42,6 +42,7 @@
 #include "tandem/accelerate/gradient_state.h"
 #include "tandem/accelerate/metrics_logger.h"
 #include "tandem/accelerate/csv_writer.h"
+#include "tandem/accelerate/mlflow_writer.h"
 #include "tandem/accelerate/tensorboard_writer.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/accelerate/prepared_streaming.h"
@@ -347,13 +348,14 @@ class Accelerator {
   void set_seed(uint64_t seed, bool device_specific = false);
   // A progress bar drawn on the local main process only (stderr).
   ProgressBar progress_bar(int64_t total, std::string description = "") const;
-  // Metrics as JSON lines in `path` (TensorBoard with log_with).
+  // Metrics as JSON lines in `path` (TensorBoard, CSV, MLflow with
+  // log_with; MLflow's experiment is `path`'s stem unless named).
   void init_trackers(const std::string& path,
                      const std::map<std::string, HParamValue>& config = {});
   void log(const std::map<std::string, double>& values, int64_t step);
   // Accelerate's get_tracker(name, unwrap=True): init_trackers()'s writer,
-  // TensorBoardWriter for "tensorboard" or CsvWriter for "csv", for what log()
-  // does not write (text, hparams). Null off the main process; UsageError on
+  // TensorBoardWriter for "tensorboard", CsvWriter for "csv" or MlflowWriter
+  // for "mlflow", for what log() does not write (text, hparams, tags). Null off the main process; UsageError on
   // it for a tracker log_with did not ask for or before init_trackers().
   template <typename Writer>
   Writer* get_tracker(const std::string& name) const;

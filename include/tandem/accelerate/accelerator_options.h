@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tandem/accelerate/mlflow_writer.h"
 #include "tandem/amp/loss_scaler.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/config/config.h"
@@ -66,10 +67,17 @@ struct AcceleratorOptions {
   // want overflow protection, and for tests of the scaling path on a CPU.
   std::optional<LossScaleConfig> loss_scaling;
   ProcessGroupOptions process_group;
-  // Trackers, as Accelerate's log_with: "tensorboard" (or "all") adds
-  // TensorBoard event files to the JSON lines init_trackers() always writes.
-  // Other names (wandb, mlflow, ...) are refused with a UsageError.
+  // Trackers, as Accelerate's log_with, beside the JSON lines
+  // init_trackers() always writes: "tensorboard" (event files), "csv"
+  // (DeepSpeed's csv_monitor layout), "mlflow" (a run on an MLflow tracking
+  // server: `mlflow` below and the MLFLOW_* variables), "all" (each of
+  // them; MLflow only when a tracking URI is set). Other names (wandb,
+  // comet, ...) are refused with a UsageError.
   std::vector<std::string> log_with;
+  // Accelerate's init_kwargs={"mlflow": {...}}: the server, experiment, run
+  // name, tags, description or a run to resume (tandem/accelerate/
+  // mlflow_writer.h). An empty experiment_name: init_trackers()'s file stem.
+  MlflowOptions mlflow;
   // Accelerate's ProjectConfiguration. project_dir: where TensorBoard and
   // CSV files go (empty: the folder of init_trackers()'s JSON-lines file),
   // and with automatic_checkpoint_naming where save_state() and
