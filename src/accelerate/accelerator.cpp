@@ -37,7 +37,8 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
       project_dir(options.project_dir),
       automatic_checkpoint_naming(options.automatic_checkpoint_naming),
       total_limit(options.total_limit),
-      iteration(options.iteration) {
+      iteration(options.iteration),
+      save_on_each_node(options.save_on_each_node) {
   TANDEM_CHECK_ARG(options.total_limit >= 0 && options.iteration >= 0,
                    "AcceleratorOptions: total_limit ({}) and iteration ({}) must be >= 0",
                    options.total_limit, options.iteration);
@@ -101,7 +102,8 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   data = std::make_unique<detail::DataPreparation>(
       group, device, prepared, [this](int64_t micro_batch) { resolve(micro_batch); },
       detail::DataPreparation::Sharding{split_batches, dispatch_batches.value_or(false)});
-  checkpointer = std::make_unique<detail::Checkpointer>(group, config, scaler, prepared, *data);
+  checkpointer = std::make_unique<detail::Checkpointer>(group, config, scaler, prepared, *data,
+                                                        save_on_each_node);
   if (config.preemption.enabled) {
     preemption = std::make_unique<detail::Preemption>(config.preemption, group);
     prepared.controller()->set_boundary_hook([this] { preemption_boundary(); });

@@ -74,6 +74,7 @@ struct Accelerator::Impl {
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
   int64_t iteration = 0;
+  bool save_on_each_node = false;  // AcceleratorOptions::save_on_each_node
   // project_dir/checkpoints; UsageError naming `caller` unless
   // automatic_checkpoint_naming and a project_dir were given.
   std::string automatic_checkpoint_dir(const char* caller) const;

@@ -182,14 +182,14 @@ nlohmann::json Checkpointer::state_meta(const SaveStateOptions& options) const {
   return meta;
 }
 
-NamedTensors Checkpointer::state_tensors() const {
+NamedTensors Checkpointer::state_tensors(bool writes_whole) const {
   NamedTensors out;
-  const bool rank0 = main_process();
   for (const auto& model : prepared_.models()) {
-    // Partitioned parameters: every rank its fragments; the rest: rank 0.
+    // Partitioned parameters: every rank its fragments; the rest: rank 0
+    // (and each host's local main with save_on_each_node).
     const PartitionedParameters* shards = model.strategy->partitioned();
-    if (shards != nullptr) shards->append_shard_tensors(model.prefix, out);
-    if (!rank0) continue;
+    if (shards != nullptr) shards->append_shard_tensors(model.prefix, out, save_on_each_node_);
+    if (!writes_whole) continue;
     std::unordered_map<std::string, bool> partitioned;
     if (shards != nullptr) {
       for (const auto& name : shards->partitioned_names()) partitioned[model.prefix + name] = true;
@@ -201,7 +201,7 @@ NamedTensors Checkpointer::state_tensors() const {
       out.emplace_back("buffer/" + name, b);
     }
   }
-  if (rank0) {
+  if (writes_whole) {
     const TensorNames names = tensor_names();
     for (const auto& prepared : prepared_.optimizers()) {
       PreparedAccess::core(*prepared).update().append_state_tensors(*prepared, names, out);
@@ -263,7 +263,7 @@ void Checkpointer::restore_models(const CheckpointReader& checkpoint, bool optim
       checkpoint.read_range_into(kModelSection, name, 0, p.detach());
     }
     for (const auto& [name, b] : buffers_by_name(*model.module, model.prefix)) {
-      std::optional<at::Tensor> saved = checkpoint.read_rank_tensor(0, "buffer/" + name);
+      std::optional<at::Tensor> saved = checkpoint.read_main_tensor("buffer/" + name);
       TANDEM_CHECK_ARG(saved.has_value(), "load_state: checkpoint '{}' has no buffer '{}'",
                        checkpoint.path(), name);
       b.detach().copy_(saved->view(b.sizes()));

@@ -10,6 +10,7 @@
 
 #include "accelerate/checkpointer.h"
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -52,12 +53,13 @@ std::shared_ptr<Checkpointable> function_checkpointable(
 
 Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, const Config& config,
                            std::shared_ptr<LossScaler> scaler, PreparedObjects& prepared,
-                           const DataPreparation& data)
+                           const DataPreparation& data, bool save_on_each_node)
     : group_(std::move(group)),
       config_(config),
       scaler_(std::move(scaler)),
       prepared_(prepared),
-      data_(data) {}
+      data_(data),
+      save_on_each_node_(save_on_each_node) {}
 
 bool Checkpointer::main_process() const { return group_->rank() == 0; }
 
@@ -72,14 +74,26 @@ void Checkpointer::save_state(const std::string& dir, const SaveStateOptions& op
   const int64_t step = prepared_.controller()->state().optimizer_steps;
   const std::string tag = options.tag.empty() ? "global_step" + std::to_string(step) : options.tag;
   nlohmann::json meta = main_process() ? state_meta(options) : nlohmann::json::object();
-  NamedTensors custom;  // rank 0's custom objects' tensors
-  if (main_process()) meta["custom_checkpoints"] = custom_state_meta(&custom);
+  // Rank 0 writes what is not partitioned; with save_on_each_node so does
+  // every host's local main (its lowest rank), for its host's folder.
+  bool writes_whole = main_process();
+  if (save_on_each_node_) {
+    const std::vector<std::string> hosts = group_->all_gather_strings(group_->host_id());
+    writes_whole = std::find(hosts.begin(), hosts.end(), hosts[group_->rank()]) -
+                       hosts.begin() == group_->rank();
+  }
+  NamedTensors custom;  // the custom objects' tensors
+  if (writes_whole) {
+    nlohmann::json custom_meta = custom_state_meta(&custom);
+    if (main_process()) meta["custom_checkpoints"] = std::move(custom_meta);
+  }
   CheckpointCommitOptions commit;
   commit.total_limit = options.total_limit;
+  commit.save_on_each_node = save_on_each_node_;
   commit_checkpoint(
       *group_, dir, tag,
-      [this, &custom] {
-        NamedTensors out = state_tensors();
+      [this, &custom, writes_whole] {
+        NamedTensors out = state_tensors(writes_whole);
         out.insert(out.end(), custom.begin(), custom.end());
         return out;
       },
@@ -171,7 +185,7 @@ void Checkpointer::restore_custom_states(const CheckpointReader& checkpoint) {
     for (const auto& t : entry.at("tensors")) {
       const std::string name = t.at("name").get<std::string>();
       std::optional<at::Tensor> tensor =
-          checkpoint.read_rank_tensor(0, checkpointer_detail::custom_key(i, name));
+          checkpoint.read_main_tensor(checkpointer_detail::custom_key(i, name));
       if (!tensor) {
         TANDEM_THROW(CheckpointError,
                      "load_state: checkpoint '{}' lists tensor '{}' of custom_checkpoint_{} but "

@@ -60,9 +60,11 @@ std::shared_ptr<Checkpointable> function_checkpointable(
 class Checkpointer {
  public:
   // `config` is the Accelerator's resolved config, read at each call.
+  // `save_on_each_node`: Accelerate's ProjectConfiguration flag
+  // (CheckpointCommitOptions::save_on_each_node).
   Checkpointer(std::shared_ptr<ProcessGroup> group, const Config& config,
                std::shared_ptr<LossScaler> scaler, PreparedObjects& prepared,
-               const DataPreparation& data);
+               const DataPreparation& data, bool save_on_each_node);
 
   // True when DIR holds a committed checkpoint that load_state would load.
   static bool has_checkpoint(const std::string& dir);
@@ -93,7 +95,9 @@ class Checkpointer {
   // name, keyed by TensorImpl.
   TensorNames tensor_names() const;
   nlohmann::json state_meta(const SaveStateOptions& options) const;
-  NamedTensors state_tensors() const;
+  // `writes_whole`: this rank writes the tensors that are not partitioned
+  // (rank 0, and each host's local main with save_on_each_node).
+  NamedTensors state_tensors(bool writes_whole) const;
   // Weights (and, under ZeRO, with `optimizer_states` the optimizer's
   // shards too: they live beside the weights).
   void restore_models(const CheckpointReader& checkpoint, bool optimizer_states);
@@ -105,6 +109,7 @@ class Checkpointer {
   std::shared_ptr<LossScaler> scaler_;
   PreparedObjects& prepared_;
   const DataPreparation& data_;
+  bool save_on_each_node_ = false;
   // register_for_checkpointing() objects, in order, and the pre-hooks.
   std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
   std::shared_ptr<StateHooks> hooks_ = std::make_shared<StateHooks>();

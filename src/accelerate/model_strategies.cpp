@@ -234,8 +234,9 @@ class ShardedModel : public ModelStrategy, public PartitionedParameters {
     if (zero_ != nullptr) zero_->for_each_whole_parameter(fn);
   }
 
-  void append_shard_tensors(const std::string& prefix, NamedTensors& out) const override {
-    if (zero_ == nullptr || !writes_shards()) return;
+  void append_shard_tensors(const std::string& prefix, NamedTensors& out,
+                            bool every_replica) const override {
+    if (zero_ == nullptr || !(every_replica || writes_shards())) return;
     const std::vector<std::string> states = zero_->state_names();
     for (const auto& f : zero_->shard_fragments()) {
       const std::string name = prefix + f.name;

@@ -67,8 +67,11 @@ class PartitionedParameters {
       const std::function<void(const std::string&, const at::Tensor&)>& fn) = 0;
 
   // save_state: this rank's fragments of the partitioned parameters, with
-  // their fp32 masters and optimizer state, under `prefix`.
-  virtual void append_shard_tensors(const std::string& prefix, NamedTensors& out) const = 0;
+  // their fp32 masters and optimizer state, under `prefix`. HSDP's replica
+  // groups hold equal shards: only the first writes them, unless
+  // `every_replica` (save_on_each_node: each host keeps its own).
+  virtual void append_shard_tensors(const std::string& prefix, NamedTensors& out,
+                                    bool every_replica) const = 0;
   // load_state: restores what append_shard_tensors() saved (possibly at
   // another world size); with `optimizer_states` false only the weights,
   // keeping the optimizer's moments and step count. `step` is the saved

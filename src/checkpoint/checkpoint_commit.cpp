@@ -1,13 +1,17 @@
 // The collective commit of a checkpoint (see tandem/checkpoint/checkpoint.h).
 // Three rounds, each ended by an all-gather of every rank's error text so
 // that all ranks take the same branch: prepare the temporary directory (rank
-// 0), write the rank files (all), commit (rank 0). A process killed at any
+// 0), write the rank files (all), commit (rank 0). With save_on_each_node
+// each folder's committer (a host's local main) prepares and commits its
+// folder, with rank 0's meta.json. A process killed at any
 // point leaves the committed tags and `latest` as they were: until the
 // final renames nothing outside DIR/.tmp-<tag> changes, and each rename is
 // atomic.
 
 #include <dirent.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -89,6 +93,71 @@ void prune(const std::string& dir, const std::string& keep_tag, int total_limit)
   detail::fsync_directory(dir);
 }
 
+// save_on_each_node: every host's local main (its lowest rank) clears the
+// old temporaries of its folder and, after everyone did, creates DIR/.tmp-<tag>
+// and leaves a marker named after its rank in it. The markers a local main
+// sees are those of the hosts sharing its folder: the lowest of them commits
+// the folder. Returns whether this rank commits one; CheckpointError on
+// every rank when a folder cannot be prepared.
+bool find_folder_committers(ProcessGroup& pg, const std::string& dir, const std::string& tmp) {
+  const int rank = pg.rank();
+  const std::vector<std::string> hosts = pg.all_gather_strings(pg.host_id());
+  bool local_main = true;
+  for (int r = 0; r < rank; ++r) local_main = local_main && hosts[r] != hosts[rank];
+  const std::string marker = ".host-of-rank-";
+  auto run_step = [&](const char* what, const std::function<void()>& step) {
+    std::string error;
+    if (local_main) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    const std::vector<std::string> errors = pg.all_gather_strings(error);
+    const std::string failed = failures(errors);
+    if (!failed.empty()) {
+      if (local_main) detail::remove_tree_quietly(tmp);
+      TANDEM_THROW(CheckpointError, "save_state('{}') could not {} (save_on_each_node):{}", dir,
+                   what, failed);
+    }
+  };
+  run_step("clear its old temporaries", [&] {
+    detail::make_directories(dir);
+    remove_stale_temporaries(dir);
+  });
+  run_step("prepare its folder", [&] {
+    detail::make_directories(tmp);
+    detail::write_file_synced(tmp + "/" + marker + std::to_string(rank), hosts[rank] + "\n");
+  });
+  bool committer = false;
+  run_step("find the hosts sharing its folder", [&] {
+    int lowest = rank;
+    DIR* d = ::opendir(tmp.c_str());
+    TANDEM_CHECK(d != nullptr, "cannot list '{}'", tmp);
+    while (dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name.rfind(marker, 0) == 0) lowest = std::min(lowest, std::stoi(name.substr(marker.size())));
+    }
+    ::closedir(d);
+    committer = lowest == rank;
+  });
+  // Every marker read before any is removed: the committers remove them.
+  run_step("clear its markers", [&] {
+    if (!committer) return;
+    DIR* d = ::opendir(tmp.c_str());
+    TANDEM_CHECK(d != nullptr, "cannot list '{}'", tmp);
+    std::vector<std::string> markers;
+    while (dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name.rfind(marker, 0) == 0) markers.push_back(tmp + "/" + name);
+    }
+    ::closedir(d);
+    for (const auto& path : markers) detail::remove_tree_quietly(path);
+  });
+  return committer;
+}
+
 }  // namespace
 
 void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::string& tag,
@@ -107,8 +176,12 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
   const std::string tmp = detail::temporary_tag_dir(dir, tag);
   const std::string final_dir = dir + "/" + tag;
 
+  // Who prepares and commits the folder: rank 0, or with save_on_each_node
+  // the lowest rank of each group of hosts that see the same folder.
+  const bool committer = options.save_on_each_node ? find_folder_committers(pg, dir, tmp)
+                                                   : rank == 0;
   std::string error;
-  if (rank == 0) {
+  if (rank == 0 && !options.save_on_each_node) {
     try {
       detail::make_directories(dir);
       remove_stale_temporaries(dir);
@@ -142,13 +215,15 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
   if (!failed.empty()) {
     detail::remove_tree_quietly(file);
     pg.barrier();
-    if (rank == 0) detail::remove_tree_quietly(tmp);
+    if (committer) detail::remove_tree_quietly(tmp);
     TANDEM_THROW(CheckpointError,
                  "save_state('{}', tag '{}') failed; nothing was committed and '{}' still "
                  "holds the previous checkpoints:{}",
                  dir, tag, dir, failed);
   }
 
+  // Rank 0's meta.json, for every other folder's committer too.
+  std::string sealed;
   if (rank == 0) {
     try {
       nlohmann::json files = nlohmann::json::array();
@@ -163,20 +238,33 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
       meta["tag"] = tag;
       meta["world_size"] = pg.world_size();
       meta["files"] = files;
-      detail::write_file_synced(tmp + "/meta.json", detail::seal_meta(meta));
+      if (options.save_on_each_node) meta["save_on_each_node"] = true;
+      sealed = detail::seal_meta(meta);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (options.save_on_each_node) {
+    sealed = pg.all_gather_strings(committer ? sealed : "")[0];
+  }
+  if (committer && error.empty()) {
+    try {
+      TANDEM_CHECK(!sealed.empty(), "rank 0 built no meta.json");
+      detail::write_file_synced(tmp + "/meta.json", sealed);
       detail::fsync_directory(tmp);
       install(dir, tmp, final_dir);
       if (options.update_latest) point_latest(dir, tag);
       prune(dir, tag, options.total_limit);
     } catch (const std::exception& e) {
       error = e.what();
-      if (detail::path_exists(tmp)) detail::remove_tree_quietly(tmp);
     }
   }
+  if (committer && !error.empty() && detail::path_exists(tmp)) detail::remove_tree_quietly(tmp);
   errors = agree(pg, error);
-  if (!errors[0].empty()) {
+  const std::string commit_failures = failures(errors);
+  if (!commit_failures.empty()) {
     TANDEM_THROW(CheckpointError, "save_state('{}', tag '{}') failed to commit:{}", dir, tag,
-                 failures(errors));
+                 commit_failures);
   }
 }
 

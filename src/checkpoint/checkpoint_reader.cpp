@@ -26,10 +26,16 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
   path_ = dir + "/" + tag_;
   meta_ = read_checkpoint_meta(path_);
   const auto& files = meta_.at("files");
+  const bool each_node = meta_.value("save_on_each_node", false);
   for (std::size_t i = 0; i < files.size(); ++i) {
     const std::string name = files[i].at("name").get<std::string>();
     const std::string file_path = path_ + "/" + name;
     if (!detail::path_exists(file_path)) {
+      if (each_node) {  // another host's
+        files_.push_back(nullptr);
+        absent_.push_back(name);
+        continue;
+      }
       TANDEM_THROW(CheckpointError, "'{}' is missing: checkpoint '{}' is incomplete", file_path,
                    path_);
     }
@@ -81,7 +87,8 @@ at::Tensor CheckpointReader::read_range(const std::string& section, const std::s
   const std::string key = section + "/" + name;
   const auto it = fragments_.find(key);
   if (it == fragments_.end()) {
-    TANDEM_THROW(CheckpointError, "checkpoint '{}' has no '{}'", path_, key);
+    TANDEM_THROW(CheckpointError, "checkpoint '{}' has no '{}'{}", path_, key,
+                 absent_.empty() ? "" : ": " + missing_data_reason());
   }
   const auto& list = it->second;
   const auto& first = *files_[list.front().file]->find(list.front().key);
@@ -110,8 +117,8 @@ at::Tensor CheckpointReader::read_range(const std::string& section, const std::s
   if (covered < end) {
     TANDEM_THROW(CheckpointError,
                  "checkpoint '{}': the fragments of '{}' do not cover elements [{}, {}) "
-                 "(covered up to {}): a rank file is missing data",
-                 path_, key, begin, end, covered);
+                 "(covered up to {}): {}",
+                 path_, key, begin, end, covered, missing_data_reason());
   }
   return out;
 }
@@ -139,9 +146,31 @@ at::Tensor CheckpointReader::read_whole(const std::string& section, const std::s
 
 std::optional<at::Tensor> CheckpointReader::read_rank_tensor(int rank,
                                                              const std::string& key) const {
-  if (rank < 0 || rank >= static_cast<int>(files_.size())) return std::nullopt;
+  if (rank < 0 || rank >= static_cast<int>(files_.size()) || !files_[rank]) return std::nullopt;
   if (files_[rank]->find(key) == nullptr) return std::nullopt;
   return files_[rank]->read(key);
+}
+
+std::optional<at::Tensor> CheckpointReader::read_main_tensor(const std::string& key) const {
+  if (!files_.empty() && files_[0]) return read_rank_tensor(0, key);
+  for (const auto& file : files_) {
+    if (file && file->find(key) != nullptr) return file->read(key);
+  }
+  return std::nullopt;
+}
+
+std::string CheckpointReader::missing_data_reason() const {
+  if (absent_.empty()) return "a rank file is missing data";
+  std::string names;
+  for (std::size_t i = 0; i < absent_.size() && i < 8; ++i) {
+    names += (i ? ", " : "") + absent_[i];
+  }
+  if (absent_.size() > 8) names += fmt::format(", ... ({} in all)", absent_.size());
+  return fmt::format(
+      "it was saved with save_on_each_node, and this host's copy lacks {} (they are on the "
+      "other hosts). Load it on the hosts that saved it, at the same world size and layout, or "
+      "first copy every host's '{}' into one folder",
+      names, path_);
 }
 
 }  // namespace tandem

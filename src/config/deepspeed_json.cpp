@@ -28,7 +28,8 @@ std::vector<KeyNote> warned_top_level_keys() {
   add({"autotuning"}, "is DeepSpeed's autotuner, which tandem does not have: the file's "
                       "settings are used as written; ignored");
   add({"checkpoint"}, "configures DeepSpeed's checkpoint engine: tandem writes its own "
-                      "checkpoints (docs/checkpoints.md); ignored");
+                      "checkpoints (docs/checkpoints.md; for use_node_local_storage set "
+                      "AcceleratorOptions::save_on_each_node); ignored");
   add({"communication_data_type", "seq_parallel_communication_data_type"},
       "is not implemented: tandem reduces gradients in their own dtype, or as the DDP "
       "comm_hook says; ignored");

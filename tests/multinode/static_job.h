@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,10 +21,13 @@ namespace tandem::testing {
 // `launch_args` before it, `env` added to each launcher's environment with a
 // shared store token), waits up to `timeout_s` per host, expects every host
 // to exit 0, and returns every host's stdout and stderr, host by host.
-inline std::string run_static_job(TestCluster& cluster, int nproc, const std::string& port,
-                                  const std::vector<std::string>& launch_args,
-                                  const std::vector<std::string>& program,
-                                  std::vector<std::string> env, int timeout_s) {
+// `host_prefix(node)`, when given, is argv put before that host's
+// `tandem launch` (inside its namespace), such as a shell that mounts first.
+inline std::string run_static_job(
+    TestCluster& cluster, int nproc, const std::string& port,
+    const std::vector<std::string>& launch_args, const std::vector<std::string>& program,
+    std::vector<std::string> env, int timeout_s,
+    const std::function<std::vector<std::string>(int)>& host_prefix = nullptr) {
   env.push_back("TANDEM_STORE_TOKEN=" + std::string(64, 's'));
   const int nnodes = cluster.size();
   std::vector<std::unique_ptr<BackgroundProcess>> nodes;
@@ -36,6 +40,10 @@ inline std::string run_static_job(TestCluster& cluster, int nproc, const std::st
                                      "--master-port", port};
     argv.insert(argv.end(), launch_args.begin(), launch_args.end());
     argv.insert(argv.end(), program.begin(), program.end());
+    if (host_prefix) {
+      const std::vector<std::string> prefix = host_prefix(node);
+      argv.insert(argv.begin(), prefix.begin(), prefix.end());
+    }
     nodes.push_back(std::make_unique<BackgroundProcess>(cluster.on(node, argv), env));
   }
   std::string all;

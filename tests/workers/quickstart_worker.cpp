@@ -18,7 +18,8 @@
 // that a test can take a host away at a known point. With
 // TANDEM_TEST_HANG_ON_RANKS=N:K (any restart) it does the same when it runs
 // on N ranks, so that a test can bring a host back while the job runs
-// without it.
+// without it. TANDEM_TEST_SAVE_ON_EACH_NODE=1 sets
+// AcceleratorOptions::save_on_each_node.
 
 #include <unistd.h>
 
@@ -66,7 +67,10 @@ int main(int argc, char** argv) {
   const char* hang_after = std::getenv("TANDEM_TEST_HANG_AFTER_STEP");
   const char* restart = std::getenv("TANDEM_RESTART_COUNT");
   const bool first_attempt = restart == nullptr || std::atoi(restart) == 0;
-  tandem::Accelerator accelerator;
+  tandem::AcceleratorOptions accelerator_options;
+  const char* each_node = std::getenv("TANDEM_TEST_SAVE_ON_EACH_NODE");
+  accelerator_options.save_on_each_node = each_node != nullptr && std::string(each_node) == "1";
+  tandem::Accelerator accelerator(accelerator_options);
   const int world = accelerator.num_processes();
   int64_t hang_at = first_attempt && hang_after != nullptr ? std::atoll(hang_after) : -1;
   if (const char* on_ranks = std::getenv("TANDEM_TEST_HANG_ON_RANKS")) {

@@ -93,7 +93,7 @@ class MergeSource {
       return checkpoint_.read_whole(from_master ? "master" : "model", spec.name, spec.shape)
           .to(spec.dtype);
     }
-    std::optional<at::Tensor> value = checkpoint_.read_rank_tensor(0, "buffer/" + spec.name);
+    std::optional<at::Tensor> value = checkpoint_.read_main_tensor("buffer/" + spec.name);
     if (!value) {
       TANDEM_THROW(CheckpointError, "checkpoint '{}' lists buffer '{}' but rank 0's file lacks it",
                    checkpoint_.path(), spec.name);

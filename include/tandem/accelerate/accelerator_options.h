@@ -90,6 +90,16 @@ struct AcceleratorOptions {
   bool automatic_checkpoint_naming = false;
   int total_limit = 0;
   int64_t iteration = 0;
+  // ProjectConfiguration's save_on_each_node, for nodes without a shared
+  // file system: save_state() writes the checkpoint folder on every host
+  // (each host's own copy of the directory, committed by its lowest rank,
+  // with the tensors rank 0 alone would write and its ranks' files), and
+  // load_state() on each host reads its own copy. Such a checkpoint loads
+  // on the same hosts at the same world size and layout; to reshard it,
+  // copy every host's folder into one first. Hosts that do share the
+  // folder are found at each save and commit it once
+  // (docs/checkpoints.md, "Without a shared file system").
+  bool save_on_each_node = false;
   // The model's hidden (embedding) width, what Accelerate reads from
   // model.config.hidden_size (or the largest of model.config.hidden_sizes).
   // A C++ module has no config, so give it here: prepare_model() then fills

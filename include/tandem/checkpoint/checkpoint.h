@@ -60,6 +60,15 @@ struct CheckpointCommitOptions {
   int total_limit = 0;
   // Point `latest` at the new tag.
   bool update_latest = true;
+  // Accelerate's save_on_each_node, for hosts without a shared file system:
+  // `dir` is each host's own folder. Every host's local main (its lowest
+  // rank) prepares and commits the tag there, with rank 0's meta.json
+  // listing every rank's file, and the ranks of the host write their files
+  // into it. Hosts that see the same folder (found by marker files at each
+  // save) commit it once, by their lowest rank. meta.json says
+  // "save_on_each_node": true, so that a reader accepts the other hosts'
+  // files being absent.
+  bool save_on_each_node = false;
 };
 
 // This rank's tensors for its checkpoint file, in file order.
@@ -117,8 +126,18 @@ class CheckpointReader {
   // A tensor stored whole under `key` in `rank`'s file (buffers, RNG
   // states); nullopt when that file has no such key.
   std::optional<at::Tensor> read_rank_tensor(int rank, const std::string& key) const;
+  // A tensor rank 0 stores whole (buffers, custom objects): from rank 0's
+  // file, or, on a host of a save_on_each_node checkpoint without it, from
+  // the file of the rank that wrote its copy there (the host's local main).
+  std::optional<at::Tensor> read_main_tensor(const std::string& key) const;
+  // Rank files meta.json lists that are not in this folder (only a
+  // save_on_each_node checkpoint may lack some: they are on other hosts).
+  const std::vector<std::string>& absent_files() const { return absent_; }
 
  private:
+  // Why a tensor's fragments are not all here, for an error message.
+  std::string missing_data_reason() const;
+
   struct Fragment {
     std::size_t file = 0;
     std::string key;
@@ -128,7 +147,8 @@ class CheckpointReader {
   std::string tag_;
   std::string path_;
   nlohmann::json meta_;
-  std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::vector<std::unique_ptr<SafetensorsReader>> files_;  // null: absent
+  std::vector<std::string> absent_;
   std::map<std::string, std::vector<Fragment>> fragments_;  // "<section>/<name>" -> fragments
 };
 
