@@ -26,6 +26,7 @@
 
 #include "core/http_client.h"
 #include "support/reserved_port.h"
+#include "support/scoped_env.h"
 #include "support/scratch_dir.h"
 #include "support/subprocess.h"
 #include "support/thread_ranks.h"
@@ -41,8 +42,8 @@ using testing::ReservedPort;
 using testing::run_ranks;
 using testing::ScratchDir;
 
-// Sets (or, with nullptr, unsets) variables for one test, then restores them.
-class MlflowEnv {
+// The MLFLOW_* variables unset for one test (and restored after it).
+class MlflowEnv : public testing::ScopedEnv {
  public:
   MlflowEnv() {
     for (const char* name : {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
@@ -51,20 +52,6 @@ class MlflowEnv {
       set(name, nullptr);
     }
   }
-  void set(const char* name, const char* value) {
-    const char* old = std::getenv(name);
-    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~MlflowEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      it->second ? ::setenv(it->first.c_str(), it->second->c_str(), 1)
-                 : ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
 struct Request {
@@ -433,15 +420,9 @@ TEST(MlflowWriter, HttpHelpersEncodeAsTheRfcsSay) {
 // tests/accelerate/mlflow_reference.py `args` under the peer Python: its
 // exit code, and its stdout and stderr in `output`.
 int run_mlflow_reference(const std::string& args, std::string& output) {
-  const std::string command = std::string(TANDEM_PEER_PYTHON) + " " + TANDEM_SOURCE_DIR +
-                              "/tests/accelerate/mlflow_reference.py " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return testing::run_shell_capture(std::string(TANDEM_PEER_PYTHON) + " " + TANDEM_SOURCE_DIR +
+                                        "/tests/accelerate/mlflow_reference.py " + args + " 2>&1",
+                                    output);
 }
 
 bool peer_has_mlflow() {

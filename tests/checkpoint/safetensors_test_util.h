@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "support/scratch_dir.h"
+#include "support/subprocess.h"
 
 namespace tandem::testing {
 
@@ -93,14 +94,8 @@ inline int run_peer_script(const std::string& script_name, const std::string& ar
                            std::string& output) {
   const std::string here = __FILE__;
   const std::string script = here.substr(0, here.rfind('/')) + "/" + script_name;
-  const std::string command = std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  std::size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run_shell_capture(std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1",
+                           output);
 }
 
 // safetensors_interop.py (an independent reader and writer of the format).

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/scoped_env.h"
 #include "support/scratch_dir.h"
 #include "support/subprocess.h"
 #include "support/thread_ranks.h"
@@ -32,6 +33,7 @@ namespace {
 
 using testing::process_alive;
 using testing::read_file;
+using testing::ScopedEnv;
 using testing::ScratchDir;
 using testing::wait_for_exit;
 using testing::wait_for_files;
@@ -39,25 +41,6 @@ using testing::wait_for_files;
 const char* const kRankVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                       "MASTER_ADDR", "MASTER_PORT", "TANDEM_ERROR_FILE",
                                       "TORCHELASTIC_USE_AGENT_STORE", "TANDEM_STORE_TOKEN"};
-
-// Sets (or, with nullptr, unsets) variables for one test, then restores them.
-class ScopedEnv {
- public:
-  void set(const char* name, const char* value) {
-    const char* old = std::getenv(name);
-    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      it->second ? ::setenv(it->first.c_str(), it->second->c_str(), 1)
-                 : ::unsetenv(it->first.c_str());
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path + ".tmp") << text;

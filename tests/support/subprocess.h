@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -169,6 +170,18 @@ class BackgroundProcess {
   bool reaped_ = false;
   std::chrono::steady_clock::time_point start_;
 };
+
+// Runs `command` through the shell, its stdout (add " 2>&1" for stderr too)
+// appended to `output`; its exit code, or -1 when it did not exit.
+inline int run_shell_capture(const std::string& command, std::string& output) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  std::size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 inline ProcessResult run_process(const std::vector<std::string>& argv, double timeout_s,
                                  const std::vector<std::string>& extra_env = {}) {
