@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,24 @@ inline int run_peer_script(const std::string& script_name, const std::string& ar
   const std::string script = here.substr(0, here.rfind('/')) + "/" + script_name;
   return run_shell_capture(std::string(TANDEM_PEER_PYTHON) + " " + script + " " + args + " 2>&1",
                            output);
+}
+
+// deepspeed_resume_reference.py's run at ZeRO `stage` on 2 ranks: a folder
+// with ds/ (DeepSpeed's checkpoint), data.safetensors and
+// continued.safetensors. Made once per test process, the first time a test
+// asks (each run starts torchrun and DeepSpeed ranks: tens of seconds on a
+// busy 2-core box), shared by the tests that only read it, removed at exit.
+// Null when the run failed, its output then in `output`.
+inline const ScratchDir* deepspeed_reference_run(int stage, std::string& output) {
+  static std::map<int, std::unique_ptr<ScratchDir>> runs;
+  const auto it = runs.find(stage);
+  if (it != runs.end()) return it->second.get();
+  auto dir = std::make_unique<ScratchDir>();
+  if (run_peer_script("deepspeed_resume_reference.py",
+                      "run '" + dir->path() + "' " + std::to_string(stage), output) != 0) {
+    return nullptr;
+  }
+  return runs.emplace(stage, std::move(dir)).first->second.get();
 }
 
 // safetensors_interop.py (an independent reader and writer of the format).

@@ -181,15 +181,14 @@ void expect_matches_python(const ResumeResult& got, const std::string& continued
 TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
   for (int stage : {1, 2, 3}) {
-    testing::ScratchDir dir;
     std::string output;
-    ASSERT_EQ(testing::run_peer_script("deepspeed_resume_reference.py",
-                                       "run '" + dir.path() + "' " + std::to_string(stage), output),
-              0)
-        << output;
+    const testing::ScratchDir* reference = testing::deepspeed_reference_run(stage, output);
+    ASSERT_NE(reference, nullptr) << output;
+    const testing::ScratchDir& ref = *reference;
+    testing::ScratchDir dir;  // what the import writes
     // The command line says what it carried over.
     const auto cli = testing::run_process(
-        {testing::bin("tandem"), "checkpoint", "import", dir / "ds", dir / "by_cli"}, 120);
+        {testing::bin("tandem"), "checkpoint", "import", ref / "ds", dir / "by_cli"}, 120);
     EXPECT_EQ(cli.exit_code, 0) << cli.err;
     EXPECT_NE(cli.out.find("imported DeepSpeed ZeRO-" + std::to_string(stage) +
                            " checkpoint"),
@@ -200,7 +199,7 @@ TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
               std::string::npos)
         << cli.out;
     EXPECT_TRUE(fs::is_regular_file(dir / "by_cli/global_step3/meta.json"));
-    const DeepSpeedImportResult r = import_deepspeed_checkpoint(dir / "ds", dir / "imported");
+    const DeepSpeedImportResult r = import_deepspeed_checkpoint(ref / "ds", dir / "imported");
     EXPECT_EQ(r.zero_stage, stage);
     EXPECT_EQ(r.world_size, 2);
     EXPECT_EQ(r.step, kSavedAt);
@@ -212,9 +211,9 @@ TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
     for (int world : {1, 2, 3}) {
       const std::string what = "ZeRO-" + std::to_string(stage) + " at world " +
                                std::to_string(world);
-      expect_matches_python(resume_imported(dir / "imported", dir / "data.safetensors", world,
+      expect_matches_python(resume_imported(dir / "imported", ref / "data.safetensors", world,
                                             world == 1 ? 0 : stage),
-                            dir / "continued.safetensors", what);
+                            ref / "continued.safetensors", what);
     }
   }
 }

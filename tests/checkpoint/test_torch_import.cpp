@@ -35,40 +35,50 @@ TEST(TorchImportInterop, TorchSaveFilesImportBitForBit) {
   testing::ScratchDir dir;
   std::string output;
   ASSERT_EQ(run_import_peer("write '" + dir.path() + "'", output), 0) << output;
+  std::string pairs;
   for (const char* name : {"state_dict", "mixed"}) {
     const std::string source = dir.file(std::string(name) + ".pt");
     const std::string out = dir.file(std::string(name) + ".safetensors");
     const TorchImportResult r = import_torch_save(source, out);
     EXPECT_GT(r.tensors, 0);
-    output.clear();
-    EXPECT_EQ(run_import_peer("check '" + source + "' '" + out + "'", output), 0) << output;
-    EXPECT_NE(output.find("ok "), std::string::npos) << output;
+    pairs += " '" + source + "' '" + out + "'";
   }
+  output.clear();
+  EXPECT_EQ(run_import_peer("check" + pairs, output), 0) << output;
+  EXPECT_NE(output.find("state_dict.pt: ok "), std::string::npos) << output;
+  EXPECT_NE(output.find("mixed.pt: ok "), std::string::npos) << output;
 }
 
-// DeepSpeed's own ZeRO-2 and ZeRO-3 checkpoint folders (2 CPU ranks, gloo):
-// every file reads, its records (LossScaler, fragment_address) as data.
-// test_deepspeed_import.cpp turns such folders into tandem checkpoints.
+// DeepSpeed's own ZeRO-2 and ZeRO-3 checkpoint folders (2 CPU ranks, gloo;
+// deepspeed_resume_reference.py's, which test_deepspeed_import.cpp turns
+// into tandem checkpoints: AdamW, a scheduler, frozen and tied parameters):
+// every file reads, its records (fragment_address, the scheduler's state)
+// as data.
 TEST(TorchImportInterop, DeepSpeedZeroFoldersReadBitForBit) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
   for (int stage : {2, 3}) {
-    testing::ScratchDir dir;
     std::string output;
-    ASSERT_EQ(run_import_peer("deepspeed '" + dir.path() + "' " + std::to_string(stage), output),
-              0)
-        << output;
-    const std::string tag = dir.file("global_step3");
+    const testing::ScratchDir* reference = testing::deepspeed_reference_run(stage, output);
+    ASSERT_NE(reference, nullptr) << output;
+    testing::ScratchDir dir;
+    const std::string tag = *reference / "ds/global_step3";
     int files = 0;
+    std::string pairs;
     for (const auto& name : fs::list_directory(tag)) {
       const std::string source = tag + "/" + name;
       const std::string out = dir.file(name + ".safetensors");
       import_torch_save(source, out);
-      output.clear();
-      EXPECT_EQ(run_import_peer("check '" + source + "' '" + out + "'", output), 0)
-          << name << ": " << output;
+      pairs += " '" + source + "' '" + out + "'";
       ++files;
     }
     EXPECT_EQ(files, stage == 2 ? 3 : 4) << "stage " << stage;
+    output.clear();
+    EXPECT_EQ(run_import_peer("check" + pairs, output), 0) << output;
+    int checked = 0;
+    for (auto at = output.find(": ok "); at != std::string::npos; at = output.find(": ok ", at + 1)) {
+      ++checked;
+    }
+    EXPECT_EQ(checked, files) << output;
   }
 }
 

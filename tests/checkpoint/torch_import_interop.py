@@ -4,10 +4,11 @@ torch in the peer Python, and the check of what tandem wrote from them.
   write DIR          state_dict.pt, mixed.pt (views, bf16, shared storage,
                      ints, numbers, strings, bytes, torch.Size, a set) and
                      hostile.pt (a pickle that would run os.system on load)
-  check SRC OUT      OUT (safetensors) holds every tensor of SRC under its
-                     dotted path, bit for bit, and its other values as JSON
-  deepspeed DIR N    trains a small model with DeepSpeed ZeRO-N on 2 CPU
-                     ranks (gloo) and saves a checkpoint folder in DIR
+  check SRC OUT [SRC OUT ...]
+                     each OUT (safetensors) holds every tensor of its SRC under
+                     its dotted path, bit for bit, and its other values as
+                     JSON (one Python for all the pairs: each start imports
+                     torch)
 """
 import json
 import os
@@ -59,6 +60,7 @@ def flatten(value, name, out):
 
 
 def check(source, output):
+    """None when OUT holds SRC; else what differs."""
     from safetensors import safe_open
     expected = {}
     # weights_only=False: the files are this script's own (DeepSpeed's
@@ -68,55 +70,27 @@ def check(source, output):
     others = {k: v for k, v in expected.items() if not torch.is_tensor(v)}
     with safe_open(output, "pt") as f:
         if set(f.keys()) != set(tensors):
-            sys.exit(f"tensor names differ: {sorted(set(f.keys()) ^ set(tensors))}")
+            return f"tensor names differ: {sorted(set(f.keys()) ^ set(tensors))}"
         for key, want in tensors.items():
             got = f.get_tensor(key)
             if got.dtype != want.dtype or not torch.equal(got, want):
-                sys.exit(f"{key}: {got} != {want}")
+                return f"{key}: {got} != {want}"
         values = json.loads(f.metadata().get("import.values", "{}"))
     for key, want in others.items():
         got = values.get(key, "<missing>")
         if isinstance(want, bytes):
             got = bytes(got["bytes"])
         if got != want:
-            sys.exit(f"{key}: {got!r} != {want!r}")
-    print(f"ok {len(tensors)} tensors {len(others)} values")
-
-
-def deepspeed_run(directory, stage):
-    """Runs this script as 2 torchrun ranks that train with DeepSpeed."""
-    import subprocess
-    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage))
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", str(29500 + stage + os.getpid() % 1000),
-                    os.path.abspath(__file__), "deepspeed-rank"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    print("ok", sorted(os.listdir(directory)))
-
-
-def deepspeed_rank():
-    import deepspeed
-    directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-              "zero_optimization": {"stage": stage}}
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config)
-    for _ in range(3):
-        x, y = torch.randn(2, 5), torch.randint(0, 3, (2,))
-        engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
-        engine.step()
-    engine.save_checkpoint(directory, client_state={"epoch": 4})
+            return f"{key}: {got!r} != {want!r}"
+    print(f"{os.path.basename(source)}: ok {len(tensors)} tensors {len(others)} values")
+    return None
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2])
-    elif sys.argv[1] == "deepspeed":
-        deepspeed_run(sys.argv[2], int(sys.argv[3]))
-    elif sys.argv[1] == "deepspeed-rank":
-        deepspeed_rank()
     else:
-        check(sys.argv[2], sys.argv[3])
+        pairs = sys.argv[2:]
+        failures = [f"{src}: {why}" for src, out in zip(pairs[::2], pairs[1::2])
+                    if (why := check(src, out)) is not None]
+        sys.exit("\n".join(failures) if failures else 0)
