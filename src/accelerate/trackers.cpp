@@ -36,6 +36,7 @@ std::string param_text(const HParamValue& value) {
 }  // namespace
 
 Trackers::Trackers(Settings settings) : settings_(std::move(settings)) {
+  const std::string mlflow_uri = mlflow_options_from_environment(settings_.mlflow).tracking_uri;
   for (const auto& tracker : settings_.log_with) {
     TANDEM_CHECK_ARG(tracker == "tensorboard" || tracker == "csv" || tracker == "mlflow" ||
                          tracker == "all",
@@ -49,17 +50,16 @@ Trackers::Trackers(Settings settings) : settings_(std::move(settings)) {
     tensorboard_wanted_ = tensorboard_wanted_ || all || tracker == "tensorboard";
     csv_wanted_ = csv_wanted_ || all || tracker == "csv";
     mlflow_wanted_ = mlflow_wanted_ || tracker == "mlflow" ||
-                     (all && !mlflow_options_from_environment(settings_.mlflow).tracking_uri.empty());
+                     (all && !mlflow_uri.empty());
   }
   // On every rank, before any work: a run asking for MLflow without a
   // server it can reach stops here, not later on the main process alone.
   if (mlflow_wanted_) {
-    const std::string uri = mlflow_options_from_environment(settings_.mlflow).tracking_uri;
-    TANDEM_CHECK_ARG(!uri.empty(),
+    TANDEM_CHECK_ARG(!mlflow_uri.empty(),
                      "Accelerator: log_with \"mlflow\" needs a tracking server: set "
                      "MLFLOW_TRACKING_URI=http://HOST:PORT (or AcceleratorOptions::mlflow."
                      "tracking_uri) to a running `mlflow server`, or leave \"mlflow\" out");
-    (void)HttpUrl::parse(uri, "MLFLOW_TRACKING_URI");
+    (void)HttpUrl::parse(mlflow_uri, "MLFLOW_TRACKING_URI");
   }
 }
 

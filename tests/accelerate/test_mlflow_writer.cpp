@@ -436,7 +436,7 @@ bool peer_has_mlflow() {
 // folder in /dev/shm.
 class MlflowServer {
  public:
-  explicit MlflowServer(const std::string& dir) {
+  explicit MlflowServer(const std::string& dir) : dir_(dir) {
     {
       ReservedPort reserved(true);
       port_ = reserved.port();
@@ -465,21 +465,27 @@ class MlflowServer {
     ::kill(-pid_, SIGKILL);  // any worker left behind
   }
   std::string uri() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  // Waits until /health answers (the server imports for about 15 s).
+  // Waits until /health answers (the server imports for about 15 s): woken
+  // by each write to its log in `dir_` (uvicorn says when it listens), not
+  // by a clock.
   bool wait_ready(double timeout_s) {
     detail::HttpClient http(detail::HttpUrl::parse(uri(), "uri"), {}, std::chrono::seconds(2));
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (http.request("GET", "/health").status == 200) return true;
-      if (!testing::process_alive(pid_)) return false;
-      // Nothing to wait on but the port: poll it at a modest pace.
-      ::poll(nullptr, 0, 250);
-    }
-    return false;
+    bool ready = false;
+    testing::wait_for_files(
+        dir_,
+        [&] {
+          const bool listening =
+              testing::read_file(dir_ + "/server.log").find("Uvicorn running on") !=
+              std::string::npos;
+          ready = listening && http.request("GET", "/health").status == 200;
+          return ready || !testing::process_alive(pid_);
+        },
+        timeout_s);
+    return ready;
   }
 
  private:
+  std::string dir_;
   int port_ = 0;
   pid_t pid_ = -1;
 };

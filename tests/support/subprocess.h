@@ -96,7 +96,7 @@ inline bool wait_for_exit(pid_t pid, double timeout_s) {
 template <typename Fn>
 bool wait_for_files(const std::string& dir, Fn condition, double timeout_s) {
   int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO);
+  ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MODIFY);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s));
   bool done = condition();
   while (!done && remaining_ms(deadline) > 0) {
