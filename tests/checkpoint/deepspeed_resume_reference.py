@@ -2,7 +2,8 @@
 DeepSpeed (ZeRO stage N, 2 CPU ranks over gloo) that saves a checkpoint
 folder and then continues, and what it continued to.
 
-  run DIR STAGE [bf16] [world=N]
+  run [world=N] DIR STAGE [DIR STAGE ...]
+                     for each DIR (STAGE: 1, 2 or 3, or 2bf16 for bf16):
                      DIR/data.safetensors     the batches of every step
                                               (x: [steps, 6, 5], y: [steps, 6])
                      DIR/ds/                  DeepSpeed's checkpoint after
@@ -10,6 +11,11 @@ folder and then continues, and what it continued to.
                                               {"epoch": 4, "best": 0.25})
                      DIR/continued.safetensors the parameters after all
                                               steps, and each step's loss
+
+Every run of one call trains in the same torchrun ranks, one after the
+other, each with a fresh model, engine and seed: importing torch and
+DeepSpeed takes most of a run's CPU time, so the tests ask for all the runs
+of one world size at once.
 
 The model has odd sizes, a frozen layer and a tied weight (DeepSpeed's
 frozen_param_fragments and shared_params); the optimizer has two param
@@ -65,11 +71,8 @@ def config(stage, world, bf16=False):
     }
 
 
-def rank_main():
+def train(directory, stage, bf16, rank, world):
     import deepspeed
-    directory, stage = os.environ["TANDEM_DS_DIR"], int(os.environ["TANDEM_DS_STAGE"])
-    bf16 = os.environ.get("TANDEM_DS_BF16") == "1"
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rows = 6 // world
     torch.manual_seed(0)
     model = Model()
@@ -110,22 +113,44 @@ def rank_main():
                    for k, v in final.items()},
                   os.path.join(directory, "continued.safetensors"))
         save_file({"x": xs, "y": ys}, os.path.join(directory, "data.safetensors"))
+    torch.distributed.barrier()
 
 
-def run(directory, stage, bf16=False, world=2):
-    env = dict(os.environ, TANDEM_DS_DIR=directory, TANDEM_DS_STAGE=str(stage),
-               TANDEM_DS_BF16="1" if bf16 else "0")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                    "--master-port", str(29600 + stage + os.getpid() % 1000),
-                    os.path.abspath(__file__), "rank"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    print("ok", sorted(os.listdir(directory)))
+def parse_runs(words):
+    """[DIR, STAGE, DIR, STAGE, ...] -> [(DIR, stage, bf16), ...]"""
+    if not words or len(words) % 2:
+        sys.exit(f"deepspeed_resume_reference: expected DIR STAGE pairs, got {words}")
+    return [(d, int(s[0]), s.endswith("bf16")) for d, s in zip(words[::2], words[1::2])]
+
+
+def rank_main(runs):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for directory, stage, bf16 in parse_runs(runs):
+        train(directory, stage, bf16, rank, world)
+    # A rank that leaves with its process group alive can die in the group's
+    # threads at exit ("terminate called without an active exception"),
+    # failing the whole run once in a dozen.
+    torch.distributed.destroy_process_group()
+
+
+def run(runs, world=2):
+    parse_runs(runs)
+    # --standalone: torchrun picks a free port for its store.
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(world), os.path.abspath(__file__), "rank", *runs],
+                   check=True, stdout=subprocess.DEVNULL)
+    for directory in runs[::2]:
+        print("ok", directory, sorted(os.listdir(directory)))
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "rank":
-        rank_main()
+        rank_main(sys.argv[2:])
+    elif sys.argv[1] == "run":
+        args = sys.argv[2:]
+        world = 2
+        if args and args[0].startswith("world="):
+            world = int(args.pop(0).split("=")[1])
+        run(args, world)
     else:
-        extra = sys.argv[4:]
-        run(sys.argv[2], int(sys.argv[3]), "bf16" in extra,
-            int(next((a.split("=")[1] for a in extra if a.startswith("world=")), 2)))
+        sys.exit(__doc__)

@@ -224,19 +224,16 @@ TEST(DeepSpeedImportInterop, Zero1To3CheckpointsResumeAtWorlds1To3LikePython) {
 TEST(DeepSpeedImportInterop, CheckpointsOf3RanksResumeAtWorlds1To3LikePython) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
   for (int stage : {2, 3}) {
-    testing::ScratchDir dir;
     std::string output;
-    ASSERT_EQ(testing::run_peer_script("deepspeed_resume_reference.py",
-                                       "run '" + dir.path() + "' " + std::to_string(stage) +
-                                           " world=3",
-                                       output),
-              0)
-        << output;
-    const DeepSpeedImportResult r = import_deepspeed_checkpoint(dir / "ds", dir / "imported");
+    const testing::ScratchDir* reference = testing::deepspeed_reference_run(stage, output, 3);
+    ASSERT_NE(reference, nullptr) << output;
+    const testing::ScratchDir& dir = *reference;
+    testing::ScratchDir out;
+    const DeepSpeedImportResult r = import_deepspeed_checkpoint(dir / "ds", out / "imported");
     EXPECT_EQ(r.world_size, 3);
     EXPECT_EQ(r.zero_stage, stage);
     for (int world : {1, 2, 3}) {
-      expect_matches_python(resume_imported(dir / "imported", dir / "data.safetensors", world,
+      expect_matches_python(resume_imported(out / "imported", dir / "data.safetensors", world,
                                             world == 1 ? 0 : stage),
                             dir / "continued.safetensors",
                             "ZeRO-" + std::to_string(stage) + " of 3 ranks at world " +
@@ -252,13 +249,13 @@ TEST(DeepSpeedImportInterop, CheckpointsOf3RanksResumeAtWorlds1To3LikePython) {
 // allows (different kernels and reduction orders round differently).
 TEST(DeepSpeedImportInterop, Bf16CheckpointsKeepTheirFp32Masters) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
-  testing::ScratchDir dir;
   std::string output;
-  ASSERT_EQ(testing::run_peer_script("deepspeed_resume_reference.py",
-                                     "run '" + dir.path() + "' 2 bf16", output),
-            0)
-      << output;
-  import_deepspeed_checkpoint(dir / "ds", dir / "imported");
+  const testing::ScratchDir* reference =
+      testing::deepspeed_reference_run(2, output, 2, /*bf16=*/true);
+  ASSERT_NE(reference, nullptr) << output;
+  const testing::ScratchDir& ref = *reference;
+  testing::ScratchDir dir;  // what the import writes
+  import_deepspeed_checkpoint(ref / "ds", dir / "imported");
   const auto imported = testing::consolidated(dir / "imported");
   ASSERT_TRUE(imported.count("master/embed.weight"));
   EXPECT_EQ(imported.at("model/embed.weight").scalar_type(), at::kBFloat16);
@@ -266,11 +263,11 @@ TEST(DeepSpeedImportInterop, Bf16CheckpointsKeepTheirFp32Masters) {
                            imported.at("master/embed.weight").to(at::kBFloat16)));
   for (int world : {2, 3}) {
     testing::ScratchDir resaved;
-    const ResumeResult r = resume_imported(dir / "imported", dir / "data.safetensors", world, 2,
+    const ResumeResult r = resume_imported(dir / "imported", ref / "data.safetensors", world, 2,
                                            /*bf16=*/true, resaved.path());
     EXPECT_TRUE(testing::same_tensors(testing::consolidated(resaved.path()), imported))
         << "world " << world;
-    expect_matches_python(r, dir / "continued.safetensors", "bf16 at world " +
+    expect_matches_python(r, ref / "continued.safetensors", "bf16 at world " +
                                                                std::to_string(world),
                           kBf16Tolerance);
   }
