@@ -78,7 +78,7 @@ void Checkpointer::save_state(const std::string& dir, const SaveStateOptions& op
   // every host's local main (its lowest rank), for its host's folder.
   bool writes_whole = main_process();
   if (save_on_each_node_) {
-    const std::vector<std::string> hosts = group_->all_gather_strings(group_->host_id());
+    const std::vector<std::string> hosts = group_->host_ids();
     writes_whole = std::find(hosts.begin(), hosts.end(), hosts[group_->rank()]) -
                        hosts.begin() == group_->rank();
   }

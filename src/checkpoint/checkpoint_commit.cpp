@@ -101,7 +101,7 @@ void prune(const std::string& dir, const std::string& keep_tag, int total_limit)
 // every rank when a folder cannot be prepared.
 bool find_folder_committers(ProcessGroup& pg, const std::string& dir, const std::string& tmp) {
   const int rank = pg.rank();
-  const std::vector<std::string> hosts = pg.all_gather_strings(pg.host_id());
+  const std::vector<std::string> hosts = pg.host_ids();
   bool local_main = true;
   for (int r = 0; r < rank; ++r) local_main = local_main && hosts[r] != hosts[rank];
   const std::string marker = ".host-of-rank-";

@@ -193,6 +193,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::connect(std::unique_ptr<Impl> impl) 
       hosts.push_back(g.substr(cut + 1));
     }
     check_same_settings(settings, pg->impl_->group);
+    pg->impl_->host_ids = hosts;
     // Each step's mechanism carries the steps after it (choose_transports).
     if (opts.shared_memory) pg->setup_shared_memory(hosts);
     pg->impl_->choose_transports();
@@ -245,6 +246,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const RankEnv& env,
 int ProcessGroup::rank() const { return impl_->outside.empty() ? impl_->rank : -1; }
 int ProcessGroup::world_size() const { return impl_->world_size; }
 bool ProcessGroup::is_member() const { return impl_->outside.empty(); }
+std::vector<std::string> ProcessGroup::host_ids() const {
+  // A group of one connects nothing and gathers nothing.
+  if (impl_->host_ids.empty() && is_member()) return {host_id()};
+  return impl_->host_ids;
+}
+
 std::string ProcessGroup::host_id() const {
   return impl_->options.host_id.empty() ? default_host_id() : impl_->options.host_id;
 }

@@ -42,6 +42,8 @@ struct ProcessGroup::Impl {
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
   // Host id of each rank, by group rank (empty when shared memory is off).
   std::vector<std::string> host_of_rank;
+  // Every rank's host_id(), by group rank, gathered when the group connected.
+  std::vector<std::string> host_ids;
   // send/recv between ranks of one host; null when no other rank shares
   // this rank's host or shared memory is off.
   std::unique_ptr<detail::ShmMailbox> mailbox;

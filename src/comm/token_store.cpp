@@ -1,6 +1,5 @@
 #include "comm/token_store.h"
 
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -13,6 +12,7 @@
 #include <thread>
 
 #include "comm/store_protocol.h"
+#include "core/tcp_connect.h"
 #include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
 
@@ -33,12 +33,6 @@ Clock::time_point deadline_after(std::chrono::milliseconds ms) {
   const auto now = Clock::now();
   if (Clock::time_point::max() - now < ms) return Clock::time_point::max();
   return now + ms;
-}
-
-int poll_ms(Clock::time_point deadline) {
-  if (deadline == Clock::time_point::max()) return -1;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
 
 std::string key_list(const std::vector<std::string>& keys) {
@@ -81,32 +75,9 @@ void TokenStore::connect(std::chrono::milliseconds timeout) {
   std::string last_error = "no attempt made";
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* result = nullptr;
-    const std::string port_text = std::to_string(port_);
-    int rc = ::getaddrinfo(host_.c_str(), port_text.c_str(), &hints, &result);
-    if (rc != 0) last_error = fmt::format("cannot resolve '{}': {}", host_, gai_strerror(rc));
-    for (addrinfo* ai = result; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-      if (err == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        const int attempt_ms = std::min(poll_ms(deadline) < 0 ? 5000 : poll_ms(deadline), 5000);
-        err = ::poll(&p, 1, attempt_ms) == 1 ? 0 : ETIMEDOUT;
-        socklen_t len = sizeof(int);
-        if (err == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      }
-      if (err == 0) {
-        fd_ = fd;
-      } else {
-        last_error = std::strerror(err);
-        ::close(fd);
-      }
-    }
-    if (result != nullptr) ::freeaddrinfo(result);
+    // Each attempt waits at most 5 s, so that a dropped SYN is sent again.
+    fd_ = connect_tcp(host_, port_, std::min(deadline, Clock::now() + std::chrono::seconds(5)),
+                      last_error);
     if (fd_ >= 0) break;
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
@@ -184,7 +155,7 @@ void TokenStore::send_all(const std::string& data, Clock::time_point deadline, c
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p{fd_, POLLOUT, 0};
-      if (::poll(&p, 1, poll_ms(deadline)) == 0) fail(what, "the send timed out");
+      if (::poll(&p, 1, poll_timeout_ms(deadline)) == 0) fail(what, "the send timed out");
       continue;
     }
     fail(what, std::strerror(errno));
@@ -205,7 +176,7 @@ TokenStore::Reply TokenStore::read_reply(Clock::time_point deadline, const char*
       return Reply{static_cast<std::uint8_t>(body[0]), std::string(body.substr(1))};
     }
     pollfd p{fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, poll_ms(deadline));
+    const int ready = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) fail(what, "no reply in time (is the store's host reachable?)");
     ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);

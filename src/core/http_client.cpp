@@ -4,7 +4,6 @@
 #include "core/http_client.h"
 
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tcp_connect.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {
@@ -24,16 +24,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int poll_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<int64_t>(0, left.count()));
-}
-
 // Waits for `events` on `fd` until the deadline; false on timeout.
 bool wait_for(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, poll_ms(deadline));
+    const int rc = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (rc > 0) return true;
     if (rc == 0) return false;
     if (errno != EINTR) return false;
@@ -111,34 +106,7 @@ void HttpClient::close() {
 }
 
 bool HttpClient::connect(Clock::time_point deadline, std::string& error) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  const int rc = ::getaddrinfo(url_.host.c_str(), std::to_string(url_.port).c_str(), &hints,
-                               &result);
-  if (rc != 0) {
-    error = fmt::format("cannot resolve '{}': {}", url_.host, gai_strerror(rc));
-    return false;
-  }
-  error = "no address";
-  for (addrinfo* ai = result; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-      err = wait_for(fd, POLLOUT, deadline) ? 0 : ETIMEDOUT;
-      socklen_t len = sizeof(int);
-      if (err == 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    }
-    if (err == 0) {
-      fd_ = fd;
-    } else {
-      error = std::strerror(err);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(result);
+  fd_ = connect_tcp(url_.host, url_.port, deadline, error);
   return fd_ >= 0;
 }
 

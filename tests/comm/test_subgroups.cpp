@@ -137,6 +137,34 @@ TEST(Subgroups, UseSharedMemoryExactlyWhenTheirRanksShareAHost) {
       two_hosts);
 }
 
+// host_ids() is what the group gathered when it connected: every rank's
+// host, by group rank, with no collective of its own; in a subgroup, its
+// members' hosts; alone, this rank's.
+TEST(Subgroups, HostIdsListEveryMembersHostWithoutACollective) {
+  for (bool shared_memory : {false, true}) {
+    run_ranks_with_options(
+        3,
+        [](ProcessGroup& pg) {
+          const auto before = pg.sequence_number();
+          EXPECT_EQ(pg.host_ids(), (std::vector<std::string>{"a", "a", "b"}));
+          EXPECT_EQ(pg.sequence_number(), before);
+          auto pair = pg.new_group({1, 2});
+          auto alone = pg.split_group({{0}, {1}, {2}});
+          EXPECT_EQ(alone->host_ids(), std::vector<std::string>{pg.rank() < 2 ? "a" : "b"});
+          if (pair->is_member()) {
+            EXPECT_EQ(pair->host_ids(), (std::vector<std::string>{"a", "b"}));
+          } else {
+            EXPECT_TRUE(pair->host_ids().empty());
+          }
+        },
+        [shared_memory](int rank) {
+          ProcessGroupOptions options = two_hosts(rank);
+          options.shared_memory = shared_memory;
+          return options;
+        });
+  }
+}
+
 TEST(Subgroups, AGroupOfAGroupNumbersItsRanksWithinItsParent) {
   std::mutex mutex;
   std::map<int, std::string> errors;

@@ -149,6 +149,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Id of this rank's host (ProcessGroupOptions::host_id, else hostname and
   // boot id): ranks with equal ids share memory.
   std::string host_id() const;
+  // Every rank's host_id(), by group rank: gathered when the group
+  // connected, so asking needs no communication. A rank is its host's local
+  // main when no lower rank has its id. Empty on a non-member handle.
+  std::vector<std::string> host_ids() const;
   // True when CPU all-reduces, reduce-scatters and all-gathers (of dtypes the
   // shared-memory kernels reduce; all-gathers of any dtype) take the
   // hierarchical path: the ranks span hosts, a host holds more than one of
