@@ -11,8 +11,14 @@
 #include "accelerate/checkpointer.h"
 
 #include <algorithm>
+#include <exception>
+#include <functional>
+#include <map>
 #include <optional>
 #include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "accelerate/step_controller.h"
 #include "tandem/checkpoint/checkpoint.h"
@@ -105,8 +111,7 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
                    "load_state: prepare the model (and optimizer, schedulers, data) first; "
                    "the checkpoint is loaded into the prepared objects");
   run_pre_hooks(/*save=*/false, dir);
-  CheckpointReader checkpoint(dir, options.tag);
-  check_custom_states(checkpoint);  // before anything changes
+  CheckpointReader checkpoint = open_agreed(dir, options);  // before anything changes
   restore_models(checkpoint, options.load_optimizer_states);
   if (options.load_optimizer_states && !prepared_.optimizers().empty()) {
     restore_optimizers(checkpoint);
@@ -115,6 +120,57 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
   restore_custom_states(checkpoint);
   group_->barrier();
   return checkpoint.meta().value("client_state", nlohmann::json::object());
+}
+
+// Each rank opens the checkpoint itself: with save_on_each_node, each host
+// its own copy, which may be missing, older or damaged there alone. The
+// ranks agree before any collective of the load, so that such a host stops
+// every rank at once with the reason rather than leaving the others to time
+// out in a collective it never joins.
+CheckpointReader Checkpointer::open_agreed(const std::string& dir,
+                                           const LoadStateOptions& options) const {
+  std::optional<CheckpointReader> checkpoint;
+  std::exception_ptr failure;
+  std::string mine;
+  try {
+    checkpoint.emplace(dir, options.tag);
+    check_custom_states(*checkpoint);
+    mine = fmt::format("ok {} (meta.json {:016x})", checkpoint->tag(),
+                       std::hash<std::string>{}(checkpoint->meta().dump()));
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    mine = std::string("error ") + e.what();
+  }
+  const std::vector<std::string> all = group_->all_gather_strings(mine);
+  std::string errors;
+  std::map<std::string, std::vector<int>> opened;  // what -> ranks
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].rfind("error ", 0) == 0) {
+      errors += fmt::format("\n  rank {}: {}", r, all[r].substr(6));
+    } else {
+      opened[all[r].substr(3)].push_back(static_cast<int>(r));
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  TANDEM_CHECK_FILE(errors.empty(),
+                    "load_state('{}'): not every rank can read the checkpoint, so none loads "
+                    "it:{}",
+                    dir, errors);
+  if (opened.size() > 1) {
+    std::vector<std::pair<std::vector<int>, std::string>> by_rank;  // lowest rank first
+    for (const auto& [what, ranks] : opened) by_rank.emplace_back(ranks, what);
+    std::sort(by_rank.begin(), by_rank.end());
+    std::string which;
+    for (const auto& [ranks, what] : by_rank) {
+      which += fmt::format("\n  ranks {}: {}", fmt::join(ranks, ", "), what);
+    }
+    TANDEM_THROW(CheckpointError,
+                 "load_state('{}'): the ranks opened different checkpoints:{}\nEach host reads "
+                 "DIR on its own file system (with save_on_each_node, its own copy): give every "
+                 "host the same save, or name one with LoadStateOptions::tag",
+                 dir, which);
+  }
+  return std::move(*checkpoint);
 }
 
 void Checkpointer::register_object(std::shared_ptr<Checkpointable> object) {

@@ -89,6 +89,9 @@ class Checkpointer {
   // Custom objects: rank 0's saved, every rank's restored.
   nlohmann::json custom_state_meta(NamedTensors* tensors);
   void check_custom_states(const CheckpointReader& checkpoint) const;
+  // Opens DIR's checkpoint on every rank and checks that all opened the same
+  // one (collective; CheckpointError on every rank otherwise).
+  CheckpointReader open_agreed(const std::string& dir, const LoadStateOptions& options) const;
   void restore_custom_states(const CheckpointReader& checkpoint);
   // What a checkpoint holds (checkpoint_contents.cpp). Every prepared
   // model's parameters (and the optimizers' fp32 masters) by checkpoint

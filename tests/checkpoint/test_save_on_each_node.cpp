@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <fstream>
 
 #include <torch/torch.h>
 
@@ -141,6 +143,79 @@ TEST(SaveOnEachNodeShared, AHostsFolderReadsWhatItHoldsAndNamesTheFilesItLacks) 
   EXPECT_NE(error_of([&] { CheckpointReader checkpoint(plain.path()); })
                 .find("rank_00003.safetensors' is missing: checkpoint"),
             std::string::npos);
+}
+
+// load_state on ranks that pass host a's folder (ranks 0-1) and `b_dir`
+// (ranks 2-3): each rank's CheckpointError, "" where it loaded. A 20 s
+// timeout: were the ranks not to agree first, those that can read would
+// wait in the load's collectives for the others.
+std::vector<std::string> load_on_two_hosts(const std::string& a_dir, const std::string& b_dir) {
+  testing::Recipe r;
+  std::vector<std::string> errors(4);
+  testing::run_ranks_with_options(
+      4,
+      [&](ProcessGroup& pg) {
+        Accelerator accelerator(pg.shared_from_this(), Config{}, AcceleratorOptions{});
+        testing::Stack model = testing::make_model(r);
+        auto adam = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                         torch::optim::AdamOptions(1e-2));
+        accelerator.prepare_model(model);
+        auto optimizer = accelerator.prepare_optimizer(adam);
+        std::string error;
+        try {
+          accelerator.load_state(pg.rank() < 2 ? a_dir : b_dir);
+        } catch (const CheckpointError& e) {
+          error = e.what();
+        }
+        errors[static_cast<std::size_t>(pg.rank())] = error;
+      },
+      [](int rank) {
+        ProcessGroupOptions o;
+        o.host_id = rank < 2 ? "host-a" : "host-b";
+        o.timeout = std::chrono::seconds(20);
+        return o;
+      });
+  return errors;
+}
+
+// A host whose folder lacks the checkpoint, or holds another save, stops
+// every rank's load_state at once with the reason, before anything loads.
+TEST(SaveOnEachNodeShared, ALoadSomeHostCannotReadStopsEveryRankWithTheReason) {
+  testing::ScratchDir a, b;
+  save_after_two_steps_on_two_hosts(a.path(), 0, true);
+  std::string output;
+  ASSERT_EQ(testing::run_shell_capture("cp -r '" + a.path() + "/.' '" + b.path() + "' 2>&1",
+                                       output),
+            0)
+      << output;
+  // The same save on both hosts loads.
+  for (const std::string& error : load_on_two_hosts(a.path(), b.path())) EXPECT_EQ(error, "");
+
+  // Host b's copy names another tag (an older save, say).
+  fs::rename(b / "global_step2", b / "global_step1");
+  { std::ofstream(b / "latest") << "global_step1"; }
+  auto errors = load_on_two_hosts(a.path(), b.path());
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(errors[rank].find("the ranks opened different checkpoints:\n  ranks 0, 1: "
+                                "global_step2"),
+              std::string::npos)
+        << "rank " << rank << ": " << errors[rank];
+    EXPECT_NE(errors[rank].find("ranks 2, 3: global_step1"), std::string::npos) << errors[rank];
+  }
+
+  // Host b has no checkpoint at all.
+  fs::remove_all(b.path());
+  fs::create_directories(b.path());
+  errors = load_on_two_hosts(a.path(), b.path());
+  for (int rank = 0; rank < 4; ++rank) EXPECT_NE(errors[rank], "") << "rank " << rank;
+  for (int rank : {0, 1}) {
+    EXPECT_NE(errors[rank].find("not every rank can read the checkpoint, so none loads it"),
+              std::string::npos)
+        << errors[rank];
+    EXPECT_NE(errors[rank].find("rank 2: "), std::string::npos) << errors[rank];
+    EXPECT_NE(errors[rank].find("rank 3: "), std::string::npos) << errors[rank];
+  }
+  EXPECT_NE(errors[2].find(b.path()), std::string::npos) << errors[2];
 }
 
 }  // namespace
