@@ -8,14 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <map>
 
 #include <fmt/format.h>
 
+#include "core/http_answer.h"
 #include "core/tcp_connect.h"
 #include "tandem/core/error.h"
 
@@ -33,12 +32,6 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
     if (rc == 0) return false;
     if (errno != EINTR) return false;
   }
-}
-
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
 }
 
 }  // namespace
@@ -160,87 +153,30 @@ bool HttpClient::exchange(const std::string& request, Clock::time_point deadline
   }
   std::string data;
   bool closed = false;
-  // Reads more bytes into `data`; false at the deadline or on an error.
-  auto read_more = [&]() {
-    char buffer[16384];
-    for (;;) {
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
-      if (n > 0) {
-        data.append(buffer, static_cast<std::size_t>(n));
-        return true;
-      }
-      if (n == 0) {
-        closed = true;
-        return true;
-      }
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN || !wait_for(fd_, POLLIN, deadline)) return false;
+  char buffer[16384];
+  for (;;) {
+    HttpAnswer answer = parse_http_answer(data, closed);
+    if (answer.state == HttpAnswer::State::kError) return fail(answer.error);
+    if (answer.state == HttpAnswer::State::kDone) {
+      if (answer.close) close();
+      response.status = answer.status;
+      response.body = std::move(answer.body);
+      return true;
     }
-  };
-  std::size_t header_end;
-  while ((header_end = data.find("\r\n\r\n")) == std::string::npos) {
-    if (closed) return fail(data.empty() ? "the server closed the connection"
-                                         : "the server closed the connection mid-answer");
-    if (!read_more()) return fail("timed out waiting for the answer");
+    const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+    if (n > 0) {
+      data.append(buffer, static_cast<std::size_t>(n));
+    } else if (n == 0) {
+      closed = true;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN) {
+      return fail(fmt::format("reading the answer failed: {}", std::strerror(errno)));
+    } else if (!wait_for(fd_, POLLIN, deadline)) {
+      return fail(data.empty() ? "timed out waiting for the answer"
+                               : "timed out reading the answer");
+    }
   }
-  // "HTTP/1.1 200 OK", then "name: value" lines.
-  const std::string head = data.substr(0, header_end);
-  if (head.compare(0, 5, "HTTP/") != 0 || head.find(' ') == std::string::npos) {
-    return fail("the answer is not HTTP: " + head.substr(0, 64));
-  }
-  const int status = std::atoi(head.c_str() + head.find(' ') + 1);
-  std::map<std::string, std::string> fields;
-  for (std::size_t at = head.find("\r\n"); at != std::string::npos;) {
-    const std::size_t next = head.find("\r\n", at + 2);
-    const std::string line = head.substr(at + 2, next == std::string::npos ? std::string::npos
-                                                                           : next - at - 2);
-    const auto colon = line.find(':');
-    if (colon != std::string::npos) {
-      const auto value_at = line.find_first_not_of(' ', colon + 1);
-      fields[lower(line.substr(0, colon))] =
-          value_at == std::string::npos ? "" : line.substr(value_at);
-    }
-    at = next;
-  }
-  std::string body = data.substr(header_end + 4);
-  if (lower(fields["transfer-encoding"]).find("chunked") != std::string::npos) {
-    // Chunks "<hex size>\r\n<bytes>\r\n", ending with size 0.
-    std::string decoded;
-    std::size_t at = 0;
-    for (;;) {
-      std::size_t line_end;
-      while ((line_end = body.find("\r\n", at)) == std::string::npos) {
-        if (closed || !read_more()) return fail("the chunked answer ended early");
-        body = data.substr(header_end + 4);
-      }
-      const std::size_t size = std::strtoull(body.c_str() + at, nullptr, 16);
-      while (body.size() < line_end + 2 + size + 2) {
-        if (closed || !read_more()) return fail("the chunked answer ended early");
-        body = data.substr(header_end + 4);
-      }
-      if (size == 0) break;
-      decoded.append(body, line_end + 2, size);
-      at = line_end + 2 + size + 2;
-    }
-    body = std::move(decoded);
-  } else if (fields.count("content-length") != 0) {
-    const std::size_t length = std::strtoull(fields["content-length"].c_str(), nullptr, 10);
-    while (body.size() < length) {
-      if (closed || !read_more()) return fail("the answer ended early");
-      body = data.substr(header_end + 4);
-    }
-    body.resize(length);
-  } else {
-    while (!closed) {
-      if (!read_more()) return fail("timed out reading the answer");
-    }
-    body = data.substr(header_end + 4);
-    closed = true;
-  }
-  if (closed || lower(fields["connection"]) == "close") close();
-  response.status = status;
-  response.body = std::move(body);
-  return true;
 }
 
 std::string url_encode(const std::string& text) {

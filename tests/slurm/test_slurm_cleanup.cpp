@@ -25,6 +25,7 @@ using testing::BackgroundProcess;
 using testing::bin;
 using testing::read_file;
 using testing::run_process;
+using testing::wait_for_files;
 using testing::SlurmCluster;
 
 // tandem's segments in /dev/shm whose creator is gone.
@@ -63,12 +64,10 @@ void cancel_and_check(const std::string& how) {
   }
   BackgroundProcess job(slurm.login(argv), {"TANDEM_STORE_TOKEN=" + std::string(64, 'c'),
                                             "TANDEM_TEST_STEP_DELAY_MS=20", "TANDEM_TIMEOUT_S=60"});
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (read_file(job.out_path()).find("step " + std::to_string(at) + "\n") ==
-             std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const std::string out = job.out_path();
+  const std::string line = "step " + std::to_string(at) + "\n";
+  wait_for_files(out.substr(0, out.rfind('/')),
+                 [&] { return read_file(out).find(line) != std::string::npos; }, 120);
   ASSERT_NE(read_file(job.out_path()).find("step " + std::to_string(at)), std::string::npos)
       << read_file(job.out_path()) << read_file(job.err_path());
   auto cancel = run_process(slurm.login({"scancel", "--user=root"}), 30);

@@ -26,6 +26,7 @@ using testing::bin;
 using testing::max_relative_diff;
 using testing::read_file;
 using testing::run_process;
+using testing::wait_for_files;
 using testing::SlurmCluster;
 
 constexpr int kPreemptedJobSteps = 80;
@@ -61,14 +62,13 @@ std::string submit(SlurmCluster& slurm, const std::string& name, const std::stri
   return job;
 }
 
-// Waits until the job's output shows rank 0 past `step`.
+// Waits until the job's output shows rank 0 past `step` (woken by each
+// write to the output's folder).
 bool wait_for_step(const std::string& out, int step, double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(int(timeout_s));
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (read_file(out).find("step " + std::to_string(step) + "\n") != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  const std::string line = "step " + std::to_string(step) + "\n";
+  return wait_for_files(out.substr(0, out.rfind('/')),
+                        [&] { return read_file(out).find(line) != std::string::npos; },
+                        timeout_s);
 }
 
 void preempt_requeue_resume(const std::string& mode, const std::string& signal,
