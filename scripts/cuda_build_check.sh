@@ -48,9 +48,14 @@ done
 # code compiles and links, and what runs here (tandem env, the skipping GPU
 # tests, TorchInternals) needs no speed; the CPU build compiles at its release
 # levels. -O0 took 203 s against 251 s for Release (2026-11-28, 2-core box).
+# One unity batch per target (TANDEM_UNITY_BATCH_SIZE=0): LibTorch's headers
+# are parsed once for the library (49 s of CPU against 69 s in batches of 64),
+# and a name two of the library's files both define in an unnamed namespace
+# fails here, whichever batches the default build happens to make (the
+# CPU-only half of that check is the add_subdirectory consumer's).
 mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
-  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DTANDEM_UNITY_BATCH_SIZE=0 \
   -DCUDA_TOOLKIT_ROOT_DIR="$cuda_root" -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc" \
   ${nvrtc:+-DCUDA_nvrtc_LIBRARY="$nvrtc"} \
   > "$build/configure.log" 2>&1 \

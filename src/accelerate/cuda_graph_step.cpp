@@ -41,7 +41,7 @@ namespace {
 
 // The parameters of one fused launch: one group and dtype. `grads` are the
 // gradients the graph being captured reads.
-struct Bucket {
+struct AdamLaunch {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   std::vector<torch::optim::OptimizerParamState*> states;
   at::Tensor step;  // fp32 on the device, shared by the bucket's parameters
@@ -172,7 +172,7 @@ class CudaGraphStep final : public GraphedStep {
     std::unordered_set<void*> seen;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       constants_.push_back(constants_of(groups[g].options()));
-      std::map<at::ScalarType, Bucket> by_dtype;
+      std::map<at::ScalarType, AdamLaunch> by_dtype;
       for (auto& param : groups[g].params()) {
         if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
         auto found = states.find(param.unsafeGetTensorImpl());
@@ -185,7 +185,7 @@ class CudaGraphStep final : public GraphedStep {
         if (accumulating() && !param.grad().defined()) {
           param.mutable_grad() = at::zeros_like(param, at::MemoryFormat::Preserve);
         }
-        Bucket& b = by_dtype[param.scalar_type()];
+        AdamLaunch& b = by_dtype[param.scalar_type()];
         b.group = g;
         b.params.push_back(param);
         b.states.push_back(found->second.get());
@@ -425,7 +425,7 @@ class CudaGraphStep final : public GraphedStep {
   bool replayed_ = false;
   int64_t captures_ = 0;
   int64_t host_step_ = 0;
-  std::vector<Bucket> buckets_;
+  std::vector<AdamLaunch> buckets_;
   std::vector<GroupConstants> constants_;
   std::vector<at::Tensor> lrs_;
   std::vector<double> lr_values_;

@@ -425,9 +425,13 @@ int run_mlflow_reference(const std::string& args, std::string& output) {
                                     output);
 }
 
-bool peer_has_mlflow() {
-  const std::string command = std::string(TANDEM_PEER_PYTHON) + " -c 'import mlflow, accelerate'";
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+bool peer_has_mlflow() {  // asked once per process: the imports take seconds
+  static const bool has = [] {
+    const std::string command =
+        std::string(TANDEM_PEER_PYTHON) + " -c 'import mlflow, accelerate'";
+    return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+  }();
+  return has;
 }
 
 // `mlflow server` on a reserved loopback port with a SQLite store in `dir`,

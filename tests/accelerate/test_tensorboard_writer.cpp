@@ -25,8 +25,10 @@ using testing::run_process;
 using testing::run_ranks;
 using testing::ScratchDir;
 
-bool peer_has_tensorboard() {
-  return run_process({TANDEM_PEER_PYTHON, "-c", "import tensorboard"}, 60).exit_code == 0;
+bool peer_has_tensorboard() {  // asked once per process
+  static const bool has =
+      run_process({TANDEM_PEER_PYTHON, "-c", "import tensorboard"}, 60).exit_code == 0;
+  return has;
 }
 
 // The folder's event files as the tensorboard package reads them.

@@ -147,12 +147,19 @@ inline int run_interop(const std::string& args, std::string& output) {
   return run_peer_script("safetensors_interop.py", args, output);
 }
 
-// Whether the peer Python can import `module` (torch, safetensors.torch).
+// Whether the peer Python can import `module` (torch, safetensors.torch),
+// asked once per module and test process: importing deepspeed alone costs
+// about 7 s of CPU, and each interop test asks before it starts.
 inline bool peer_can_import(const std::string& module) {
+  static std::map<std::string, bool> known;
+  const auto it = known.find(module);
+  if (it != known.end()) return it->second;
   const std::string command =
       std::string(TANDEM_PEER_PYTHON) + " -c 'import " + module + "' >/dev/null 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
-  return pipe != nullptr && ::pclose(pipe) == 0;
+  const bool can = pipe != nullptr && ::pclose(pipe) == 0;
+  known.emplace(module, can);
+  return can;
 }
 
 }  // namespace tandem::testing
