@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/text.h"
+#include "tandem/comm/shm_cleanup.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
 
@@ -124,6 +125,7 @@ WorkerSet::~WorkerSet() {
       ::kill(worker.pid, SIGKILL);
       while (::waitpid(worker.pid, nullptr, 0) < 0 && errno == EINTR) {
       }
+      remove_shared_memory_of(worker.pid);
     }
     if (worker.status_fd >= 0) ::close(worker.status_fd);
     if (worker.pidfd >= 0) ::close(worker.pidfd);
@@ -161,6 +163,9 @@ bool WorkerSet::reap(SpawnedWorker& worker, bool stopping) {
   // ECHILD: the status went elsewhere (the caller ignores SIGCHLD); the
   // report alone then says whether fn returned.
   if (done < 0) status = 0;
+  // Shared memory the worker created and had not unlinked yet (killed while
+  // its peers were still mapping it) goes with it, as under `tandem launch`.
+  remove_shared_memory_of(worker.pid);
   worker.pid = 0;
   worker.end_ns = monotonic_ns();
   worker.stopped = stopping;

@@ -282,6 +282,41 @@ TEST(Spawn, PastTheTimeoutEveryWorkerIsStoppedAndTheErrorNamesThem) {
   }
 }
 
+// A worker killed while its shared-memory segment still has a name (before
+// its peers mapped it) leaves no /dev/shm entry behind: spawn removes the
+// names a reaped worker created, as `tandem launch` does. The workers here
+// make a file under that naming, tandem-<pid>-*, and are killed by the
+// timeout; a worker that ends on its own has its names removed too.
+TEST(Spawn, SharedMemoryNamesOfReapedWorkersGoWithThem) {
+  ScratchDir dir;
+  SpawnOptions options;
+  options.nprocs = 2;
+  options.timeout = std::chrono::milliseconds(1500);
+  auto make_segment_name = [] {
+    const std::string path = "/dev/shm/tandem-" + std::to_string(::getpid()) + "-spawntest";
+    std::ofstream(path) << "x";
+    return path;
+  };
+  try {
+    spawn(
+        [&](int rank) {
+          write_text(dir / ("segment_" + std::to_string(rank)), make_segment_name());
+          if (rank == 1) hang();
+        },
+        options);
+    FAIL() << "spawn returned although rank 1 hung";
+  } catch (const TimeoutError&) {
+  }
+  int checked = 0;
+  for (const char* name : {"segment_0", "segment_1"}) {
+    if (!std::ifstream(dir / name)) continue;  // the timeout came first
+    const std::string segment = read_file(dir / name);
+    EXPECT_FALSE(std::ifstream(segment).good()) << segment << " outlived its worker";
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no worker made its segment within the timeout";
+}
+
 TEST(Spawn, RefusesToForkWhileAProcessGroupIsAlive) {
   testing::run_ranks(2, [](ProcessGroup&) {
     try {
