@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include "support/launch_testing.h"
+#include "tandem/comm/shm_cleanup.h"
 
 namespace tandem {
 namespace {
@@ -105,6 +106,10 @@ TEST(LaunchFaults, SigkillOfTheLauncherLeavesNoOrphans) {
   p.send(SIGKILL);
   p.wait(5);
   EXPECT_TRUE(none_alive(pids, 5.0)) << "a worker outlived its SIGKILLed launcher";
+  // What the killed launcher could not do, the test does: remove the
+  // shared-memory name rank 0 may have made before the others mapped it
+  // (tandem's own sweep takes such names only after 10 minutes).
+  for (const auto pid : pids) remove_shared_memory_of(static_cast<int>(pid));
 }
 
 TEST(LaunchFaults, PortInUseIsAClearErrorWithinTwoSeconds) {
