@@ -251,7 +251,6 @@ std::vector<std::string> ProcessGroup::host_ids() const {
   if (impl_->host_ids.empty() && is_member()) return {host_id()};
   return impl_->host_ids;
 }
-
 std::string ProcessGroup::host_id() const {
   return impl_->options.host_id.empty() ? default_host_id() : impl_->options.host_id;
 }
@@ -272,7 +271,6 @@ std::string ProcessGroup::hierarchical_form() const {
 
 void ProcessGroup::setup_shared_memory(const std::vector<std::string>& hosts) {
   // Collective: every rank takes the same branches, decided on gathered data.
-  impl_->host_of_rank = hosts;
   if (std::count(hosts.begin(), hosts.end(), hosts[impl_->rank]) > 1) {
     impl_->mailbox = std::make_unique<detail::ShmMailbox>(impl_->store, impl_->rank,
                                                           impl_->options.timeout);

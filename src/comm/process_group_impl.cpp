@@ -42,7 +42,7 @@ void ProcessGroup::Impl::choose_transports() {
   routes.broadcast = c10d.get();
   routes.point_to_point = c10d.get();
   if (mailbox) {
-    mailbox_transport = std::make_unique<detail::MailboxTransport>(*mailbox, *c10d, host_of_rank,
+    mailbox_transport = std::make_unique<detail::MailboxTransport>(*mailbox, *c10d, host_ids,
                                                                    rank, timeout);
     routes.point_to_point = mailbox_transport.get();
   }

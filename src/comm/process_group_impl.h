@@ -40,9 +40,8 @@ struct ProcessGroup::Impl {
   // Gloo and NCCL; null on a group of one rank (is_local()).
   std::unique_ptr<detail::C10dTransport> c10d;
   std::unique_ptr<detail::ShmTransport> shm;  // all ranks on one host
-  // Host id of each rank, by group rank (empty when shared memory is off).
-  std::vector<std::string> host_of_rank;
-  // Every rank's host_id(), by group rank, gathered when the group connected.
+  // Every rank's host_id(), by group rank, gathered when the group connected
+  // (empty for a group of one).
   std::vector<std::string> host_ids;
   // send/recv between ranks of one host; null when no other rank shares
   // this rank's host or shared memory is off.
