@@ -1,5 +1,6 @@
 """GPT-2 training throughput on one device: the tandem example (examples/gpt2,
-eager and with its whole step in a CUDA graph) against the same model and
+eager and with its whole step in a CUDA graph, with tandem's fused
+cross-entropy; and the captured step with LibTorch's, to measure it) against the same model and
 recipe in PyTorch (bench/gpt2_reference.py: eager, torch.compile,
 torch.compile mode="reduce-overhead", a manual torch.cuda.graph of the step).
 
@@ -27,8 +28,13 @@ from bench_common import BENCH_DIR, last_json, peer_python
 from gpt2_reference import DEFAULT_BATCH, PRESETS, make_tokens
 
 CASES = ("python-eager", "python-compile", "python-reduce-overhead", "python-cuda-graph",
-         "tandem-eager", "tandem-graph")
-NEEDS_CUDA = ("python-cuda-graph", "tandem-graph")
+         "tandem-eager", "tandem-graph", "tandem-graph-aten-loss")
+NEEDS_CUDA = ("python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss")
+# tandem's cases and the example's flags for each: the captured step with
+# LibTorch's cross-entropy instead of tandem's fused one measures what the
+# fused loss gives.
+TANDEM_FLAGS = {"tandem-eager": [], "tandem-graph": ["--cuda-graph"],
+                "tandem-graph-aten-loss": ["--cuda-graph", "--loss", "aten"]}
 NOTES = {"python-reduce-overhead": {"cpu": "on a CPU: inductor alone, no CUDA graphs"}}
 
 
@@ -56,7 +62,7 @@ def command(case, a, data):
     if not os.access(program, os.X_OK):
         raise CaseError(f"{program} not found: build the gpt2 target "
                         f"(cmake --build {a.build} --target gpt2)")
-    return [program] + shared_args(a, data) + (["--cuda-graph"] if case == "tandem-graph" else [])
+    return [program] + shared_args(a, data) + TANDEM_FLAGS[case]
 
 
 def tail(text, lines=12):

@@ -30,8 +30,9 @@ fi
 'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))" 2>&1 | grep -v -e NumPy -e _conversion_method
 t1=$(date +%s)
 
-# LibTorch's CMake config wants a CUDA toolkit (headers and libcudart; no GPU)
-# even though tandem compiles no .cu file: $CUDA_HOME, else /usr/local/cuda.
+# LibTorch's CMake config wants a CUDA toolkit (headers, libcudart and nvcc,
+# which also compiles tandem's own kernels; no GPU): $CUDA_HOME, else
+# /usr/local/cuda.
 cuda_root=${CUDA_HOME:-/usr/local/cuda}
 [[ -f "$cuda_root/include/cuda_runtime.h" ]] || {
   echo "cuda_build_check: no CUDA toolkit at $cuda_root (set CUDA_HOME); LibTorch's CMake needs" \
@@ -63,6 +64,8 @@ cmake -S . -B "$build" -G Ninja -DTANDEM_PYTHON="$PWD/$venv/bin/python" \
 grep -E "^-- tandem:" "$build/configure.log"
 grep -q "NCCL backend: ON" "$build/configure.log" || {
   echo "cuda_build_check: FAIL: configure did not turn the NCCL backend on" >&2; exit 1; }
+grep -q "CUDA kernels: ON" "$build/configure.log" || {
+  echo "cuda_build_check: FAIL: configure left out tandem's CUDA kernels" >&2; exit 1; }
 cmake --build "$build" --target tandem tandem_cli tandem_examples tandem_core_tests tandem_gpu_tests \
   benchmarks
 t2=$(date +%s)
@@ -76,6 +79,7 @@ v = report["versions"]
 assert v["libtorch"] == version, v
 assert v["cuda"] and v["nccl"], v
 assert report["backends"]["nccl"] is True, report["backends"]
+assert report["backends"]["tandem_cuda_kernels"] is True, report["backends"]
 print("cuda_build_check: tandem env:", {k: v[k] for k in ("libtorch", "cuda", "cudnn", "nccl", "libtorch_cxx_abi")})
 PY
 # The CUDA test cases (label gpu) run; with no device they skip, saying so.

@@ -10,7 +10,7 @@
 // from --data, a file of uint16 tokens (nanoGPT's .bin, or llm.c's with its
 // 1024-byte header). The run ends with one JSON line:
 //   {"model": "gpt2", "preset", "params", "device", "precision", "cuda_graph",
-//    "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
+//    "loss", "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
 //    "peak_tflops", "peak_memory_mb", "final_loss"[, "losses"]}
 // MFU counts 6N + 12*L*C*T FLOPs per token (N: parameters without the
 // position embedding) against the device's dense bf16 peak (a table of
@@ -52,6 +52,7 @@ struct Args {
   std::string data_file;
   uint64_t seed = 1337;
   bool cuda_graph = false;
+  std::string loss = "fused";  // fused: tandem::fused_cross_entropy; aten: LibTorch's
   double peak_tflops = 0;
   bool losses = false;
   int64_t log_every = 0;
@@ -90,6 +91,10 @@ Args parse_args(int argc, char** argv) {
   app.add_option("--data", a.data_file, "uint16 token file (default: synthetic tokens)");
   app.add_option("--seed", a.seed, "seed for initialisation and synthetic tokens");
   app.add_flag("--cuda-graph", a.cuda_graph, "capture the whole step as a CUDA graph");
+  app.add_option("--loss", a.loss,
+                 "fused: tandem::fused_cross_entropy (tandem's kernels on CUDA, no fp32 logits); "
+                 "aten: torch::nn::functional::cross_entropy, as Python's reference")
+      ->check(CLI::IsMember({"fused", "aten"}));
   app.add_option("--peak-tflops", a.peak_tflops, "the device's dense bf16 peak, for MFU")
       ->check(CLI::PositiveNumber);
   app.add_flag("--losses", a.losses, "add every step's loss to the JSON line");
@@ -265,10 +270,17 @@ int train(const Args& args) {
                    args.data_file, tokens.size(), b * t + 1);
 
   const int64_t vocab = config.vocab_size;
+  const bool fused_loss = args.loss == "fused";
   auto step = accelerator.train_step(optimizer, [&](const std::vector<at::Tensor>& batch) {
-    auto logits = model->forward(batch[0]);
-    return torch::nn::functional::cross_entropy(logits.view({-1, vocab}), batch[1].view({-1}));
+    auto logits = model->forward(batch[0]).view({-1, vocab});
+    auto targets = batch[1].view({-1});
+    return fused_loss ? tandem::fused_cross_entropy(logits, targets)
+                      : torch::nn::functional::cross_entropy(logits, targets);
   });
+  // Which code the loss runs: tandem's CUDA kernels, or LibTorch's ops.
+  const std::string loss_code = !fused_loss                                            ? "aten"
+                                : device.is_cuda() && tandem::built_with_cuda_kernels() ? "tandem-kernels"
+                                                                                      : "fused-on-aten";
 
   const int64_t params = model->num_parameters();
   const double flops_per_token =
@@ -278,11 +290,11 @@ int train(const Args& args) {
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : peak_tflops_of(name);
   accelerator.print("gpt2: preset {} ({} layers x {}, {} heads, context {}, vocabulary {}), {} "
                     "parameters, {} process(es) on {}, batch {} x {} accumulation, mixed "
-                    "precision {}, cuda graph {}",
+                    "precision {}, cuda graph {}, loss {}",
                     args.preset, config.n_layer, config.n_embd, config.n_head, config.block_size,
                     vocab, params, world, name, b, accumulation,
                     tandem::to_string(accelerator.mixed_precision()),
-                    args.cuda_graph ? "on" : "off");
+                    args.cuda_graph ? "on" : "off", loss_code);
 
   const bool pin = device.is_cuda();
   std::vector<at::Tensor> losses;
@@ -332,6 +344,7 @@ int train(const Args& args) {
   out["cuda_graph"] = args.cuda_graph;
   out["graph_replayed"] = step.graphed();
   out["captures"] = step.captures();
+  out["loss"] = loss_code;
   out["steps"] = args.max_steps;
   out["batch_size"] = b;
   out["accumulation"] = accumulation;

@@ -472,11 +472,12 @@ TEST(Gpt2Example, TinyPresetTrainsOnTwoCpuRanksAndReportsTheDocumentedJson) {
                        240);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto result = last_json_line(r.out);
-  for (const char* key : {"model", "preset", "params", "device", "precision", "cuda_graph", "steps",
-                          "tokens_per_s", "step_ms", "mfu", "flops_per_token", "peak_tflops",
-                          "peak_memory_mb", "final_loss", "losses"}) {
+  for (const char* key : {"model", "preset", "params", "device", "precision", "cuda_graph", "loss",
+                          "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
+                          "peak_tflops", "peak_memory_mb", "final_loss", "losses"}) {
     EXPECT_TRUE(result.contains(key)) << key << " missing from " << result.dump();
   }
+  EXPECT_EQ(result["loss"], "fused-on-aten") << "on a CPU the fused loss is LibTorch's";
   EXPECT_EQ(result["params"], 470528);  // 2 x 128, vocabulary 512, context 64, tied
   EXPECT_EQ(result["processes"], 2);
   EXPECT_EQ(result["accumulation"], 2);
@@ -515,6 +516,54 @@ TEST(Gpt2Example, ReadsAnLlmcTokenFileAndRefusesATokenOutsideTheVocabulary) {
   EXPECT_NE(bad.err.find("token 600 is outside the vocabulary (512); raise --vocab-size"),
             std::string::npos)
       << bad.err;
+}
+
+// On a CPU, --loss fused (tandem::fused_cross_entropy) is LibTorch's loss
+// exactly: the same losses, step by step, as --loss aten.
+TEST(Gpt2Example, FusedLossTrainsLikeLibTorchsOnTheCpu) {
+  auto losses = [](const std::string& loss) {
+    auto r = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--max-steps", "3",
+                          "--warmup-measure", "0", "--batch-size", "2", "--losses", "--loss",
+                          loss},
+                         120);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return last_json_line(r.out)["losses"].get<std::vector<double>>();
+  };
+  const auto fused = losses("fused"), aten = losses("aten");
+  ASSERT_EQ(fused.size(), 3u);
+  EXPECT_EQ(fused, aten);
+  auto bad = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--loss", "liger"}, 60);
+  EXPECT_EQ(bad.exit_code, 105) << "CLI11's code for a value outside the set: " << bad.err;
+  EXPECT_NE(bad.err.find("--loss"), std::string::npos) << bad.err;
+}
+
+// bench/compare_gpt2.py at the tiny preset on the CPU (the CI smoke
+// run): every case of both sides reports, or is skipped for its reason (the
+// CUDA-graph ones), and the final JSON line holds every case and the ratios.
+TEST(Gpt2Example, CompareGpt2TinyOnTheCpuReportsEveryCase) {
+  if (run_process({TANDEM_PEER_PYTHON, "-c", "import torch"}, 60).exit_code != 0) {
+    GTEST_SKIP() << TANDEM_PEER_PYTHON << " cannot import torch (scripts/setup.sh installs it)";
+  }
+  const std::string build = std::string(TANDEM_BIN_DIR) + "/..";
+  auto r = run_process({TANDEM_PEER_PYTHON, std::string(TANDEM_SOURCE_DIR) + "/bench/compare_gpt2.py",
+                        "--build", build, "--preset", "tiny", "--device", "cpu", "--max-steps",
+                        "3", "--warmup-measure", "1", "--threads", "1", "--case-timeout", "280"},
+                       900);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto result = last_json_line(r.out);
+  const auto& cases = result["cases"];
+  for (const char* name : {"python-eager", "python-compile", "python-reduce-overhead",
+                           "tandem-eager"}) {
+    ASSERT_TRUE(cases.contains(name)) << name << " missing: " << result.dump();
+    EXPECT_EQ(cases[name]["status"], "ok") << name << ": " << cases[name].dump();
+    EXPECT_GT(cases[name].value("tokens_per_s", 0.0), 0) << name;
+  }
+  for (const char* name : {"python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss"}) {
+    ASSERT_TRUE(cases.contains(name)) << name << " missing: " << result.dump();
+    EXPECT_EQ(cases[name]["status"], "skipped") << name << ": " << cases[name].dump();
+  }
+  EXPECT_EQ(cases["tandem-eager"]["loss"], "fused-on-aten");
+  EXPECT_TRUE(result.contains("ratios")) << result.dump();
 }
 
 // --cuda-graph on a CPU run stops before training, naming the reason.

@@ -6,7 +6,9 @@
 // 1e-3, and the steps that came out bit-equal are counted in the figures.
 // Under fp16 the loss scale after every step and the skipped steps must be
 // the eager run's exactly (the scaler starts at 2^24 and grows every 10
-// steps, so that steps overflow). Then the refusals a GPU run can reach: a host
+// steps, so that steps overflow). Two cases take tandem's fused
+// cross-entropy (its CUDA kernels inside the capture), and one check trains
+// with it against LibTorch's loss. Then the refusals a GPU run can reach: a host
 // read inside the captured step, and more batch shapes than max_captures.
 
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 #include "gpu/gpu_testing.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/amp/cross_entropy.h"
 #include "tandem/optim/lr_scheduler.h"
 #include "tandem/core/error.h"
 
@@ -37,7 +40,10 @@ struct TrainedRun {
 gpt2::Gpt2Config tiny() { return gpt2::preset("tiny"); }
 
 // 100 optimizer steps of the tiny GPT-2 on batches drawn from a fixed seed.
-TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, int64_t steps = 100) {
+// fused_loss: tandem::fused_cross_entropy (its CUDA kernels, captured with
+// the rest) instead of LibTorch's cross-entropy.
+TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, bool fused_loss = false,
+                 int64_t steps = 100) {
   TrainedRun run;
   run_ranks(1, [&](ProcessGroup& pg) {
     Config config;
@@ -63,8 +69,9 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, int
         accelerator.prepare_scheduler(std::make_shared<WarmupCosineLR>(*optimizer, schedule));
     const int64_t vocab = tiny().vocab_size, t = tiny().block_size;
     auto step = accelerator.train_step(optimizer, [&](const std::vector<at::Tensor>& b) {
-      return torch::nn::functional::cross_entropy(model->forward(b[0]).view({-1, vocab}),
-                                                  b[1].view({-1}));
+      auto logits = model->forward(b[0]).view({-1, vocab});
+      return fused_loss ? fused_cross_entropy(logits, b[1].view({-1}))
+                        : torch::nn::functional::cross_entropy(logits, b[1].view({-1}));
     });
     torch::manual_seed(11);
     const auto tokens = torch::randint(vocab, {steps * accumulation, 16, t + 1}, torch::kLong);
@@ -94,14 +101,40 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, int
   return run;
 }
 
+// The fused loss against LibTorch's, eager, bf16: the same training within
+// bf16's noise (the losses of its first steps within 1e-3 relative, all 100
+// within 2e-2), since only the loss's last rounding differs.
+TEST(GpuFusedLoss, TrainsTheTinyGpt2LikeLibTorchsCrossEntropy) {
+  TANDEM_REQUIRE_CUDA();
+  const TrainedRun aten = train(false, MixedPrecision::kBf16, 1, false);
+  const TrainedRun fused = train(false, MixedPrecision::kBf16, 1, true);
+  ASSERT_EQ(aten.losses.size(), fused.losses.size());
+  double worst = 0, worst_first10 = 0;
+  for (std::size_t i = 0; i < aten.losses.size(); ++i) {
+    const double diff = std::abs(fused.losses[i] - aten.losses[i]) / std::abs(aten.losses[i]);
+    worst = std::max(worst, diff);
+    if (i < 10) worst_first10 = std::max(worst_first10, diff);
+  }
+  EXPECT_LT(worst_first10, 1e-3);
+  EXPECT_LT(worst, 2e-2);
+  EXPECT_LT(fused.losses.back(), fused.losses.front()) << "it trained";
+  testing::record_gpu_figures("fused_loss_training",
+                              {{"max_relative_loss_diff", worst},
+                               {"max_relative_loss_diff_first_10", worst_first10},
+                               {"aten_ms_per_step", aten.ms_per_step},
+                               {"fused_ms_per_step", fused.ms_per_step},
+                               {"last_loss_aten", aten.losses.back()},
+                               {"last_loss_fused", fused.losses.back()}});
+}
+
 class GpuCudaGraph
-    : public ::testing::TestWithParam<std::tuple<MixedPrecision, int64_t, double>> {};
+    : public ::testing::TestWithParam<std::tuple<MixedPrecision, int64_t, double, bool>> {};
 
 TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
   TANDEM_REQUIRE_CUDA();
-  const auto [precision, accumulation, tolerance] = GetParam();
-  const TrainedRun eager = train(false, precision, accumulation);
-  const TrainedRun graphed = train(true, precision, accumulation);
+  const auto [precision, accumulation, tolerance, fused_loss] = GetParam();
+  const TrainedRun eager = train(false, precision, accumulation, fused_loss);
+  const TrainedRun graphed = train(true, precision, accumulation, fused_loss);
   ASSERT_TRUE(graphed.replayed) << "the last steps should replay a graph";
   EXPECT_EQ(graphed.captures, accumulation > 1 ? 2 : 1);
   ASSERT_EQ(eager.losses.size(), graphed.losses.size());
@@ -120,7 +153,8 @@ TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
   }
   EXPECT_LT(eager.losses.back(), eager.losses.front()) << "it trained";
   testing::record_gpu_figures(
-      std::string("cuda_graph_parity_") + to_string(precision) + "_accumulation" + std::to_string(accumulation),
+      std::string("cuda_graph_parity_") + to_string(precision) + "_accumulation" +
+          std::to_string(accumulation) + (fused_loss ? "_fused_loss" : ""),
       {{"max_relative_loss_diff", worst},
        {"bit_equal_losses", bit_equal},
        {"losses", static_cast<int64_t>(eager.losses.size())},
@@ -133,11 +167,13 @@ TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     PrecisionsAndAccumulation, GpuCudaGraph,
-    ::testing::Values(std::make_tuple(MixedPrecision::kNo, int64_t{1}, 1e-6),
-                      std::make_tuple(MixedPrecision::kNo, int64_t{2}, 1e-6),
-                      std::make_tuple(MixedPrecision::kBf16, int64_t{1}, 1e-3),
-                      std::make_tuple(MixedPrecision::kFp16, int64_t{1}, 1e-3),
-                      std::make_tuple(MixedPrecision::kFp16, int64_t{2}, 1e-3)));
+    ::testing::Values(std::make_tuple(MixedPrecision::kNo, int64_t{1}, 1e-6, false),
+                      std::make_tuple(MixedPrecision::kNo, int64_t{2}, 1e-6, false),
+                      std::make_tuple(MixedPrecision::kBf16, int64_t{1}, 1e-3, false),
+                      std::make_tuple(MixedPrecision::kFp16, int64_t{1}, 1e-3, false),
+                      std::make_tuple(MixedPrecision::kFp16, int64_t{2}, 1e-3, false),
+                      std::make_tuple(MixedPrecision::kBf16, int64_t{1}, 1e-3, true),
+                      std::make_tuple(MixedPrecision::kFp16, int64_t{2}, 1e-3, true)));
 
 // Refusals that need a GPU to reach.
 std::string graph_error(const std::function<void(TrainStep&, Accelerator&)>& drive,

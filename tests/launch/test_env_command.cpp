@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include "env/system_probe.h"
+#include "tandem/amp/cross_entropy.h"
 #include "support/subprocess.h"
 
 namespace tandem {
@@ -28,6 +29,7 @@ TEST(EnvCommand, JsonReportsEverySection) {
     EXPECT_TRUE(report.contains(key)) << key;
   }
   EXPECT_EQ(report["backends"]["gloo"], true);
+  EXPECT_EQ(report["backends"]["tandem_cuda_kernels"], built_with_cuda_kernels());
   EXPECT_EQ(report["versions"]["libtorch"].get<std::string>().substr(0, 1),
             std::to_string(TORCH_VERSION_MAJOR));
   EXPECT_TRUE(report["cpu"]["flags"].contains("avx2"));

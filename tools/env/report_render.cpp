@@ -47,7 +47,11 @@ nlohmann::json to_json(const SystemReport& report) {
         {"compiler", report.compiler},
         {"cxx_standard", report.cxx_standard},
         {"build_type", report.build_type}}},
-      {"backends", {{"gloo", report.gloo}, {"nccl", report.nccl}, {"mpi", report.mpi}}},
+      {"backends",
+       {{"gloo", report.gloo},
+        {"nccl", report.nccl},
+        {"mpi", report.mpi},
+        {"tandem_cuda_kernels", report.cuda_kernels}}},
       {"cuda",
        {{"available", report.cuda_available},
         {"device_count", report.cuda_device_count},
@@ -131,6 +135,7 @@ std::string to_text(const SystemReport& report) {
   line("gloo", yes_no(report.gloo));
   line("nccl", yes_no(report.nccl));
   line("mpi", yes_no(report.mpi));
+  line("tandem cuda kernels", yes_no(report.cuda_kernels));
   line("cuda available", yes_no(report.cuda_available));
   line("cuda devices", std::to_string(report.cuda_device_count));
   for (const auto& device : report.cuda_devices) {

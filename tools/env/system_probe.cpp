@@ -31,6 +31,7 @@
 #include <torch/csrc/cuda/nccl.h>
 #endif
 
+#include "tandem/amp/cross_entropy.h"
 #include "tandem/core/file_system.h"
 #include "tandem/core/version.h"
 
@@ -364,6 +365,7 @@ SystemReport probe_system(const tandem::RankEnv& env) {
 #if defined(USE_C10D_MPI)
   report.mpi = true;
 #endif
+  report.cuda_kernels = built_with_cuda_kernels();
 
   probe_cuda(report);
   probe_torch_config(report);

@@ -65,6 +65,8 @@ struct SystemReport {
   bool gloo = false;
   bool nccl = false;
   bool mpi = false;
+  // tandem's own CUDA kernels compiled in (fused_cross_entropy's).
+  bool cuda_kernels = false;
 
   bool cuda_available = false;
   int cuda_device_count = 0;

@@ -1,0 +1,132 @@
+// fused_cross_entropy's CUDA kernels against LibTorch's cross-entropy on the
+// same GPU: the loss of the fp32 copy of the logits, and its gradient cast
+// back to the logits' dtype (what autocast's path gives). float32, bfloat16
+// and float16 logits; GPT-2's padded vocabulary (16-byte packs), its odd
+// one (one value at a time), a small and a single class; ignored targets, a
+// row with -inf logits, an upstream gradient of a loss scale. The loss
+// agrees within 1e-5 relative (fp32 sums in another order); each bf16 and
+// fp16 gradient value within one unit in the last place, fp32 ones within
+// 1e-5 relative, and the figures count the bit-equal ones. Then the speed of both on GPT-2 124m's logits.
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "gpu/gpu_testing.h"
+#include "tandem/amp/cross_entropy.h"
+
+namespace tandem {
+namespace {
+
+namespace F = torch::nn::functional;
+
+struct LossAndGrad {
+  at::Tensor loss, grad;
+};
+
+LossAndGrad run(const at::Tensor& logits, const at::Tensor& targets, double upstream, bool fused) {
+  auto x = logits.detach().clone().requires_grad_(true);
+  at::Tensor loss =
+      fused ? fused_cross_entropy(x, targets)
+            : F::cross_entropy(x.to(torch::kFloat), targets);
+  (loss * upstream).backward();
+  return {loss.detach(), x.grad()};
+}
+
+// The distance between adjacent values of `dtype` at |v| (subnormals
+// included), as doubles.
+at::Tensor ulp(const at::Tensor& v, torch::ScalarType dtype) {
+  const double mantissa_bits = dtype == torch::kBFloat16 ? 8 : dtype == torch::kHalf ? 11 : 24;
+  const double min_exponent = dtype == torch::kHalf ? -14 : -126;  // of the normal numbers
+  auto exponent = torch::floor(torch::log2(v.abs().clamp_min(1e-300))).clamp_min(min_exponent);
+  return torch::pow(2.0, exponent - (mantissa_bits - 1));
+}
+
+// One unit in the last place of the reference, or, for float32 where
+// rounding hides nothing, 1e-5 of it: the log-sum-exp of ~50k values summed
+// in another order differs by a few units, and every probability with it.
+at::Tensor gradient_tolerance(const at::Tensor& want, torch::ScalarType dtype) {
+  return torch::maximum(ulp(want, dtype), want.abs() * 1e-5) + 1e-30;
+}
+
+TEST(GpuCrossEntropy, FusedKernelsMatchLibTorchsCrossEntropy) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_TRUE(built_with_cuda_kernels())
+      << "the library was built without its CUDA kernels (no nvcc at configure time?)";
+  const auto device = torch::Device(torch::kCUDA);
+  torch::manual_seed(17);
+  nlohmann::json figures;
+  for (auto dtype : {torch::kBFloat16, torch::kHalf, torch::kFloat}) {
+    for (int64_t classes : {50304, 50257, 17, 1}) {
+      for (double upstream : {1.0, 65536.0}) {
+        const std::string name = std::string(c10::toString(dtype)) + "_" + std::to_string(classes) +
+                                 "_x" + std::to_string(static_cast<int64_t>(upstream));
+        SCOPED_TRACE(name);
+        const int64_t rows = 37;
+        auto logits = (torch::randn({rows, classes}, device) * 3).to(dtype);
+        auto targets = torch::randint(classes, {rows}, torch::dtype(torch::kLong).device(device));
+        targets.index_put_({torch::arange(0, rows, 5, torch::kLong)}, -100);  // 8 ignored
+        if (classes > 4) {
+          logits[3].fill_(-std::numeric_limits<float>::infinity());
+          logits[3][2] = 0.5;
+          targets[3] = 2;
+        }
+        ASSERT_TRUE(fused_cross_entropy_uses_kernel(logits));
+        const auto got = run(logits, targets, upstream, true);
+        const auto want = run(logits, targets, upstream, false);
+        const double loss_diff = std::abs(got.loss.item<double>() - want.loss.item<double>()) /
+                                 std::max(1e-12, std::abs(want.loss.item<double>()));
+        EXPECT_LT(loss_diff, 1e-5) << got.loss.item<double>() << " vs " << want.loss.item<double>();
+        ASSERT_EQ(got.grad.scalar_type(), dtype);
+        const auto g = got.grad.to(torch::kDouble), w = want.grad.to(torch::kDouble);
+        const auto off = (g - w).abs();
+        const auto within = off <= gradient_tolerance(w, dtype);
+        EXPECT_TRUE(within.all().item<bool>())
+            << "largest gradient difference " << off.max().item<double>();
+        EXPECT_TRUE(got.grad.index({torch::arange(0, rows, 5, torch::kLong)}).eq(0).all().item<bool>())
+            << "ignored rows get zero gradients";
+        figures[name] = {{"loss_relative_diff", loss_diff},
+                         {"grad_bit_equal", torch::equal(got.grad, want.grad)
+                                                ? 1.0
+                                                : g.eq(w).to(torch::kDouble).mean().item<double>()}};
+      }
+    }
+  }
+  // Every target ignored: NaN, as PyTorch.
+  auto logits = torch::randn({4, 64}, device).to(torch::kBFloat16);
+  auto ignored = torch::full({4}, -100, torch::dtype(torch::kLong).device(device));
+  EXPECT_TRUE(std::isnan(fused_cross_entropy(logits, ignored).item<float>()));
+  testing::record_gpu_figures("fused_cross_entropy_parity", figures);
+}
+
+// GPT-2 124m's loss at batch 16 x 1024 (16384 rows of 50304 bf16 logits):
+// forward and backward of the fused loss against autocast's path, on the
+// same GPU. A figure, not a goal: docs/performance.md reads it.
+TEST(GpuCrossEntropy, SpeedOnGpt2SmallsLogits) {
+  TANDEM_REQUIRE_CUDA();
+  if (!built_with_cuda_kernels()) GTEST_SKIP() << "built without tandem's CUDA kernels";
+  const auto device = torch::Device(torch::kCUDA);
+  auto logits = torch::randn({16384, 50304}, device).to(torch::kBFloat16).requires_grad_(true);
+  auto targets = torch::randint(50304, {16384}, torch::dtype(torch::kLong).device(device));
+  auto step = [&](bool fused) {
+    return [&, fused] {
+      logits.mutable_grad() = at::Tensor();
+      at::Tensor loss = fused ? fused_cross_entropy(logits, targets)
+                              : F::cross_entropy(logits.to(torch::kFloat), targets);
+      loss.backward();
+    };
+  };
+  const double fused_ms = testing::gpu_ms_per_call(3, 20, step(true));
+  const double aten_ms = testing::gpu_ms_per_call(3, 20, step(false));
+  torch::cuda::synchronize();
+  testing::record_gpu_figures("fused_cross_entropy_speed",
+                              {{"rows", 16384},
+                               {"classes", 50304},
+                               {"fused_ms", fused_ms},
+                               {"aten_fp32_ms", aten_ms},
+                               {"speedup", aten_ms / fused_ms}});
+  EXPECT_GT(fused_ms, 0);
+}
+
+}  // namespace
+}  // namespace tandem
