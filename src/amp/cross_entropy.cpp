@@ -53,9 +53,15 @@ void check_cross_entropy_inputs(const at::Tensor& logits, const at::Tensor& targ
 at::Tensor aten_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                               const CrossEntropyOptions& options) {
   namespace F = torch::nn::functional;
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                          targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().ignore_index(options.ignore_index));
+  auto aten_options = F::CrossEntropyFuncOptions().ignore_index(options.ignore_index);
+  switch (options.reduction) {
+    case CrossEntropyReduction::kMean: aten_options.reduction(torch::kMean); break;
+    case CrossEntropyReduction::kSum: aten_options.reduction(torch::kSum); break;
+    case CrossEntropyReduction::kNone: aten_options.reduction(torch::kNone); break;
+  }
+  at::Tensor loss = F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                     targets.reshape({-1}), aten_options);
+  return options.reduction == CrossEntropyReduction::kNone ? loss.view(targets.sizes()) : loss;
 }
 
 #if TANDEM_CUDA_KERNELS_BUILT
@@ -72,10 +78,11 @@ void check_launch(cudaError_t status, const char* pass) {
 }
 
 // Saved for backward: the logits as given (no fp32 copy), the targets, one
-// fp32 log-sum-exp per row and the count of non-ignored targets.
+// fp32 log-sum-exp per row and, for a mean, the count of non-ignored
+// targets. Returns the [rows] losses unreduced, or their sum or mean.
 struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, int64_t ignore_index) {
+                            const at::Tensor& targets, int64_t ignore_index, int64_t reduction) {
     const c10::cuda::CUDAGuard guard(logits.device());
     const int64_t rows = logits.size(0), classes = logits.size(1);
     const auto fp32 = logits.options().dtype(at::kFloat);
@@ -87,10 +94,22 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
                      row_loss.data_ptr<float>(), lse.data_ptr<float>(),
                      at::cuda::getCurrentCUDAStream(logits.device().index())),
                  "forward");
-    at::Tensor count = targets.ne(ignore_index).sum().to(at::kFloat);
-    ctx->save_for_backward({logits, targets, lse, count});
     ctx->saved_data["ignore_index"] = ignore_index;
-    return row_loss.sum() / count;
+    ctx->saved_data["reduction"] = reduction;
+    switch (static_cast<CrossEntropyReduction>(reduction)) {
+      case CrossEntropyReduction::kMean: {
+        at::Tensor count = targets.ne(ignore_index).sum().to(at::kFloat);
+        ctx->save_for_backward({logits, targets, lse, count});
+        return row_loss.sum() / count;
+      }
+      case CrossEntropyReduction::kSum:
+        ctx->save_for_backward({logits, targets, lse});
+        return row_loss.sum();
+      case CrossEntropyReduction::kNone:
+        break;
+    }
+    ctx->save_for_backward({logits, targets, lse});
+    return row_loss;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -100,18 +119,24 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
                      "(create_graph=true), use torch::nn::functional::cross_entropy");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& logits = saved[0];
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const c10::cuda::CUDAGuard guard(logits.device());
-    const at::Tensor scale = (grads[0].to(at::kFloat) / saved[3]).contiguous();
+    const auto reduction = static_cast<CrossEntropyReduction>(ctx->saved_data["reduction"].toInt());
+    // One factor for the whole tensor (the upstream gradient, over the count
+    // for a mean), or, unreduced, one per row.
+    at::Tensor scale = grads[0].to(at::kFloat);
+    if (reduction == CrossEntropyReduction::kMean) scale = scale / saved[3];
+    scale = scale.contiguous();
+    const int64_t scale_stride = reduction == CrossEntropyReduction::kNone ? 1 : 0;
     at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
     check_launch(cross_entropy_cuda::launch_backward(
                      logits.data_ptr(), kernel_type(logits.scalar_type()),
                      saved[1].data_ptr<int64_t>(), saved[2].data_ptr<float>(),
-                     scale.data_ptr<float>(), logits.size(0), logits.size(1),
+                     scale.data_ptr<float>(), scale_stride, logits.size(0), logits.size(1),
                      ctx->saved_data["ignore_index"].toInt(), grad.data_ptr(),
                      at::cuda::getCurrentCUDAStream(logits.device().index())),
                  "backward");
-    return {grad, at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -144,8 +169,10 @@ at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& targe
   TANDEM_CHECK_ARG(rows.size(0) <= INT32_MAX,
                    "fused_cross_entropy: {} rows of logits; the kernel takes at most 2^31 - 1",
                    rows.size(0));
-  return FusedCrossEntropyFunction::apply(rows, targets.reshape({-1}).contiguous(),
-                                          options.ignore_index);
+  at::Tensor loss = FusedCrossEntropyFunction::apply(rows, targets.reshape({-1}).contiguous(),
+                                                     options.ignore_index,
+                                                     static_cast<int64_t>(options.reduction));
+  return options.reduction == CrossEntropyReduction::kNone ? loss.view(targets.sizes()) : loss;
 #else
   return aten_cross_entropy(logits, targets, options);
 #endif

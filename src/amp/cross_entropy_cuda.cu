@@ -110,7 +110,8 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets,
                     const float* __restrict__ lse, const float* __restrict__ scale,
-                    int64_t classes, int64_t ignore_index, T* __restrict__ grad) {
+                    int64_t scale_stride, int64_t classes, int64_t ignore_index,
+                    T* __restrict__ grad) {
   const int64_t row = blockIdx.x;
   const int64_t target = targets[row];
   auto* out = reinterpret_cast<Pack<T, kVec>*>(grad + row * classes);
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const auto* in = reinterpret_cast<const Pack<T, kVec>*>(logits + row * classes);
   const float row_lse = lse[row];
-  const float factor = *scale;
+  const float factor = scale[row * scale_stride];
   for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
     const Pack<T, kVec> pack = in[i];
     Pack<T, kVec> result;
@@ -165,16 +166,17 @@ cudaError_t forward_typed(const void* logits, const int64_t* targets, int64_t ro
 
 template <typename T>
 cudaError_t backward_typed(const void* logits, const int64_t* targets, const float* lse,
-                           const float* scale, int64_t rows, int64_t classes,
-                           int64_t ignore_index, void* grad, cudaStream_t stream) {
+                           const float* scale, int64_t scale_stride, int64_t rows,
+                           int64_t classes, int64_t ignore_index, void* grad,
+                           cudaStream_t stream) {
   const auto* x = static_cast<const T*>(logits);
   auto* g = static_cast<T*>(grad);
   if (rows_take_packs<T>(classes, logits, grad)) {
     backward_kernel<T, 16 / sizeof(T)><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        x, targets, lse, scale, classes, ignore_index, g);
+        x, targets, lse, scale, scale_stride, classes, ignore_index, g);
   } else {
     backward_kernel<T, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        x, targets, lse, scale, classes, ignore_index, g);
+        x, targets, lse, scale, scale_stride, classes, ignore_index, g);
   }
   return cudaGetLastError();
 }
@@ -200,19 +202,20 @@ cudaError_t launch_forward(const void* logits, LogitsType type, const int64_t* t
 }
 
 cudaError_t launch_backward(const void* logits, LogitsType type, const int64_t* targets,
-                            const float* lse, const float* scale, int64_t rows, int64_t classes,
-                            int64_t ignore_index, void* grad, cudaStream_t stream) {
+                            const float* lse, const float* scale, int64_t scale_stride,
+                            int64_t rows, int64_t classes, int64_t ignore_index, void* grad,
+                            cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   switch (type) {
     case LogitsType::kFloat:
-      return backward_typed<float>(logits, targets, lse, scale, rows, classes, ignore_index, grad,
-                                   stream);
+      return backward_typed<float>(logits, targets, lse, scale, scale_stride, rows, classes,
+                                   ignore_index, grad, stream);
     case LogitsType::kHalf:
-      return backward_typed<__half>(logits, targets, lse, scale, rows, classes, ignore_index,
-                                    grad, stream);
+      return backward_typed<__half>(logits, targets, lse, scale, scale_stride, rows, classes,
+                                    ignore_index, grad, stream);
     case LogitsType::kBFloat16:
-      return backward_typed<__nv_bfloat16>(logits, targets, lse, scale, rows, classes,
-                                           ignore_index, grad, stream);
+      return backward_typed<__nv_bfloat16>(logits, targets, lse, scale, scale_stride, rows,
+                                           classes, ignore_index, grad, stream);
   }
   return cudaErrorInvalidValue;
 }

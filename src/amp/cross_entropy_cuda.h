@@ -21,12 +21,14 @@ cudaError_t launch_forward(const void* logits, LogitsType type, const int64_t* t
                            int64_t rows, int64_t classes, int64_t ignore_index, float* row_loss,
                            float* lse_out, cudaStream_t stream);
 
-// grad[r, j] = (exp(logits[r, j] - lse[r]) - (j == targets[r])) * *scale, in
-// the logits' dtype; rows whose target is ignore_index get zeros. `scale`
-// points to one fp32 on the device (the upstream gradient over the count of
-// targets), so that nothing waits for the host.
+// grad[r, j] = (exp(logits[r, j] - lse[r]) - (j == targets[r])) *
+// scale[r * scale_stride], in the logits' dtype; rows whose target is
+// ignore_index get zeros. `scale` is fp32 on the device, so that nothing
+// waits for the host: one value (stride 0; the upstream gradient, over the
+// count of targets for a mean) or one per row (stride 1; no reduction).
 cudaError_t launch_backward(const void* logits, LogitsType type, const int64_t* targets,
-                            const float* lse, const float* scale, int64_t rows, int64_t classes,
-                            int64_t ignore_index, void* grad, cudaStream_t stream);
+                            const float* lse, const float* scale, int64_t scale_stride,
+                            int64_t rows, int64_t classes, int64_t ignore_index, void* grad,
+                            cudaStream_t stream);
 
 }  // namespace tandem::cross_entropy_cuda

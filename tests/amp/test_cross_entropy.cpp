@@ -26,21 +26,37 @@ struct LossAndGrad {
   at::Tensor loss, grad;
 };
 
-LossAndGrad fused(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {
+F::CrossEntropyFuncOptions::reduction_t aten_reduction(CrossEntropyReduction reduction) {
+  if (reduction == CrossEntropyReduction::kSum) return torch::kSum;
+  if (reduction == CrossEntropyReduction::kNone) return torch::kNone;
+  return torch::kMean;
+}
+
+// Backward through the loss: a scalar directly, unreduced losses weighted
+// by a fixed tensor (so that each row gets its own upstream gradient).
+void backward_of(const at::Tensor& loss) {
+  if (loss.dim() == 0) return loss.backward();
+  (loss * torch::linspace(0.5, 2.0, loss.numel()).view(loss.sizes())).sum().backward();
+}
+
+LossAndGrad fused(const at::Tensor& logits, const at::Tensor& targets,
+                  const CrossEntropyOptions& options) {
   auto x = logits.detach().clone().requires_grad_(true);
-  CrossEntropyOptions options;
-  options.ignore_index = ignore_index;
   auto loss = fused_cross_entropy(x, targets, options);
-  loss.backward();
+  backward_of(loss);
   return {loss.detach(), x.grad()};
 }
 
-LossAndGrad reference(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index) {
+LossAndGrad reference(const at::Tensor& logits, const at::Tensor& targets,
+                      const CrossEntropyOptions& options) {
   auto x = logits.detach().clone().requires_grad_(true);
   const int64_t classes = logits.size(-1);
   auto loss = F::cross_entropy(x.reshape({-1, classes}).to(torch::kFloat), targets.reshape({-1}),
-                               F::CrossEntropyFuncOptions().ignore_index(ignore_index));
-  loss.backward();
+                               F::CrossEntropyFuncOptions()
+                                   .ignore_index(options.ignore_index)
+                                   .reduction(aten_reduction(options.reduction)));
+  if (options.reduction == CrossEntropyReduction::kNone) loss = loss.view(targets.sizes());
+  backward_of(loss);
   return {loss.detach(), x.grad()};
 }
 
@@ -49,24 +65,32 @@ TEST(FusedCrossEntropy, OnTheCpuItIsLibTorchsFp32CrossEntropyBitForBit) {
   torch::manual_seed(3);
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     for (int64_t ignore_index : {int64_t{-100}, int64_t{4}}) {
-      SCOPED_TRACE(std::string(c10::toString(dtype)) + " ignore_index " +
-                   std::to_string(ignore_index));
-      // [batch 3, time 5, 17 classes]; a few targets ignored, one row of -inf but its target.
-      auto logits = (torch::randn({3, 5, 17}) * 3).to(dtype);
-      logits[1][2].fill_(-std::numeric_limits<float>::infinity());
-      logits[1][2][6] = 1.0;
-      auto targets = torch::randint(17, {3, 5}, torch::kLong);
-      targets[1][2] = 6;
-      targets[0][1] = ignore_index;
-      targets[2][4] = ignore_index;
-      const auto got = fused(logits, targets, ignore_index);
-      const auto want = reference(logits, targets, ignore_index);
-      EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
-      EXPECT_EQ(got.loss.dim(), 0);
-      EXPECT_TRUE(torch::equal(got.loss, want.loss)) << got.loss << " vs " << want.loss;
-      EXPECT_EQ(got.grad.scalar_type(), dtype) << "the gradient keeps the logits' dtype";
-      EXPECT_TRUE(torch::equal(got.grad, want.grad));
-      EXPECT_TRUE(torch::all(got.grad[0][1] == 0).item<bool>()) << "an ignored target";
+      for (auto reduction : {CrossEntropyReduction::kMean, CrossEntropyReduction::kSum,
+                             CrossEntropyReduction::kNone}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " ignore_index " +
+                     std::to_string(ignore_index) + " reduction " +
+                     std::to_string(static_cast<int>(reduction)));
+        // [batch 3, time 5, 17 classes]; a few targets ignored, one row of
+        // -inf but its target.
+        auto logits = (torch::randn({3, 5, 17}) * 3).to(dtype);
+        logits[1][2].fill_(-std::numeric_limits<float>::infinity());
+        logits[1][2][6] = 1.0;
+        auto targets = torch::randint(17, {3, 5}, torch::kLong);
+        targets[1][2] = 6;
+        targets[0][1] = ignore_index;
+        targets[2][4] = ignore_index;
+        const CrossEntropyOptions options{ignore_index, reduction};
+        const auto got = fused(logits, targets, options);
+        const auto want = reference(logits, targets, options);
+        EXPECT_EQ(got.loss.scalar_type(), torch::kFloat);
+        EXPECT_EQ(got.loss.sizes(), reduction == CrossEntropyReduction::kNone
+                                        ? targets.sizes()
+                                        : at::IntArrayRef{});
+        EXPECT_TRUE(torch::equal(got.loss, want.loss)) << got.loss << " vs " << want.loss;
+        EXPECT_EQ(got.grad.scalar_type(), dtype) << "the gradient keeps the logits' dtype";
+        EXPECT_TRUE(torch::equal(got.grad, want.grad));
+        EXPECT_TRUE(torch::all(got.grad[0][1] == 0).item<bool>()) << "an ignored target";
+      }
     }
   }
 }
@@ -74,9 +98,9 @@ TEST(FusedCrossEntropy, OnTheCpuItIsLibTorchsFp32CrossEntropyBitForBit) {
 TEST(FusedCrossEntropy, EveryTargetIgnoredGivesNaNAsPyTorch) {
   auto logits = torch::randn({4, 9});
   auto targets = torch::full({4}, -100, torch::kLong);
-  const auto got = fused(logits, targets, -100);
+  const auto got = fused(logits, targets, {});
   EXPECT_TRUE(std::isnan(got.loss.item<float>()));
-  EXPECT_TRUE(std::isnan(reference(logits, targets, -100).loss.item<float>()));
+  EXPECT_TRUE(std::isnan(reference(logits, targets, {}).loss.item<float>()));
 }
 
 TEST(FusedCrossEntropy, UnderCpuAutocastItTrainsTheSameLinearLayer) {

@@ -22,19 +22,27 @@
 
 namespace tandem {
 
+enum class CrossEntropyReduction {
+  kMean,  // over the non-ignored targets (PyTorch's "mean")
+  kSum,   // over all targets, ignored ones adding 0 ("sum")
+  kNone,  // one loss per target, 0 for ignored ones, shaped like targets ("none")
+};
+
 struct CrossEntropyOptions {
   // Targets equal to this are left out of the loss and the mean, and get a
   // zero gradient (PyTorch's ignore_index).
   int64_t ignore_index = -100;
+  CrossEntropyReduction reduction = CrossEntropyReduction::kMean;
 };
 
-// The mean over the non-ignored targets of -log softmax(logits)[target], as
-// an fp32 scalar: what
+// -log softmax(logits)[target] per target, reduced as options.reduction
+// says, in fp32: what
 //   torch::nn::functional::cross_entropy(
 //       logits.reshape({-1, classes}).to(torch::kFloat), targets.reshape({-1}),
-//       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index))
-// gives, differentiable with respect to the logits. With every target
-// ignored the mean is 0/0 = NaN, as PyTorch's.
+//       CrossEntropyFuncOptions().ignore_index(ignore_index).reduction(...))
+// gives (reshaped to targets' shape for kNone), differentiable with respect
+// to the logits. With every target ignored the mean is 0/0 = NaN, as
+// PyTorch's.
 //
 // logits: [..., classes], float32, bfloat16 or float16; targets: int64 with
 // logits' shape less the last dimension (class indices, no probabilities).
