@@ -47,8 +47,8 @@ struct ReadContext {
   // whose value a reader looked at (through any Value of that path);
   // check_keys_read() warns about the keys no reader looked at (a key
   // accepted and then ignored is a reader bug).
-  mutable std::vector<std::string> implemented_keys;
-  mutable std::set<std::string> read_paths;
+  mutable std::vector<std::string> implemented_keys{};
+  mutable std::set<std::string> read_paths{};
 };
 
 // Adds a warning for each key of ctx.read_keys whose value no reader looked

@@ -157,10 +157,14 @@ TEST_P(WallClock, TrackersGetTheFourAveragesAtEveryStepsPerPrintSteps) {
       EXPECT_TRUE(std::isfinite(ms) && ms >= 0) << key << " = " << ms;
     }
     EXPECT_GT(row["wall_clock/backward_ms"].get<double>(), 0);
-    if (world > 1) EXPECT_GT(row["wall_clock/communication_ms"].get<double>(), 0);
+    if (world > 1) {
+      EXPECT_GT(row["wall_clock/communication_ms"].get<double>(), 0);
+    }
   }
   // One process without ZeRO communicates nothing.
-  if (world == 1 && stage == 0) EXPECT_EQ(out.rows[2]["wall_clock/communication_ms"], 0.0);
+  if (world == 1 && stage == 0) {
+    EXPECT_EQ(out.rows[2]["wall_clock/communication_ms"], 0.0);
+  }
   // The API gives the last window: rank 0's is what the trackers got.
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(out.wall_clock[r].step, 6) << "rank " << r;
