@@ -11,6 +11,9 @@
 
 #include <torch/torch.h>
 
+#include "tandem/amp/autocast.h"
+#include "tandem/amp/fused_layer_norm.h"
+
 namespace gpt2 {
 
 struct Gpt2Config {
@@ -19,7 +22,23 @@ struct Gpt2Config {
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
+  // LayerNorms through tandem::fused_layer_norm, whose output is already in
+  // autocast's dtype (tandem's CUDA kernels on a GPU), instead of
+  // torch::nn::LayerNorm's fp32 output that the next Linear casts.
+  bool fused_layer_norm = false;
 };
+
+// ln(x), or with fused_layer_norm the same rows written in the dtype the
+// next Linear reads (autocast's, when it is on for x's device).
+inline torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                bool fused) {
+  if (!fused) return ln->forward(x);
+  tandem::FusedLayerNormOptions options;
+  options.eps = ln->options.eps();
+  const auto device = x.device().type();
+  if (tandem::is_autocast_enabled(device)) options.output_dtype = tandem::autocast_dtype(device);
+  return tandem::fused_layer_norm(x, ln->weight, ln->bias, options);
+}
 
 // tiny: the demo's size; small: 6 x 384; 124m: GPT-2 small.
 inline Gpt2Config preset(const std::string& name) {
@@ -61,16 +80,17 @@ struct MlpImpl : torch::nn::Module {
 TORCH_MODULE(Mlp);
 
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(const Gpt2Config& c) {
+  explicit BlockImpl(const Gpt2Config& c) : fused(c.fused_layer_norm) {
     ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     attn = register_module("attn", Attention(c));
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
     mlp = register_module("mlp", Mlp(c));
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = x + attn(ln_1(x));
-    return x + mlp(ln_2(x));
+    x = x + attn(layer_norm(ln_1, x, fused));
+    return x + mlp(layer_norm(ln_2, x, fused));
   }
+  bool fused;
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
@@ -94,7 +114,8 @@ struct Gpt2Impl : torch::nn::Module {
     auto positions = torch::arange(tokens.size(1), tokens.options());
     auto x = wte(tokens) + wpe(positions);
     for (auto& block : *h) x = block->as<BlockImpl>()->forward(x);
-    return torch::nn::functional::linear(ln_f(x), wte->weight);
+    return torch::nn::functional::linear(layer_norm(ln_f, x, config.fused_layer_norm),
+                                         wte->weight);
   }
 
   // GPT-2's initialisation: N(0, 0.02), the residual projections scaled by

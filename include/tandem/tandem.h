@@ -7,6 +7,7 @@
 #include "tandem/amp/autocast.h"
 #include "tandem/amp/cpu_bf16.h"
 #include "tandem/amp/cross_entropy.h"
+#include "tandem/amp/fused_layer_norm.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/module_weights.h"
 #include "tandem/checkpoint/safetensors.h"

@@ -66,13 +66,7 @@ at::Tensor aten_cross_entropy(const at::Tensor& logits, const at::Tensor& target
 
 #if TANDEM_CUDA_KERNELS_BUILT
 
-cross_entropy_cuda::LogitsType kernel_type(at::ScalarType type) {
-  if (type == at::kBFloat16) return cross_entropy_cuda::LogitsType::kBFloat16;
-  if (type == at::kHalf) return cross_entropy_cuda::LogitsType::kHalf;
-  return cross_entropy_cuda::LogitsType::kFloat;
-}
-
-void check_launch(cudaError_t status, const char* pass) {
+void check_cross_entropy_launch(cudaError_t status, const char* pass) {
   TANDEM_CHECK(status == cudaSuccess, "fused_cross_entropy: the {} kernel did not launch: {}", pass,
                cudaGetErrorString(status));
 }
@@ -88,8 +82,8 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
     const auto fp32 = logits.options().dtype(at::kFloat);
     at::Tensor row_loss = at::empty({rows}, fp32);
     at::Tensor lse = at::empty({rows}, fp32);
-    check_launch(cross_entropy_cuda::launch_forward(
-                     logits.data_ptr(), kernel_type(logits.scalar_type()),
+    check_cross_entropy_launch(cross_entropy_cuda::launch_forward(
+                     logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
                      targets.data_ptr<int64_t>(), rows, classes, ignore_index,
                      row_loss.data_ptr<float>(), lse.data_ptr<float>(),
                      at::cuda::getCurrentCUDAStream(logits.device().index())),
@@ -129,8 +123,8 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
     scale = scale.contiguous();
     const int64_t scale_stride = reduction == CrossEntropyReduction::kNone ? 1 : 0;
     at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
-    check_launch(cross_entropy_cuda::launch_backward(
-                     logits.data_ptr(), kernel_type(logits.scalar_type()),
+    check_cross_entropy_launch(cross_entropy_cuda::launch_backward(
+                     logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
                      saved[1].data_ptr<int64_t>(), saved[2].data_ptr<float>(),
                      scale.data_ptr<float>(), scale_stride, logits.size(0), logits.size(1),
                      ctx->saved_data["ignore_index"].toInt(), grad.data_ptr(),

@@ -9,9 +9,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include "amp/kernel_value_type.h"
+
 namespace tandem::cross_entropy_cuda {
 
-enum class LogitsType { kFloat, kHalf, kBFloat16 };
+using LogitsType = cuda_kernels::ValueType;
 
 // One block per row of `logits` ([rows, classes], contiguous): row_loss[r] =
 // lse - logits[r, targets[r]] and lse_out[r] = log-sum-exp of the row, both

@@ -472,9 +472,10 @@ TEST(Gpt2Example, TinyPresetTrainsOnTwoCpuRanksAndReportsTheDocumentedJson) {
                        240);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto result = last_json_line(r.out);
-  for (const char* key : {"model", "preset", "params", "device", "precision", "cuda_graph", "loss",
-                          "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
-                          "peak_tflops", "peak_memory_mb", "final_loss", "losses"}) {
+  for (const char* key :
+       {"model", "preset", "params", "device", "precision", "cuda_graph", "loss", "layer_norm",
+        "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token", "peak_tflops",
+        "peak_memory_mb", "final_loss", "losses"}) {
     EXPECT_TRUE(result.contains(key)) << key << " missing from " << result.dump();
   }
   EXPECT_EQ(result["loss"], "fused-on-aten") << "on a CPU the fused loss is LibTorch's";
@@ -518,20 +519,28 @@ TEST(Gpt2Example, ReadsAnLlmcTokenFileAndRefusesATokenOutsideTheVocabulary) {
       << bad.err;
 }
 
-// On a CPU, --loss fused (tandem::fused_cross_entropy) is LibTorch's loss
-// exactly: the same losses, step by step, as --loss aten.
-TEST(Gpt2Example, FusedLossTrainsLikeLibTorchsOnTheCpu) {
-  auto losses = [](const std::string& loss) {
-    auto r = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--max-steps", "3",
-                          "--warmup-measure", "0", "--batch-size", "2", "--losses", "--loss",
-                          loss},
-                         120);
+// On a CPU, the fused loss and LayerNorm (tandem::fused_cross_entropy,
+// tandem::fused_layer_norm, the defaults) are LibTorch's ops exactly: under
+// bf16 autocast, the same losses step by step as --loss aten --layer-norm
+// aten.
+TEST(Gpt2Example, FusedLossAndLayerNormTrainLikeLibTorchsOnTheCpu) {
+  auto run = [](std::vector<std::string> flags) {
+    std::vector<std::string> argv = {bin("gpt2"), "--preset", "tiny", "--device", "cpu",
+                                     "--max-steps", "3", "--warmup-measure", "0", "--batch-size",
+                                     "2", "--mixed-precision", "bf16", "--losses"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto r = run_process(argv, 120);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    return last_json_line(r.out)["losses"].get<std::vector<double>>();
+    return last_json_line(r.out);
   };
-  const auto fused = losses("fused"), aten = losses("aten");
-  ASSERT_EQ(fused.size(), 3u);
-  EXPECT_EQ(fused, aten);
+  const auto fused = run({}), aten = run({"--loss", "aten", "--layer-norm", "aten"});
+  EXPECT_EQ(fused["loss"], "fused-on-aten");
+  EXPECT_EQ(fused["layer_norm"], "fused-on-aten");
+  EXPECT_EQ(aten["loss"], "aten");
+  EXPECT_EQ(aten["layer_norm"], "aten");
+  const auto fused_losses = fused["losses"].get<std::vector<double>>();
+  ASSERT_EQ(fused_losses.size(), 3u);
+  EXPECT_EQ(fused_losses, aten["losses"].get<std::vector<double>>());
   auto bad = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--loss", "liger"}, 60);
   EXPECT_EQ(bad.exit_code, 105) << "CLI11's code for a value outside the set: " << bad.err;
   EXPECT_NE(bad.err.find("--loss"), std::string::npos) << bad.err;
@@ -558,7 +567,8 @@ TEST(Gpt2Example, CompareGpt2TinyOnTheCpuReportsEveryCase) {
     EXPECT_EQ(cases[name]["status"], "ok") << name << ": " << cases[name].dump();
     EXPECT_GT(cases[name].value("tokens_per_s", 0.0), 0) << name;
   }
-  for (const char* name : {"python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss"}) {
+  for (const char* name :
+       {"python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss", "tandem-graph-aten-ln"}) {
     ASSERT_TRUE(cases.contains(name)) << name << " missing: " << result.dump();
     EXPECT_EQ(cases[name]["status"], "skipped") << name << ": " << cases[name].dump();
   }

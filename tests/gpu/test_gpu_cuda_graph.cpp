@@ -7,8 +7,8 @@
 // Under fp16 the loss scale after every step and the skipped steps must be
 // the eager run's exactly (the scaler starts at 2^24 and grows every 10
 // steps, so that steps overflow). Two cases take tandem's fused
-// cross-entropy (its CUDA kernels inside the capture), and one check trains
-// with it against LibTorch's loss. Then the refusals a GPU run can reach: a host
+// cross-entropy and LayerNorm (their CUDA kernels inside the capture), and
+// one check trains with them against LibTorch's ops. Then the refusals a GPU run can reach: a host
 // read inside the captured step, and more batch shapes than max_captures.
 
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/cross_entropy.h"
+#include "tandem/amp/fused_layer_norm.h"
 #include "tandem/optim/lr_scheduler.h"
 #include "tandem/core/error.h"
 
@@ -40,9 +41,10 @@ struct TrainedRun {
 gpt2::Gpt2Config tiny() { return gpt2::preset("tiny"); }
 
 // 100 optimizer steps of the tiny GPT-2 on batches drawn from a fixed seed.
-// fused_loss: tandem::fused_cross_entropy (its CUDA kernels, captured with
-// the rest) instead of LibTorch's cross-entropy.
-TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, bool fused_loss = false,
+// fused: tandem::fused_cross_entropy and tandem::fused_layer_norm (their
+// CUDA kernels, captured with the rest) instead of LibTorch's loss and
+// LayerNorm.
+TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, bool fused = false,
                  int64_t steps = 100) {
   TrainedRun run;
   run_ranks(1, [&](ProcessGroup& pg) {
@@ -56,7 +58,9 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, boo
     config.fp16.loss_scale_window = 10;
     Accelerator accelerator(pg.shared_from_this(), config);
     torch::manual_seed(7);
-    gpt2::Gpt2 model(tiny());
+    gpt2::Gpt2Config shape = tiny();
+    shape.fused_layer_norm = fused;
+    gpt2::Gpt2 model(shape);
     auto adamw = std::make_shared<torch::optim::AdamW>(
         model->parameters(),
         torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).weight_decay(0.1));
@@ -70,8 +74,8 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, boo
     const int64_t vocab = tiny().vocab_size, t = tiny().block_size;
     auto step = accelerator.train_step(optimizer, [&](const std::vector<at::Tensor>& b) {
       auto logits = model->forward(b[0]).view({-1, vocab});
-      return fused_loss ? fused_cross_entropy(logits, b[1].view({-1}))
-                        : torch::nn::functional::cross_entropy(logits, b[1].view({-1}));
+      return fused ? fused_cross_entropy(logits, b[1].view({-1}))
+                   : torch::nn::functional::cross_entropy(logits, b[1].view({-1}));
     });
     torch::manual_seed(11);
     const auto tokens = torch::randint(vocab, {steps * accumulation, 16, t + 1}, torch::kLong);
@@ -101,10 +105,10 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, boo
   return run;
 }
 
-// The fused loss against LibTorch's, eager, bf16: the same training within
-// bf16's noise (the losses of its first steps within 1e-3 relative, all 100
-// within 2e-2), since only the loss's last rounding differs.
-TEST(GpuFusedLoss, TrainsTheTinyGpt2LikeLibTorchsCrossEntropy) {
+// The fused loss and LayerNorm against LibTorch's, eager, bf16: the same
+// training within bf16's noise (the losses of its first steps within 1e-3
+// relative, all 100 within 2e-2), since only last roundings differ.
+TEST(GpuFusedOps, TrainTheTinyGpt2LikeLibTorchsOps) {
   TANDEM_REQUIRE_CUDA();
   const TrainedRun aten = train(false, MixedPrecision::kBf16, 1, false);
   const TrainedRun fused = train(false, MixedPrecision::kBf16, 1, true);
@@ -118,7 +122,7 @@ TEST(GpuFusedLoss, TrainsTheTinyGpt2LikeLibTorchsCrossEntropy) {
   EXPECT_LT(worst_first10, 1e-3);
   EXPECT_LT(worst, 2e-2);
   EXPECT_LT(fused.losses.back(), fused.losses.front()) << "it trained";
-  testing::record_gpu_figures("fused_loss_training",
+  testing::record_gpu_figures("fused_ops_training",
                               {{"max_relative_loss_diff", worst},
                                {"max_relative_loss_diff_first_10", worst_first10},
                                {"aten_ms_per_step", aten.ms_per_step},
@@ -132,9 +136,9 @@ class GpuCudaGraph
 
 TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
   TANDEM_REQUIRE_CUDA();
-  const auto [precision, accumulation, tolerance, fused_loss] = GetParam();
-  const TrainedRun eager = train(false, precision, accumulation, fused_loss);
-  const TrainedRun graphed = train(true, precision, accumulation, fused_loss);
+  const auto [precision, accumulation, tolerance, fused] = GetParam();
+  const TrainedRun eager = train(false, precision, accumulation, fused);
+  const TrainedRun graphed = train(true, precision, accumulation, fused);
   ASSERT_TRUE(graphed.replayed) << "the last steps should replay a graph";
   EXPECT_EQ(graphed.captures, accumulation > 1 ? 2 : 1);
   ASSERT_EQ(eager.losses.size(), graphed.losses.size());
@@ -154,7 +158,7 @@ TEST_P(GpuCudaGraph, CapturedStepsTrainLikeEagerSteps) {
   EXPECT_LT(eager.losses.back(), eager.losses.front()) << "it trained";
   testing::record_gpu_figures(
       std::string("cuda_graph_parity_") + to_string(precision) + "_accumulation" +
-          std::to_string(accumulation) + (fused_loss ? "_fused_loss" : ""),
+          std::to_string(accumulation) + (fused ? "_fused_ops" : ""),
       {{"max_relative_loss_diff", worst},
        {"bit_equal_losses", bit_equal},
        {"losses", static_cast<int64_t>(eager.losses.size())},

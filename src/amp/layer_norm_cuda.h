@@ -1,0 +1,47 @@
+#pragma once
+// Launchers of fused_layer_norm's CUDA kernels (layer_norm_cuda.cu), with
+// raw pointers so that the .cu file needs no LibTorch header. Built only when
+// TANDEM_CUDA_KERNELS_BUILT (the generated amp/cuda_kernels_config.h);
+// src/amp/layer_norm.cpp is the one caller, and it checks every argument
+// first. Every tensor is contiguous; rows x columns is the input's shape,
+// normalised over each row.
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "amp/kernel_value_type.h"
+
+namespace tandem::layer_norm_cuda {
+
+using cuda_kernels::ValueType;
+
+// Which (input, output) dtype pairs the kernels take: float to any of the
+// three, and each half type to itself.
+bool takes(ValueType input, ValueType output);
+
+// y = (x - mean) * rstd * gamma + beta per row, in fp32, stored as `output`;
+// mean and rstd (fp32, one per row) are kept for backward. gamma and beta
+// may be null (1 and 0).
+cudaError_t launch_forward(const void* x, ValueType input, void* y, ValueType output,
+                           const float* gamma, const float* beta, int64_t rows, int64_t columns,
+                           float eps, float* mean, float* rstd, cudaStream_t stream);
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row, g = dy * gamma,
+// xhat = (x - mean) * rstd, in the input's dtype.
+cudaError_t launch_backward_input(const void* dy, ValueType output, const void* x,
+                                  ValueType input, const float* gamma, const float* mean,
+                                  const float* rstd, int64_t rows, int64_t columns, void* dx,
+                                  cudaStream_t stream);
+
+// Column sums over chunks of rows: partial_dgamma[c, j] = sum of dy * xhat
+// and partial_dbeta[c, j] = sum of dy over the rows of partial row c's
+// chunks (partial_rows(rows) of them, each [columns]); the caller adds the
+// partial rows. Either output may be null (not wanted).
+int64_t partial_rows(int64_t rows);
+cudaError_t launch_backward_affine(const void* dy, ValueType output, const void* x,
+                                   ValueType input, const float* mean, const float* rstd,
+                                   int64_t rows, int64_t columns, float* partial_dgamma,
+                                   float* partial_dbeta, cudaStream_t stream);
+
+}  // namespace tandem::layer_norm_cuda

@@ -1,0 +1,146 @@
+// fused_layer_norm's CUDA kernels against LibTorch on the same GPU: the
+// expression of its contract, at::layer_norm of the fp32 input cast to the
+// output dtype, forward and every gradient. Every (input, output) pair the
+// kernels take; GPT-2's width 768, odd widths (1, 33, 4097); 1, 37 and
+// 16384 rows; with and without weight and bias, and a frozen weight. The
+// output within one unit in the last place of its dtype (fp32: 1e-5 of the
+// largest value); each gradient within 1e-4 of its largest value plus one
+// unit in the last place (LibTorch's Welford statistics and its formula's
+// order against tandem's two passes); the figures count the bit-equal
+// outputs. Then both timed on GPT-2 124m's 25 LayerNorms of [16384, 768].
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "gpu/gpu_testing.h"
+#include "tandem/amp/cross_entropy.h"
+#include "tandem/amp/fused_layer_norm.h"
+
+namespace tandem {
+namespace {
+
+struct Result {
+  at::Tensor output, input, weight, bias;
+};
+
+Result run_layer_norm(const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& b0,
+                      at::ScalarType out, const at::Tensor& upstream, bool fused) {
+  auto x = x0.detach().clone().requires_grad_(true);
+  at::Tensor w = w0.defined() ? w0.detach().clone().requires_grad_(w0.requires_grad()) : w0;
+  at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_(true) : b0;
+  FusedLayerNormOptions options;
+  options.output_dtype = out;
+  at::Tensor y = fused ? fused_layer_norm(x, w, b, options)
+                       : at::layer_norm(x.to(torch::kFloat), {x.size(-1)}, w, b, 1e-5).to(out);
+  y.backward(upstream.to(out));
+  return {y.detach(), x.grad(), w.defined() ? w.grad() : at::Tensor(),
+          b.defined() ? b.grad() : at::Tensor()};
+}
+
+// One unit in the last place of `dtype` at |v|, as doubles.
+at::Tensor unit_in_last_place(const at::Tensor& v, torch::ScalarType dtype) {
+  const double mantissa_bits = dtype == torch::kBFloat16 ? 8 : dtype == torch::kHalf ? 11 : 24;
+  const double min_exponent = dtype == torch::kHalf ? -14 : -126;
+  auto exponent = torch::floor(torch::log2(v.abs().clamp_min(1e-300))).clamp_min(min_exponent);
+  return torch::pow(2.0, exponent - (mantissa_bits - 1));
+}
+
+// |got - want| <= ulp(want) + relative * max|want|, elementwise.
+void expect_close(const at::Tensor& got, const at::Tensor& want, double relative,
+                  const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!want.defined()) return;
+  ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
+  const auto off = (g - w).abs();
+  const auto bound =
+      unit_in_last_place(w, want.scalar_type()) + relative * w.abs().max().item<double>() + 1e-30;
+  EXPECT_TRUE((off <= bound).all().item<bool>())
+      << what << ": largest difference " << off.max().item<double>() << " (largest value "
+      << w.abs().max().item<double>() << ")";
+}
+
+TEST(GpuLayerNorm, FusedKernelsMatchLibTorchsLayerNorm) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_TRUE(built_with_cuda_kernels())
+      << "the library was built without its CUDA kernels (no nvcc at configure time?)";
+  const auto device = torch::Device(torch::kCUDA);
+  const std::vector<std::pair<at::ScalarType, at::ScalarType>> pairs = {
+      {torch::kFloat, torch::kFloat},         {torch::kFloat, torch::kBFloat16},
+      {torch::kFloat, torch::kHalf},          {torch::kBFloat16, torch::kBFloat16},
+      {torch::kHalf, torch::kHalf}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {16384, 768}, {37, 768}, {37, 33}, {1, 4097}, {37, 1}};
+  torch::manual_seed(23);
+  nlohmann::json figures;
+  for (const auto& [in, out] : pairs) {
+    for (const auto& [rows, columns] : shapes) {
+      for (int affine = 0; affine < 3; ++affine) {  // 0: none, 1: both, 2: frozen weight
+        const std::string name = std::string(c10::toString(in)) + "_to_" + c10::toString(out) +
+                                 "_" + std::to_string(rows) + "x" + std::to_string(columns) +
+                                 (affine == 0 ? "_plain" : affine == 1 ? "_affine" : "_frozen");
+        SCOPED_TRACE(name);
+        auto x = (torch::randn({rows, columns}, device) * 3 + 0.5).to(in);
+        at::Tensor w, b;
+        if (affine > 0) {
+          w = (torch::rand({columns}, device) + 0.5).requires_grad_(affine == 1);
+          b = torch::randn({columns}, device);
+        }
+        auto upstream = torch::randn({rows, columns}, device);
+        FusedLayerNormOptions options;
+        options.output_dtype = out;
+        ASSERT_TRUE(fused_layer_norm_uses_kernel(x, w, b, options));
+        const auto got = run_layer_norm(x, w, b, out, upstream, true);
+        const auto want = run_layer_norm(x, w, b, out, upstream, false);
+        expect_close(got.output, want.output, out == torch::kFloat ? 1e-5 : 0.0, "output");
+        expect_close(got.input, want.input, 1e-4, "input gradient");
+        expect_close(got.weight, want.weight, 1e-4, "weight gradient");
+        expect_close(got.bias, want.bias, 1e-4, "bias gradient");
+        figures[name] = {
+            {"output_bit_equal",
+             got.output.to(torch::kDouble).eq(want.output.to(torch::kDouble)).to(torch::kDouble)
+                 .mean()
+                 .item<double>()}};
+      }
+    }
+  }
+  testing::record_gpu_figures("fused_layer_norm_parity", figures);
+}
+
+// GPT-2 124m's 25 LayerNorms at batch 16 x 1024 under bf16 autocast: the
+// fp32 residual in, bf16 rows out, forward and backward, against
+// layer_norm's fp32 output and the Linear's cast (and the cast's backward).
+TEST(GpuLayerNorm, SpeedOnGpt2SmallsLayerNorms) {
+  TANDEM_REQUIRE_CUDA();
+  if (!built_with_cuda_kernels()) GTEST_SKIP() << "built without tandem's CUDA kernels";
+  const auto device = torch::Device(torch::kCUDA);
+  auto x = torch::randn({16384, 768}, device).requires_grad_(true);
+  auto w = torch::ones({768}, device).requires_grad_(true);
+  auto b = torch::zeros({768}, device).requires_grad_(true);
+  auto upstream = torch::randn({16384, 768}, device).to(torch::kBFloat16);
+  FusedLayerNormOptions options;
+  options.output_dtype = torch::kBFloat16;
+  auto passes = [&](bool fused) {
+    return [&, fused] {
+      for (int i = 0; i < 25; ++i) {
+        for (auto* t : {&x, &w, &b}) t->mutable_grad() = at::Tensor();  // adopted, not added
+        at::Tensor y = fused ? fused_layer_norm(x, w, b, options)
+                             : at::layer_norm(x, {768}, w, b, 1e-5).to(torch::kBFloat16);
+        y.backward(upstream);
+      }
+    };
+  };
+  const double fused_ms = testing::gpu_ms_per_call(2, 10, passes(true));
+  const double aten_ms = testing::gpu_ms_per_call(2, 10, passes(false));
+  testing::record_gpu_figures("fused_layer_norm_speed", {{"layer_norms", 25},
+                                                         {"rows", 16384},
+                                                         {"columns", 768},
+                                                         {"fused_ms", fused_ms},
+                                                         {"aten_fp32_ms", aten_ms},
+                                                         {"speedup", aten_ms / fused_ms}});
+  EXPECT_GT(fused_ms, 0);
+}
+
+}  // namespace
+}  // namespace tandem
