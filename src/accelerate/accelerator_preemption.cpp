@@ -29,10 +29,16 @@ void Accelerator::Impl::preemption_boundary() {
   trackers->close();
   group->barrier();  // every rank's part of the checkpoint is committed
   if (main_process()) {
-    const std::string requeued = preemption->requeue();
-    log_warn("preemption: stopped at step {}{}{}; exiting with code {}", step,
+    // Said before the requeue: Slurm ends the job's processes, and the
+    // step's output forwarding with them, as soon as `scontrol requeue`
+    // succeeds, and a line written after it can be lost.
+    const std::string job = preemption->job_to_requeue();
+    log_warn("preemption: stopped at step {}{}; {}exiting with code {}", step,
              settings.save ? " with a checkpoint in " + settings.checkpoint_dir : "",
-             requeued.empty() ? "" : "; " + requeued, kPreemptedExitCode);
+             job.empty() ? "" : "requeuing Slurm job " + job + ", ", kPreemptedExitCode);
+    std::fflush(nullptr);
+    const std::string failed = preemption->requeue();
+    if (!failed.empty()) log_warn("preemption: {}", failed);
   }
   std::fflush(nullptr);
   // No destructors: other threads (the store, the transports) may be

@@ -95,9 +95,14 @@ int Preemption::poll() {
   return agreed == 0 ? 0 : 64 - agreed;
 }
 
-std::string Preemption::requeue() {
+std::string Preemption::job_to_requeue() const {
   const char* job = std::getenv("SLURM_JOB_ID");
-  if (config_.requeue == "false" || job == nullptr) return "";
+  return config_.requeue == "false" || job == nullptr ? "" : job;
+}
+
+std::string Preemption::requeue() {
+  const std::string job = job_to_requeue();
+  if (job.empty()) return "";
   // A batch job (SLURM_JOB_ID without a step, or any step of a batch job)
   // can be requeued; Slurm says so when it cannot.
   std::vector<std::string> args = {"scontrol", "requeue", job};
@@ -111,9 +116,7 @@ std::string Preemption::requeue() {
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    return fmt::format("requeued Slurm job {}", job);
-  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
   return fmt::format("`scontrol requeue {}` failed (exit {}): requeue the job yourself", job,
                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }

@@ -41,8 +41,14 @@ class Preemption {
   // must call it at the same step boundaries.
   int poll();
 
-  // The main process's `scontrol requeue` of the Slurm job, when the block
-  // asks for it; "" when not asked, else what happened (for the message).
+  // The Slurm job requeue() would requeue: SLURM_JOB_ID when the block asks
+  // for a requeue (auto or true) inside a job; "" otherwise.
+  std::string job_to_requeue() const;
+
+  // The main process's `scontrol requeue` of job_to_requeue(), if any: ""
+  // when it succeeded or none was asked for, else what went wrong and the
+  // fix. A successful requeue has Slurm end the job's processes at once, so
+  // whatever is to be said must be said before calling it.
   std::string requeue();
 
   // The SIG name of `signal` ("SIGUSR1").

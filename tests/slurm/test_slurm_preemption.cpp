@@ -110,7 +110,7 @@ void preempt_requeue_resume(const std::string& mode, const std::string& signal,
   const std::string log = read_file(out);
   EXPECT_NE(log.find("preemption: SIG" + signal + " reached the job"), std::string::npos) << log;
   EXPECT_NE(log.find("exiting with code 75"), std::string::npos) << log;
-  EXPECT_NE(log.find("requeued Slurm job " + job), std::string::npos) << log;
+  EXPECT_NE(log.find("requeuing Slurm job " + job), std::string::npos) << log;
   EXPECT_NE(log.find("restart 1,"), std::string::npos) << log;
   EXPECT_EQ(slurm.job_field(job, "Restarts"), "1");
   // It stopped after the signal, at one step, and resumed at that step.
