@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "amp/cross_entropy_cuda.h"
+#include "amp/kernel_launch.h"
 #endif
 
 namespace tandem {
@@ -66,11 +67,6 @@ at::Tensor aten_cross_entropy(const at::Tensor& logits, const at::Tensor& target
 
 #if TANDEM_CUDA_KERNELS_BUILT
 
-void check_cross_entropy_launch(cudaError_t status, const char* pass) {
-  TANDEM_CHECK(status == cudaSuccess, "fused_cross_entropy: the {} kernel did not launch: {}", pass,
-               cudaGetErrorString(status));
-}
-
 // Saved for backward: the logits as given (no fp32 copy), the targets, one
 // fp32 log-sum-exp per row and, for a mean, the count of non-ignored
 // targets. Returns the [rows] losses unreduced, or their sum or mean.
@@ -82,12 +78,11 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
     const auto fp32 = logits.options().dtype(at::kFloat);
     at::Tensor row_loss = at::empty({rows}, fp32);
     at::Tensor lse = at::empty({rows}, fp32);
-    check_cross_entropy_launch(cross_entropy_cuda::launch_forward(
-                     logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
-                     targets.data_ptr<int64_t>(), rows, classes, ignore_index,
-                     row_loss.data_ptr<float>(), lse.data_ptr<float>(),
-                     at::cuda::getCurrentCUDAStream(logits.device().index())),
-                 "forward");
+    const cudaError_t launched = cross_entropy_cuda::launch_forward(
+        logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
+        targets.data_ptr<int64_t>(), rows, classes, ignore_index, row_loss.data_ptr<float>(),
+        lse.data_ptr<float>(), at::cuda::getCurrentCUDAStream(logits.device().index()));
+    cuda_kernels::check_launch(launched, "fused_cross_entropy", "forward");
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["reduction"] = reduction;
     switch (static_cast<CrossEntropyReduction>(reduction)) {
@@ -123,13 +118,12 @@ struct FusedCrossEntropyFunction : torch::autograd::Function<FusedCrossEntropyFu
     scale = scale.contiguous();
     const int64_t scale_stride = reduction == CrossEntropyReduction::kNone ? 1 : 0;
     at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
-    check_cross_entropy_launch(cross_entropy_cuda::launch_backward(
-                     logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
-                     saved[1].data_ptr<int64_t>(), saved[2].data_ptr<float>(),
-                     scale.data_ptr<float>(), scale_stride, logits.size(0), logits.size(1),
-                     ctx->saved_data["ignore_index"].toInt(), grad.data_ptr(),
-                     at::cuda::getCurrentCUDAStream(logits.device().index())),
-                 "backward");
+    const cudaError_t launched = cross_entropy_cuda::launch_backward(
+        logits.data_ptr(), *cuda_kernels::kernel_value_type(logits.scalar_type()),
+        saved[1].data_ptr<int64_t>(), saved[2].data_ptr<float>(), scale.data_ptr<float>(),
+        scale_stride, logits.size(0), logits.size(1), ctx->saved_data["ignore_index"].toInt(),
+        grad.data_ptr(), at::cuda::getCurrentCUDAStream(logits.device().index()));
+    cuda_kernels::check_launch(launched, "fused_cross_entropy", "backward");
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

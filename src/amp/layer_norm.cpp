@@ -17,6 +17,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "amp/kernel_launch.h"
 #include "amp/layer_norm_cuda.h"
 #endif
 
@@ -70,11 +71,6 @@ bool affine_takes_kernel(const at::Tensor& param) {
   return !param.defined() || (param.scalar_type() == at::kFloat && param.is_contiguous());
 }
 
-void check_layer_norm_launch(cudaError_t status, const char* pass) {
-  TANDEM_CHECK(status == cudaSuccess, "fused_layer_norm: the {} kernel did not launch: {}", pass,
-               cudaGetErrorString(status));
-}
-
 // A defined fp32 tensor's data; null for an undefined one (none wanted).
 float* float_data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
@@ -92,14 +88,14 @@ struct FusedLayerNormFunction : torch::autograd::Function<FusedLayerNormFunction
     const auto fp32 = input.options().dtype(at::kFloat);
     at::Tensor output = at::empty({rows, columns}, input.options().dtype(out_type));
     at::Tensor mean = at::empty({rows}, fp32), rstd = at::empty({rows}, fp32);
-    check_layer_norm_launch(
+    cuda_kernels::check_launch(
         layer_norm_cuda::launch_forward(
             input.data_ptr(), *cuda_kernels::kernel_value_type(input.scalar_type()),
             output.data_ptr(), *cuda_kernels::kernel_value_type(out_type),
             float_data_or_null(weight), float_data_or_null(bias), rows, columns,
             static_cast<float>(eps), mean.data_ptr<float>(), rstd.data_ptr<float>(),
             at::cuda::getCurrentCUDAStream(input.device().index())),
-        "forward");
+        "fused_layer_norm", "forward");
     ctx->save_for_backward({input, weight, mean, rstd});
     ctx->saved_data["has_bias"] = bias.defined();
     return output;
@@ -122,12 +118,12 @@ struct FusedLayerNormFunction : torch::autograd::Function<FusedLayerNormFunction
     const auto stream = at::cuda::getCurrentCUDAStream(input.device().index());
     if (ctx->needs_input_grad(0)) {
       result[0] = at::empty_like(input);
-      check_layer_norm_launch(
+      cuda_kernels::check_launch(
           layer_norm_cuda::launch_backward_input(
               dy.data_ptr(), out_type, input.data_ptr(), in_type, float_data_or_null(weight),
               mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, columns,
               result[0].data_ptr(), stream),
-          "backward (input)");
+          "fused_layer_norm", "backward (input)");
     }
     const bool want_weight = weight.defined() && ctx->needs_input_grad(1);
     const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2);
@@ -136,12 +132,12 @@ struct FusedLayerNormFunction : torch::autograd::Function<FusedLayerNormFunction
       const auto fp32 = input.options().dtype(at::kFloat);
       at::Tensor dgamma = want_weight ? at::empty({partials, columns}, fp32) : at::Tensor();
       at::Tensor dbeta = want_bias ? at::empty({partials, columns}, fp32) : at::Tensor();
-      check_layer_norm_launch(
+      cuda_kernels::check_launch(
           layer_norm_cuda::launch_backward_affine(
               dy.data_ptr(), out_type, input.data_ptr(), in_type, mean.data_ptr<float>(),
               rstd.data_ptr<float>(), rows, columns, float_data_or_null(dgamma),
               float_data_or_null(dbeta), stream),
-          "backward (weight and bias)");
+          "fused_layer_norm", "backward (weight and bias)");
       if (want_weight) result[1] = dgamma.sum(0);
       if (want_bias) result[2] = dbeta.sum(0);
     }
