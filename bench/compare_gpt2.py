@@ -1,7 +1,7 @@
 """GPT-2 training throughput on one device: the tandem example (examples/gpt2,
 eager and with its whole step in a CUDA graph, with tandem's fused
-cross-entropy and LayerNorm; and the captured step with LibTorch's loss, or
-LibTorch's LayerNorm, to measure each) against the same model and
+cross-entropy and LayerNorm; and the captured step with LibTorch's loss,
+LibTorch's LayerNorm, or both, to measure each) against the same model and
 recipe in PyTorch (bench/gpt2_reference.py: eager, torch.compile,
 torch.compile mode="reduce-overhead", a manual torch.cuda.graph of the step).
 
@@ -29,15 +29,17 @@ from bench_common import BENCH_DIR, last_json, peer_python
 from gpt2_reference import DEFAULT_BATCH, PRESETS, make_tokens
 
 CASES = ("python-eager", "python-compile", "python-reduce-overhead", "python-cuda-graph",
-         "tandem-eager", "tandem-graph", "tandem-graph-aten-loss", "tandem-graph-aten-ln")
+         "tandem-eager", "tandem-graph", "tandem-graph-aten-loss", "tandem-graph-aten-ln",
+         "tandem-graph-aten")
 NEEDS_CUDA = ("python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss",
-              "tandem-graph-aten-ln")
+              "tandem-graph-aten-ln", "tandem-graph-aten")
 # tandem's cases and the example's flags for each: the captured step with
-# LibTorch's cross-entropy, or LibTorch's LayerNorm, instead of tandem's
-# fused one measures what each fused op gives.
+# LibTorch's cross-entropy, or LibTorch's LayerNorm, or both, instead of
+# tandem's fused ones measures what each gives.
 TANDEM_FLAGS = {"tandem-eager": [], "tandem-graph": ["--cuda-graph"],
                 "tandem-graph-aten-loss": ["--cuda-graph", "--loss", "aten"],
-                "tandem-graph-aten-ln": ["--cuda-graph", "--layer-norm", "aten"]}
+                "tandem-graph-aten-ln": ["--cuda-graph", "--layer-norm", "aten"],
+                "tandem-graph-aten": ["--cuda-graph", "--loss", "aten", "--layer-norm", "aten"]}
 NOTES = {"python-reduce-overhead": {"cpu": "on a CPU: inductor alone, no CUDA graphs"}}
 
 
