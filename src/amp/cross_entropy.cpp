@@ -10,6 +10,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "amp/cuda_kernels_config.h"
+#include "amp/kernel_value_type.h"
 #include "tandem/core/error.h"
 
 #if TANDEM_CUDA_KERNELS_BUILT
@@ -24,7 +25,7 @@ namespace tandem {
 namespace {
 
 bool is_logits_dtype(at::ScalarType type) {
-  return type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+  return cuda_kernels::kernel_value_type(type).has_value();
 }
 
 void check_cross_entropy_inputs(const at::Tensor& logits, const at::Tensor& targets) {
