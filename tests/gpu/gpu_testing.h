@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
+#include <torch/torch.h>
 
 #include "support/subprocess.h"
 #include "tandem/checkpoint/safetensors.h"
@@ -119,6 +120,16 @@ inline void launch_gpu_workers(const std::string& worker, int world, const std::
   ASSERT_EQ(result.exit_code, 0) << worker << " failed:\n" << result.out << result.err;
   // Each rank ran the worker test, which must not have skipped.
   ASSERT_EQ(result.out.find("[  SKIPPED ]"), std::string::npos) << result.out;
+}
+
+// The distance between adjacent values of `dtype` (float32, bfloat16 or
+// float16) at |v|, elementwise, subnormals included: one unit in the last
+// place, for tolerances of kernels whose results are rounded to `dtype`.
+inline at::Tensor unit_in_last_place(const at::Tensor& v, at::ScalarType dtype) {
+  const double mantissa_bits = dtype == at::kBFloat16 ? 8 : dtype == at::kHalf ? 11 : 24;
+  const double min_exponent = dtype == at::kHalf ? -14 : -126;  // of the normal numbers
+  auto exponent = torch::floor(torch::log2(v.abs().clamp_min(1e-300))).clamp_min(min_exponent);
+  return torch::pow(2.0, exponent - (mantissa_bits - 1));
 }
 
 inline void record_gpu_figures(const std::string& check, nlohmann::json figures) {

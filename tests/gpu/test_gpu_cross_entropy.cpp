@@ -50,20 +50,11 @@ LossAndGrad run(const at::Tensor& logits, const at::Tensor& targets,
   return {loss.detach(), x.grad()};
 }
 
-// The distance between adjacent values of `dtype` at |v| (subnormals
-// included), as doubles.
-at::Tensor ulp(const at::Tensor& v, torch::ScalarType dtype) {
-  const double mantissa_bits = dtype == torch::kBFloat16 ? 8 : dtype == torch::kHalf ? 11 : 24;
-  const double min_exponent = dtype == torch::kHalf ? -14 : -126;  // of the normal numbers
-  auto exponent = torch::floor(torch::log2(v.abs().clamp_min(1e-300))).clamp_min(min_exponent);
-  return torch::pow(2.0, exponent - (mantissa_bits - 1));
-}
-
 // One unit in the last place of the reference, or, for float32 where
 // rounding hides nothing, 1e-5 of it: the log-sum-exp of ~50k values summed
 // in another order differs by a few units, and every probability with it.
 at::Tensor gradient_tolerance(const at::Tensor& want, torch::ScalarType dtype) {
-  return torch::maximum(ulp(want, dtype), want.abs() * 1e-5) + 1e-30;
+  return torch::maximum(testing::unit_in_last_place(want, dtype), want.abs() * 1e-5) + 1e-30;
 }
 
 struct ParityCase {

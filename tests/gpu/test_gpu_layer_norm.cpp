@@ -38,14 +38,6 @@ Result run_layer_norm(const at::Tensor& x0, const at::Tensor& w0, const at::Tens
           b.defined() ? b.grad() : at::Tensor()};
 }
 
-// One unit in the last place of `dtype` at |v|, as doubles.
-at::Tensor unit_in_last_place(const at::Tensor& v, torch::ScalarType dtype) {
-  const double mantissa_bits = dtype == torch::kBFloat16 ? 8 : dtype == torch::kHalf ? 11 : 24;
-  const double min_exponent = dtype == torch::kHalf ? -14 : -126;
-  auto exponent = torch::floor(torch::log2(v.abs().clamp_min(1e-300))).clamp_min(min_exponent);
-  return torch::pow(2.0, exponent - (mantissa_bits - 1));
-}
-
 // |got - want| <= ulp(want) + relative * max|want|, elementwise.
 void expect_close(const at::Tensor& got, const at::Tensor& want, double relative,
                   const std::string& what) {
@@ -54,8 +46,8 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double relative
   ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
   const auto g = got.to(torch::kDouble), w = want.to(torch::kDouble);
   const auto off = (g - w).abs();
-  const auto bound =
-      unit_in_last_place(w, want.scalar_type()) + relative * w.abs().max().item<double>() + 1e-30;
+  const auto bound = testing::unit_in_last_place(w, want.scalar_type()) +
+                     relative * w.abs().max().item<double>() + 1e-30;
   EXPECT_TRUE((off <= bound).all().item<bool>())
       << what << ": largest difference " << off.max().item<double>() << " (largest value "
       << w.abs().max().item<double>() << ")";
