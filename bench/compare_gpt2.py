@@ -1,7 +1,8 @@
 """GPT-2 training throughput on one device: the tandem example (examples/gpt2,
 eager and with its whole step in a CUDA graph, with tandem's fused
-cross-entropy and LayerNorm; and the captured step with LibTorch's loss,
-LibTorch's LayerNorm, or both, to measure each) against the same model and
+cross-entropy and its LayerNorm fused with the residual add; and the captured
+step with the adds apart from the LayerNorm, with LibTorch's loss, LibTorch's
+LayerNorm, or both, to measure each) against the same model and
 recipe in PyTorch (bench/gpt2_reference.py: eager, torch.compile,
 torch.compile mode="reduce-overhead", a manual torch.cuda.graph of the step).
 
@@ -29,14 +30,16 @@ from bench_common import BENCH_DIR, last_json, peer_python
 from gpt2_reference import DEFAULT_BATCH, PRESETS, make_tokens
 
 CASES = ("python-eager", "python-compile", "python-reduce-overhead", "python-cuda-graph",
-         "tandem-eager", "tandem-graph", "tandem-graph-aten-loss", "tandem-graph-aten-ln",
-         "tandem-graph-aten")
-NEEDS_CUDA = ("python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss",
-              "tandem-graph-aten-ln", "tandem-graph-aten")
+         "tandem-eager", "tandem-graph", "tandem-graph-adds-apart", "tandem-graph-aten-loss",
+         "tandem-graph-aten-ln", "tandem-graph-aten")
+NEEDS_CUDA = ("python-cuda-graph", "tandem-graph", "tandem-graph-adds-apart",
+              "tandem-graph-aten-loss", "tandem-graph-aten-ln", "tandem-graph-aten")
 # tandem's cases and the example's flags for each: the captured step with
-# LibTorch's cross-entropy, or LibTorch's LayerNorm, or both, instead of
+# the residual adds apart from tandem's LayerNorm, with LibTorch's
+# cross-entropy, or LibTorch's LayerNorm (and plain adds), or both, instead of
 # tandem's fused ones measures what each gives.
 TANDEM_FLAGS = {"tandem-eager": [], "tandem-graph": ["--cuda-graph"],
+                "tandem-graph-adds-apart": ["--cuda-graph", "--layer-norm", "fused"],
                 "tandem-graph-aten-loss": ["--cuda-graph", "--loss", "aten"],
                 "tandem-graph-aten-ln": ["--cuda-graph", "--layer-norm", "aten"],
                 "tandem-graph-aten": ["--cuda-graph", "--loss", "aten", "--layer-norm", "aten"]}

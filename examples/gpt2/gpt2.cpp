@@ -10,7 +10,7 @@
 // from --data, a file of uint16 tokens (nanoGPT's .bin, or llm.c's with its
 // 1024-byte header). The run ends with one JSON line:
 //   {"model": "gpt2", "preset", "params", "device", "precision", "cuda_graph",
-//    "loss", "layer_norm", "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
+//    "loss", "layer_norm", "residual_add", "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token",
 //    "peak_tflops", "peak_memory_mb", "final_loss"[, "losses"]}
 // MFU counts 6N + 12*L*C*T FLOPs per token (N: parameters without the
 // position embedding) against the device's dense bf16 peak (a table of
@@ -53,7 +53,10 @@ struct Args {
   uint64_t seed = 1337;
   bool cuda_graph = false;
   std::string loss = "fused";  // fused: tandem::fused_cross_entropy; aten: LibTorch's
-  std::string layer_norm = "fused";  // fused: tandem::fused_layer_norm; aten: LibTorch's
+  // fused-add: each residual add fused with the LayerNorm after it
+  // (tandem::fused_add_layer_norm); fused: tandem::fused_layer_norm alone;
+  // aten: LibTorch's LayerNorm.
+  std::string layer_norm = "fused-add";
   double peak_tflops = 0;
   bool losses = false;
   int64_t log_every = 0;
@@ -97,9 +100,11 @@ Args parse_args(int argc, char** argv) {
                  "aten: torch::nn::functional::cross_entropy, as Python's reference")
       ->check(CLI::IsMember({"fused", "aten"}));
   app.add_option("--layer-norm", a.layer_norm,
-                 "fused: tandem::fused_layer_norm (tandem's kernels on CUDA, output in autocast's "
-                 "dtype); aten: torch::nn::LayerNorm, as Python's reference")
-      ->check(CLI::IsMember({"fused", "aten"}));
+                 "fused-add: each residual add and the LayerNorm after it as one "
+                 "tandem::fused_add_layer_norm; fused: tandem::fused_layer_norm, the adds "
+                 "apart (both: tandem's kernels on CUDA, output in autocast's dtype); aten: "
+                 "torch::nn::LayerNorm, as Python's reference")
+      ->check(CLI::IsMember({"fused-add", "fused", "aten"}));
   app.add_option("--peak-tflops", a.peak_tflops, "the device's dense bf16 peak, for MFU")
       ->check(CLI::PositiveNumber);
   app.add_flag("--losses", a.losses, "add every step's loss to the JSON line");
@@ -220,7 +225,8 @@ int train(const Args& args) {
   if (args.n_head > 0) config.n_head = args.n_head;
   if (args.n_embd > 0) config.n_embd = args.n_embd;
   if (args.block_size > 0) config.block_size = args.block_size;
-  config.fused_layer_norm = args.layer_norm == "fused";
+  config.fused_layer_norm = args.layer_norm != "aten";
+  config.fused_residual_add = args.layer_norm == "fused-add";
   if (args.vocab_size > 0) config.vocab_size = args.vocab_size;
   if (config.n_embd % config.n_head != 0) {
     std::fprintf(stderr, "gpt2: --n-embd (%ld) must be a multiple of --n-head (%ld)\n",
@@ -292,6 +298,7 @@ int train(const Args& args) {
   };
   const std::string loss_code = code_of(fused_loss);
   const std::string layer_norm_code = code_of(config.fused_layer_norm);
+  const std::string residual_add_code = code_of(config.fused_residual_add);
 
   const int64_t params = model->num_parameters();
   const double flops_per_token =
@@ -301,11 +308,12 @@ int train(const Args& args) {
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : peak_tflops_of(name);
   accelerator.print("gpt2: preset {} ({} layers x {}, {} heads, context {}, vocabulary {}), {} "
                     "parameters, {} process(es) on {}, batch {} x {} accumulation, mixed "
-                    "precision {}, cuda graph {}, loss {}, layer norm {}",
+                    "precision {}, cuda graph {}, loss {}, layer norm {}, residual add {}",
                     args.preset, config.n_layer, config.n_embd, config.n_head, config.block_size,
                     vocab, params, world, name, b, accumulation,
                     tandem::to_string(accelerator.mixed_precision()),
-                    args.cuda_graph ? "on" : "off", loss_code, layer_norm_code);
+                    args.cuda_graph ? "on" : "off", loss_code, layer_norm_code,
+                    residual_add_code);
 
   const bool pin = device.is_cuda();
   std::vector<at::Tensor> losses;
@@ -357,6 +365,7 @@ int train(const Args& args) {
   out["captures"] = step.captures();
   out["loss"] = loss_code;
   out["layer_norm"] = layer_norm_code;
+  out["residual_add"] = residual_add_code;
   out["steps"] = args.max_steps;
   out["batch_size"] = b;
   out["accumulation"] = accumulation;

@@ -26,18 +26,34 @@ struct Gpt2Config {
   // autocast's dtype (tandem's CUDA kernels on a GPU), instead of
   // torch::nn::LayerNorm's fp32 output that the next Linear casts.
   bool fused_layer_norm = false;
+  // With fused_layer_norm: each residual add and the LayerNorm after it (the
+  // next sublayer's, or the final one) as one tandem::fused_add_layer_norm.
+  bool fused_residual_add = false;
 };
 
-// ln(x), or with fused_layer_norm the same rows written in the dtype the
-// next Linear reads (autocast's, when it is on for x's device).
-inline torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
-                                bool fused) {
-  if (!fused) return ln->forward(x);
+// fused_layer_norm's options for x: its output in the dtype the next Linear
+// reads (autocast's, when it is on for x's device).
+inline tandem::FusedLayerNormOptions layer_norm_options(torch::nn::LayerNorm& ln,
+                                                        const torch::Tensor& x) {
   tandem::FusedLayerNormOptions options;
   options.eps = ln->options.eps();
   const auto device = x.device().type();
   if (tandem::is_autocast_enabled(device)) options.output_dtype = tandem::autocast_dtype(device);
-  return tandem::fused_layer_norm(x, ln->weight, ln->bias, options);
+  return options;
+}
+
+// ln(x), or with fused the same rows written in the dtype the next Linear
+// reads.
+inline torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                bool fused) {
+  if (!fused) return ln->forward(x);
+  return tandem::fused_layer_norm(x, ln->weight, ln->bias, layer_norm_options(ln, x));
+}
+
+// {x + delta, ln(x + delta)} as one op (tandem::fused_add_layer_norm).
+inline tandem::AddLayerNormOutput add_layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                                 const torch::Tensor& delta) {
+  return tandem::fused_add_layer_norm(x, delta, ln->weight, ln->bias, layer_norm_options(ln, x));
 }
 
 // tiny: the demo's size; small: 6 x 384; 124m: GPT-2 small.
@@ -90,6 +106,16 @@ struct BlockImpl : torch::nn::Module {
     x = x + attn(layer_norm(ln_1, x, fused));
     return x + mlp(layer_norm(ln_2, x, fused));
   }
+  // The same block with its residual adds fused into the LayerNorms after
+  // them: normed is ln_1(x), computed before (by the previous block's last
+  // add, or the first LayerNorm), and next_ln is the LayerNorm after this
+  // block. Returns {the block's output, next_ln of it}.
+  tandem::AddLayerNormOutput forward_fused_adds(const torch::Tensor& x,
+                                                const torch::Tensor& normed,
+                                                torch::nn::LayerNorm& next_ln) {
+    const auto mid = add_layer_norm(ln_2, x, attn(normed));
+    return add_layer_norm(next_ln, mid.sum, mlp(mid.normalized));
+  }
   bool fused;
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
@@ -113,6 +139,16 @@ struct Gpt2Impl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     auto positions = torch::arange(tokens.size(1), tokens.options());
     auto x = wte(tokens) + wpe(positions);
+    if (config.fused_layer_norm && config.fused_residual_add && !h->is_empty()) {
+      torch::Tensor normed = layer_norm(h[0]->as<BlockImpl>()->ln_1, x, true);
+      for (std::size_t i = 0; i < h->size(); ++i) {
+        auto& next_ln = i + 1 < h->size() ? h[i + 1]->as<BlockImpl>()->ln_1 : ln_f;
+        auto out = h[i]->as<BlockImpl>()->forward_fused_adds(x, normed, next_ln);
+        x = out.sum;
+        normed = out.normalized;
+      }
+      return torch::nn::functional::linear(normed, wte->weight);
+    }
     for (auto& block : *h) x = block->as<BlockImpl>()->forward(x);
     return torch::nn::functional::linear(layer_norm(ln_f, x, config.fused_layer_norm),
                                          wte->weight);

@@ -37,9 +37,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <typename In, typename Out>
+// A value of type T's precision: what storing v as T and loading it gives.
+template <typename T>
+__device__ __forceinline__ float rounded_to(float v) {
+  T t;
+  store(&t, 0, v);
+  return load(&t, 0);
+}
+
+// With kAdd, the row normalised is sum = x + delta, rounded to In and
+// stored first (the residual stream's next value); the later passes read it
+// back from `sum`, which this thread wrote itself (a plain load, not the
+// read-only path that `x` may take).
+template <typename In, typename Out, bool kAdd>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    forward_kernel(const In* __restrict__ x, Out* __restrict__ y, const float* __restrict__ gamma,
+    forward_kernel(const In* __restrict__ x, const Out* __restrict__ delta, In* sum_out,
+                   Out* __restrict__ y, const float* __restrict__ gamma,
                    const float* __restrict__ beta, int64_t rows, int64_t columns, float eps,
                    float* __restrict__ mean_out, float* __restrict__ rstd_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -47,7 +60,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (row >= rows) return;  // the whole warp leaves together
   const In* in = x + row * columns;
   float sum = 0.0f;
-  for (int64_t j = lane; j < columns; j += 32) sum += load(in, j);
+  if constexpr (kAdd) {
+    const Out* d = delta + row * columns;
+    In* s = sum_out + row * columns;
+    for (int64_t j = lane; j < columns; j += 32) {
+      const float v = rounded_to<In>(load(in, j) + load(d, j));
+      store(s, j, v);
+      sum += v;
+    }
+    in = s;
+  } else {
+    for (int64_t j = lane; j < columns; j += 32) sum += load(in, j);
+  }
   const float mean = warp_sum(sum) / static_cast<float>(columns);
   float squares = 0.0f;
   for (int64_t j = lane; j < columns; j += 32) {
@@ -68,12 +92,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// The input's gradient; with add_grad (the residual's own gradient, when
+// the row was a sum) added to it. Written as In to dx and as Out to
+// dx_out, each when not null: a sum's two addends get the same gradient,
+// each in its dtype.
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     backward_input_kernel(const Out* __restrict__ dy, const In* __restrict__ x,
                           const float* __restrict__ gamma, const float* __restrict__ mean,
                           const float* __restrict__ rstd, int64_t rows, int64_t columns,
-                          In* __restrict__ dx) {
+                          const In* __restrict__ add_grad, In* __restrict__ dx,
+                          Out* __restrict__ dx_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -89,11 +118,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const float inv_columns = 1.0f / static_cast<float>(columns);
   const float a = warp_sum(sum_g) * inv_columns;
   const float b = warp_sum(sum_g_xhat) * inv_columns;
-  In* out = dx + row * columns;
+  const int64_t first = row * columns;
   for (int64_t j = lane; j < columns; j += 32) {
     const float g = load(g_row, j) * (gamma != nullptr ? gamma[j] : 1.0f);
     const float xhat = (load(in, j) - m) * r;
-    store(out, j, r * (g - a - xhat * b));
+    float v = r * (g - a - xhat * b);
+    if (add_grad != nullptr) v += load(add_grad, first + j);
+    if (dx != nullptr) store(dx, first + j, v);
+    if (dx_out != nullptr) store(dx_out, first + j, v);
   }
 }
 
@@ -155,16 +187,32 @@ cudaError_t launch_forward(const void* x, ValueType input, void* y, ValueType ou
   return dispatch(input, output, [&](auto in_tag, auto out_tag) {
     using In = decltype(in_tag);
     using Out = decltype(out_tag);
-    forward_kernel<In, Out><<<row_blocks(rows), kWarpsPerBlock * 32, 0, stream>>>(
-        static_cast<const In*>(x), static_cast<Out*>(y), gamma, beta, rows, columns, eps, mean,
-        rstd);
+    forward_kernel<In, Out, false><<<row_blocks(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        static_cast<const In*>(x), nullptr, nullptr, static_cast<Out*>(y), gamma, beta, rows,
+        columns, eps, mean, rstd);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_add_forward(const void* residual, ValueType sum_type, const void* delta,
+                               void* sum, void* y, ValueType output, const float* gamma,
+                               const float* beta, int64_t rows, int64_t columns, float eps,
+                               float* mean, float* rstd, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  return dispatch(sum_type, output, [&](auto in_tag, auto out_tag) {
+    using In = decltype(in_tag);
+    using Out = decltype(out_tag);
+    forward_kernel<In, Out, true><<<row_blocks(rows), kWarpsPerBlock * 32, 0, stream>>>(
+        static_cast<const In*>(residual), static_cast<const Out*>(delta), static_cast<In*>(sum),
+        static_cast<Out*>(y), gamma, beta, rows, columns, eps, mean, rstd);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_backward_input(const void* dy, ValueType output, const void* x,
                                   ValueType input, const float* gamma, const float* mean,
-                                  const float* rstd, int64_t rows, int64_t columns, void* dx,
+                                  const float* rstd, int64_t rows, int64_t columns,
+                                  const void* add_grad, void* dx, void* dx_out,
                                   cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   return dispatch(input, output, [&](auto in_tag, auto out_tag) {
@@ -172,7 +220,7 @@ cudaError_t launch_backward_input(const void* dy, ValueType output, const void* 
     using Out = decltype(out_tag);
     backward_input_kernel<In, Out><<<row_blocks(rows), kWarpsPerBlock * 32, 0, stream>>>(
         static_cast<const Out*>(dy), static_cast<const In*>(x), gamma, mean, rstd, rows, columns,
-        static_cast<In*>(dx));
+        static_cast<const In*>(add_grad), static_cast<In*>(dx), static_cast<Out*>(dx_out));
     return cudaGetLastError();
   });
 }

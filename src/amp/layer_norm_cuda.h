@@ -27,11 +27,22 @@ cudaError_t launch_forward(const void* x, ValueType input, void* y, ValueType ou
                            const float* gamma, const float* beta, int64_t rows, int64_t columns,
                            float eps, float* mean, float* rstd, cudaStream_t stream);
 
+// The same for sum = residual + delta, the residual stream's add before a
+// pre-LN block's LayerNorm: sum (sum_type; the residual is too, and delta
+// is `output`) is stored, and normalised as above into y.
+cudaError_t launch_add_forward(const void* residual, ValueType sum_type, const void* delta,
+                               void* sum, void* y, ValueType output, const float* gamma,
+                               const float* beta, int64_t rows, int64_t columns, float eps,
+                               float* mean, float* rstd, cudaStream_t stream);
+
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) per row, g = dy * gamma,
-// xhat = (x - mean) * rstd, in the input's dtype.
+// xhat = (x - mean) * rstd, plus add_grad where it is not null (the
+// gradient that reached a sum directly). Stored in the input's dtype to dx
+// and in the output's to dx_out, each where not null.
 cudaError_t launch_backward_input(const void* dy, ValueType output, const void* x,
                                   ValueType input, const float* gamma, const float* mean,
-                                  const float* rstd, int64_t rows, int64_t columns, void* dx,
+                                  const float* rstd, int64_t rows, int64_t columns,
+                                  const void* add_grad, void* dx, void* dx_out,
                                   cudaStream_t stream);
 
 // Column sums over chunks of rows: partial_dgamma[c, j] = sum of dy * xhat

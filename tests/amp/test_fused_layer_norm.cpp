@@ -1,7 +1,8 @@
 // fused_layer_norm on the CPU: LibTorch's fp32 layer_norm and a cast,
 // bit for bit, forward and every gradient; a pre-LN block under bf16
 // autocast trains exactly as with torch::nn::LayerNorm; the refusals. The
-// CUDA kernels run on a GPU: GpuLayerNorm.* (tests/gpu).
+// same for fused_add_layer_norm, the residual add with the LayerNorm after
+// it. The CUDA kernels run on a GPU: GpuLayerNorm.* (tests/gpu).
 
 #include <functional>
 #include <optional>
@@ -132,6 +133,147 @@ TEST(FusedLayerNorm, BadInputIsRefusedWithTheFix) {
   expect_refusal([&] { fused_layer_norm(x, {}, {}, negative); }, "eps is -1");
   expect_refusal([&] { fused_layer_norm(torch::randn({4, 0}), {}, {}); }, "no dimension");
   expect_refusal([&] { fused_layer_norm(at::Tensor(), {}, {}); }, "undefined");
+}
+
+struct AddGrads {
+  at::Tensor sum, normalized, residual, delta, weight, bias;
+};
+
+// fused_add_layer_norm, or the add and the expression of fused_layer_norm's
+// contract, with fixed upstream gradients; use_sum: the sum is read
+// further (as the residual stream is), not only through the LayerNorm.
+AddGrads add_layer_norm_run(const at::Tensor& r0, const at::Tensor& d0, const at::Tensor& w0,
+                            const at::Tensor& b0, const FusedLayerNormOptions& options,
+                            bool use_sum, bool fused) {
+  auto r = r0.detach().clone().requires_grad_(true);
+  auto d = d0.detach().clone().requires_grad_(true);
+  at::Tensor w = w0.defined() ? w0.detach().clone().requires_grad_(w0.requires_grad()) : w0;
+  at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_(true) : b0;
+  at::Tensor sum, y;
+  if (fused) {
+    auto out = fused_add_layer_norm(r, d, w, b, options);
+    sum = out.sum;
+    y = out.normalized;
+  } else {
+    sum = r + d;
+    y = at::layer_norm(sum.to(torch::kFloat), {sum.size(-1)}, w, b, options.eps)
+            .to(options.output_dtype.value_or(sum.scalar_type()));
+  }
+  torch::manual_seed(1);
+  auto loss = (y.to(torch::kFloat) * torch::randn(y.sizes())).sum();
+  if (use_sum) loss = loss + (sum.to(torch::kFloat) * torch::randn(sum.sizes())).sum();
+  loss.backward();
+  return {sum.detach(), y.detach(), r.grad(), d.grad(),
+          w.defined() ? w.grad() : at::Tensor(), b.defined() ? b.grad() : at::Tensor()};
+}
+
+TEST(FusedAddLayerNorm, OnTheCpuItIsTheAddAndLibTorchsLayerNormBitForBit) {
+  torch::manual_seed(5);
+  const auto w0 = torch::rand({9}) + 0.5, b0 = torch::randn({9});
+  const std::vector<std::optional<at::ScalarType>> outputs = {std::nullopt, torch::kBFloat16};
+  for (auto rt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      for (const auto& out : outputs) {
+        for (int affine = 0; affine < 3; ++affine) {  // 0: none, 1: both, 2: frozen weight
+          for (bool use_sum : {false, true}) {
+            SCOPED_TRACE(std::string(c10::toString(rt)) + " + " + c10::toString(dt) + " -> " +
+                         (out ? c10::toString(*out) : "default") + ", affine " +
+                         std::to_string(affine) + (use_sum ? ", sum read" : ""));
+            auto r = (torch::randn({2, 3, 9}) * 2 + 1).to(rt);
+            auto d = torch::randn({2, 3, 9}).to(dt);
+            at::Tensor w = affine == 0 ? at::Tensor() : w0.clone().requires_grad_(affine == 1);
+            at::Tensor b = affine == 0 ? at::Tensor() : b0.clone();
+            FusedLayerNormOptions options;
+            options.output_dtype = out;
+            EXPECT_FALSE(fused_add_layer_norm_uses_kernel(r, d, w, b, options));
+            const auto got = add_layer_norm_run(r, d, w, b, options, use_sum, true);
+            const auto want = add_layer_norm_run(r, d, w, b, options, use_sum, false);
+            const auto sum_dtype = at::promote_types(rt, dt);
+            EXPECT_EQ(got.sum.scalar_type(), sum_dtype);
+            EXPECT_EQ(got.normalized.scalar_type(), out.value_or(sum_dtype));
+            EXPECT_TRUE(same(got.sum, want.sum));
+            EXPECT_TRUE(same(got.normalized, want.normalized));
+            EXPECT_TRUE(same(got.residual, want.residual));
+            EXPECT_TRUE(same(got.delta, want.delta));
+            EXPECT_EQ(got.delta.scalar_type(), dt) << "each addend's gradient keeps its dtype";
+            EXPECT_TRUE(same(got.weight, want.weight));
+            EXPECT_TRUE(same(got.bias, want.bias));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Two pre-LN sublayers under bf16 autocast, the residual stream in fp32:
+// with each add fused into the LayerNorm after it, the loss and every
+// gradient equal the plain block's (x = x + f(ln_1(x)); ln_2(x)).
+TEST(FusedAddLayerNorm, UnderCpuAutocastTheResidualStreamTrainsExactlyAsAddThenLayerNorm) {
+  torch::manual_seed(6);
+  torch::nn::LayerNorm ln_1(torch::nn::LayerNormOptions({16})), ln_2(torch::nn::LayerNormOptions({16}));
+  torch::nn::Linear fc(16, 16), head(16, 5);
+  auto x0 = torch::randn({3, 4, 16});
+  auto run = [&](bool fused) {
+    for (auto* m : std::vector<torch::nn::Module*>{ln_1.get(), ln_2.get(), fc.get(), head.get()}) {
+      m->zero_grad();
+    }
+    auto x = x0.clone().requires_grad_(true);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(c10::DeviceType::CPU, MixedPrecision::kBf16);
+      FusedLayerNormOptions options;
+      options.output_dtype = autocast_dtype(c10::DeviceType::CPU);
+      at::Tensor stream, normed;
+      if (fused) {
+        auto delta = fc(fused_layer_norm(x, ln_1->weight, ln_1->bias, options));
+        EXPECT_EQ(delta.scalar_type(), torch::kBFloat16);
+        auto out = fused_add_layer_norm(x, delta, ln_2->weight, ln_2->bias, options);
+        stream = out.sum;
+        normed = out.normalized;
+      } else {
+        stream = x + fc(ln_1(x));
+        normed = ln_2(stream);
+      }
+      EXPECT_EQ(stream.scalar_type(), torch::kFloat) << "the residual stream stays fp32";
+      loss = (head(normed).sum(-1) + stream.sum(-1)).pow(2).mean();
+    }
+    loss.backward();
+    std::vector<at::Tensor> result{loss.detach(), x.grad()};
+    for (auto* m : std::vector<torch::nn::Module*>{ln_1.get(), ln_2.get(), fc.get(), head.get()}) {
+      for (const auto& p : m->parameters()) result.push_back(p.grad().clone());
+    }
+    return result;
+  };
+  const auto fused = run(true), plain = run(false);
+  ASSERT_EQ(fused.size(), plain.size());
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_TRUE(torch::equal(fused[i], plain[i])) << "tensor " << i;
+  }
+}
+
+TEST(FusedAddLayerNorm, BadInputIsRefusedWithTheFix) {
+  auto x = torch::randn({4, 8});
+  auto expect_refusal = [](const std::function<void()>& call, const std::string& says) {
+    const std::string message = testing::usage_error_message(call);
+    EXPECT_NE(message.find(says), std::string::npos) << "refusal: '" << message << "'";
+  };
+  expect_refusal([&] { fused_add_layer_norm(x, torch::randn({8}), {}, {}); },
+                 "the add does not broadcast, pass delta of shape [4, 8]");
+  expect_refusal([&] { fused_add_layer_norm(x, x.to(torch::kDouble), {}, {}); },
+                 "fused_add_layer_norm: delta is Double; pass float32, bfloat16 or float16");
+  expect_refusal([&] { fused_add_layer_norm(torch::ones({4, 8}, torch::kInt), x, {}, {}); },
+                 "fused_add_layer_norm: residual is Int");
+  expect_refusal([&] { fused_add_layer_norm(at::Tensor(), x, {}, {}); },
+                 "residual is an undefined tensor");
+  expect_refusal([&] { fused_add_layer_norm(x, at::Tensor(), {}, {}); },
+                 "delta is an undefined tensor");
+  expect_refusal([&] { fused_add_layer_norm(x, x, torch::ones({7}), {}); },
+                 "fused_add_layer_norm: weight of shape [7] for rows of 8; pass [8]");
+  FusedLayerNormOptions to_double;
+  to_double.output_dtype = torch::kDouble;
+  expect_refusal([&] { fused_add_layer_norm(x, x, {}, {}, to_double); }, "output_dtype");
+  expect_refusal([&] { fused_add_layer_norm(torch::randn({4, 0}), torch::randn({4, 0}), {}, {}); },
+                 "residual of shape [4, 0] has no dimension");
 }
 
 }  // namespace

@@ -474,7 +474,7 @@ TEST(Gpt2Example, TinyPresetTrainsOnTwoCpuRanksAndReportsTheDocumentedJson) {
   auto result = last_json_line(r.out);
   for (const char* key :
        {"model", "preset", "params", "device", "precision", "cuda_graph", "loss", "layer_norm",
-        "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token", "peak_tflops",
+        "residual_add", "steps", "tokens_per_s", "step_ms", "mfu", "flops_per_token", "peak_tflops",
         "peak_memory_mb", "final_loss", "losses"}) {
     EXPECT_TRUE(result.contains(key)) << key << " missing from " << result.dump();
   }
@@ -519,28 +519,38 @@ TEST(Gpt2Example, ReadsAnLlmcTokenFileAndRefusesATokenOutsideTheVocabulary) {
       << bad.err;
 }
 
-// On a CPU, the fused loss and LayerNorm (tandem::fused_cross_entropy,
-// tandem::fused_layer_norm, the defaults) are LibTorch's ops exactly: under
-// bf16 autocast, the same losses step by step as --loss aten --layer-norm
-// aten.
+// On a CPU, the fused loss, LayerNorm and residual adds
+// (tandem::fused_cross_entropy, tandem::fused_add_layer_norm, the defaults;
+// and --layer-norm fused, tandem::fused_layer_norm with the adds apart) are
+// LibTorch's ops exactly: under bf16 autocast, the same losses step by step
+// as --loss aten --layer-norm aten.
 TEST(Gpt2Example, FusedLossAndLayerNormTrainLikeLibTorchsOnTheCpu) {
   auto run = [](std::vector<std::string> flags) {
+    // DeepSpeed's warmup gives the first two optimizer steps a learning
+    // rate of 0: 5 steps train the model in 2 before the last loss.
     std::vector<std::string> argv = {bin("gpt2"), "--preset", "tiny", "--device", "cpu",
-                                     "--max-steps", "3", "--warmup-measure", "0", "--batch-size",
-                                     "2", "--mixed-precision", "bf16", "--losses"};
+                                     "--max-steps", "5", "--warmup-measure", "0",
+                                     "--warmup-steps", "1", "--lr", "3e-2", "--batch-size", "2",
+                                     "--mixed-precision", "bf16", "--losses"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     auto r = run_process(argv, 120);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return last_json_line(r.out);
   };
   const auto fused = run({}), aten = run({"--loss", "aten", "--layer-norm", "aten"});
+  const auto adds_apart = run({"--layer-norm", "fused"});
   EXPECT_EQ(fused["loss"], "fused-on-aten");
   EXPECT_EQ(fused["layer_norm"], "fused-on-aten");
+  EXPECT_EQ(fused["residual_add"], "fused-on-aten");
+  EXPECT_EQ(adds_apart["layer_norm"], "fused-on-aten");
+  EXPECT_EQ(adds_apart["residual_add"], "aten");
   EXPECT_EQ(aten["loss"], "aten");
   EXPECT_EQ(aten["layer_norm"], "aten");
+  EXPECT_EQ(aten["residual_add"], "aten");
   const auto fused_losses = fused["losses"].get<std::vector<double>>();
-  ASSERT_EQ(fused_losses.size(), 3u);
+  ASSERT_EQ(fused_losses.size(), 5u);
   EXPECT_EQ(fused_losses, aten["losses"].get<std::vector<double>>());
+  EXPECT_EQ(adds_apart["losses"].get<std::vector<double>>(), fused_losses);
   auto bad = run_process({bin("gpt2"), "--preset", "tiny", "--device", "cpu", "--loss", "liger"}, 60);
   EXPECT_EQ(bad.exit_code, 105) << "CLI11's code for a value outside the set: " << bad.err;
   EXPECT_NE(bad.err.find("--loss"), std::string::npos) << bad.err;
@@ -568,12 +578,13 @@ TEST(Gpt2Example, CompareGpt2TinyOnTheCpuReportsEveryCase) {
     EXPECT_GT(cases[name].value("tokens_per_s", 0.0), 0) << name;
   }
   for (const char* name :
-       {"python-cuda-graph", "tandem-graph", "tandem-graph-aten-loss", "tandem-graph-aten-ln",
-        "tandem-graph-aten"}) {
+       {"python-cuda-graph", "tandem-graph", "tandem-graph-adds-apart", "tandem-graph-aten-loss",
+        "tandem-graph-aten-ln", "tandem-graph-aten"}) {
     ASSERT_TRUE(cases.contains(name)) << name << " missing: " << result.dump();
     EXPECT_EQ(cases[name]["status"], "skipped") << name << ": " << cases[name].dump();
   }
   EXPECT_EQ(cases["tandem-eager"]["loss"], "fused-on-aten");
+  EXPECT_EQ(cases["tandem-eager"]["residual_add"], "fused-on-aten");
   EXPECT_TRUE(result.contains("ratios")) << result.dump();
 }
 

@@ -41,9 +41,9 @@ struct TrainedRun {
 gpt2::Gpt2Config tiny() { return gpt2::preset("tiny"); }
 
 // 100 optimizer steps of the tiny GPT-2 on batches drawn from a fixed seed.
-// fused: tandem::fused_cross_entropy and tandem::fused_layer_norm (their
-// CUDA kernels, captured with the rest) instead of LibTorch's loss and
-// LayerNorm.
+// fused: tandem::fused_cross_entropy, and tandem::fused_add_layer_norm for
+// the residual adds with their LayerNorms (their CUDA kernels, captured
+// with the rest) instead of LibTorch's loss, adds and LayerNorm.
 TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, bool fused = false,
                  int64_t steps = 100) {
   TrainedRun run;
@@ -60,6 +60,7 @@ TrainedRun train(bool graph, MixedPrecision precision, int64_t accumulation, boo
     torch::manual_seed(7);
     gpt2::Gpt2Config shape = tiny();
     shape.fused_layer_norm = fused;
+    shape.fused_residual_add = fused;
     gpt2::Gpt2 model(shape);
     auto adamw = std::make_shared<torch::optim::AdamW>(
         model->parameters(),

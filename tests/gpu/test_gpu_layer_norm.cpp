@@ -8,6 +8,9 @@
 // unit in the last place (LibTorch's Welford statistics and its formula's
 // order against tandem's two passes); the figures count the bit-equal
 // outputs. Then both timed on GPT-2 124m's 25 LayerNorms of [16384, 768].
+// The same for fused_add_layer_norm against the add and that expression,
+// with and without a gradient reaching the sum directly, and timed on
+// 124m's 24 residual adds with the LayerNorms after them.
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -100,6 +103,105 @@ TEST(GpuLayerNorm, FusedKernelsMatchLibTorchsLayerNorm) {
   testing::record_gpu_figures("fused_layer_norm_parity", figures);
 }
 
+struct AddResult {
+  at::Tensor sum, output, residual, delta, weight, bias;
+};
+
+// The sum's upstream gradient, when defined, reaches it directly (the
+// residual stream read further); the output's always.
+AddResult run_add_layer_norm(const at::Tensor& r0, const at::Tensor& d0, const at::Tensor& w0,
+                             const at::Tensor& b0, const at::Tensor& sum_upstream,
+                             const at::Tensor& upstream, bool fused) {
+  auto r = r0.detach().clone().requires_grad_(true);
+  auto d = d0.detach().clone().requires_grad_(true);
+  at::Tensor w = w0.defined() ? w0.detach().clone().requires_grad_(w0.requires_grad()) : w0;
+  at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_(true) : b0;
+  const auto out = d0.scalar_type();
+  at::Tensor sum, y;
+  if (fused) {
+    FusedLayerNormOptions options;
+    options.output_dtype = out;
+    auto both = fused_add_layer_norm(r, d, w, b, options);
+    sum = both.sum;
+    y = both.normalized;
+  } else {
+    sum = r + d;
+    y = at::layer_norm(sum.to(torch::kFloat), {sum.size(-1)}, w, b, 1e-5).to(out);
+  }
+  if (sum_upstream.defined()) {
+    torch::autograd::backward({sum, y}, {sum_upstream.to(sum.scalar_type()), upstream.to(out)});
+  } else {
+    y.backward(upstream.to(out));
+  }
+  return {sum.detach(), y.detach(),  r.grad(), d.grad(), w.defined() ? w.grad() : at::Tensor(),
+          b.defined() ? b.grad() : at::Tensor()};
+}
+
+// The half types' unit roundoff: LibTorch rounds the LayerNorm's input
+// gradient to the residual's dtype before adding the sum's own gradient,
+// the kernel rounds the total once.
+double double_rounding(at::ScalarType t) {
+  return t == torch::kBFloat16 ? 0x1p-8 : t == torch::kHalf ? 0x1p-11 : 0.0;
+}
+
+TEST(GpuLayerNorm, FusedAddKernelsMatchLibTorchsAddAndLayerNorm) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_TRUE(built_with_cuda_kernels())
+      << "the library was built without its CUDA kernels (no nvcc at configure time?)";
+  const auto device = torch::Device(torch::kCUDA);
+  // (residual, delta): the normalised rows are written in delta's dtype.
+  const std::vector<std::pair<at::ScalarType, at::ScalarType>> pairs = {
+      {torch::kFloat, torch::kFloat},         {torch::kFloat, torch::kBFloat16},
+      {torch::kFloat, torch::kHalf},          {torch::kBFloat16, torch::kBFloat16},
+      {torch::kHalf, torch::kHalf}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {16384, 768}, {37, 768}, {37, 33}, {1, 4097}, {37, 1}};
+  torch::manual_seed(29);
+  nlohmann::json figures;
+  for (const auto& [rt, dt] : pairs) {
+    for (const auto& [rows, columns] : shapes) {
+      for (int affine = 0; affine < 3; ++affine) {  // 0: none, 1: both, 2: frozen weight
+        for (bool sum_read : {false, true}) {
+          const std::string name =
+              std::string(c10::toString(rt)) + "_plus_" + c10::toString(dt) + "_" +
+              std::to_string(rows) + "x" + std::to_string(columns) +
+              (affine == 0 ? "_plain" : affine == 1 ? "_affine" : "_frozen") +
+              (sum_read ? "_sum_read" : "");
+          SCOPED_TRACE(name);
+          auto r = (torch::randn({rows, columns}, device) * 3 + 0.5).to(rt);
+          auto d = torch::randn({rows, columns}, device).to(dt);
+          at::Tensor w, b;
+          if (affine > 0) {
+            w = (torch::rand({columns}, device) + 0.5).requires_grad_(affine == 1);
+            b = torch::randn({columns}, device);
+          }
+          auto upstream = torch::randn({rows, columns}, device);
+          auto sum_upstream = sum_read ? torch::randn({rows, columns}, device) : at::Tensor();
+          FusedLayerNormOptions options;
+          options.output_dtype = dt;
+          ASSERT_TRUE(fused_add_layer_norm_uses_kernel(r, d, w, b, options));
+          const auto got = run_add_layer_norm(r, d, w, b, sum_upstream, upstream, true);
+          const auto want = run_add_layer_norm(r, d, w, b, sum_upstream, upstream, false);
+          EXPECT_TRUE(torch::equal(got.sum, want.sum)) << "the add, in fp32 and rounded once";
+          expect_close(got.output, want.output, dt == torch::kFloat ? 1e-5 : 0.0, "output");
+          const double slack = sum_read ? double_rounding(rt) : 0.0;
+          expect_close(got.residual, want.residual, 1e-4 + slack, "residual gradient");
+          expect_close(got.delta, want.delta, 1e-4 + slack, "delta gradient");
+          expect_close(got.weight, want.weight, 1e-4, "weight gradient");
+          expect_close(got.bias, want.bias, 1e-4, "bias gradient");
+          figures[name] = {
+              {"output_bit_equal",
+               got.output.to(torch::kDouble).eq(want.output.to(torch::kDouble))
+                   .to(torch::kDouble)
+                   .mean()
+                   .item<double>()}};
+        }
+      }
+    }
+  }
+  testing::record_gpu_figures("fused_add_layer_norm_parity", figures);
+}
+
 // GPT-2 124m's 25 LayerNorms at batch 16 x 1024 under bf16 autocast: the
 // fp32 residual in, bf16 rows out, forward and backward, against
 // layer_norm's fp32 output and the Linear's cast (and the cast's backward).
@@ -131,6 +233,58 @@ TEST(GpuLayerNorm, SpeedOnGpt2SmallsLayerNorms) {
                                                          {"fused_ms", fused_ms},
                                                          {"aten_fp32_ms", aten_ms},
                                                          {"speedup", aten_ms / fused_ms}});
+  EXPECT_GT(fused_ms, 0);
+}
+
+// GPT-2 124m's 24 residual adds at batch 16 x 1024 under bf16 autocast, each
+// with the LayerNorm after it: the fp32 residual and a bf16 sublayer output
+// in, the fp32 sum and bf16 rows out, forward and backward (the sum's own
+// gradient arriving too), fused against the add and fused_layer_norm apart,
+// and against the add and LibTorch's fp32 layer_norm with the Linear's cast.
+TEST(GpuLayerNorm, SpeedOfTheResidualAddsWithTheirLayerNormsOnGpt2Small) {
+  TANDEM_REQUIRE_CUDA();
+  if (!built_with_cuda_kernels()) GTEST_SKIP() << "built without tandem's CUDA kernels";
+  const auto device = torch::Device(torch::kCUDA);
+  auto x = torch::randn({16384, 768}, device).requires_grad_(true);
+  auto delta = torch::randn({16384, 768}, device).to(torch::kBFloat16).requires_grad_(true);
+  auto w = torch::ones({768}, device).requires_grad_(true);
+  auto b = torch::zeros({768}, device).requires_grad_(true);
+  auto upstream = torch::randn({16384, 768}, device).to(torch::kBFloat16);
+  auto sum_upstream = torch::randn({16384, 768}, device);
+  FusedLayerNormOptions options;
+  options.output_dtype = torch::kBFloat16;
+  enum class Way { kFused, kAddApart, kAten };
+  auto passes = [&](Way way) {
+    return [&, way] {
+      for (int i = 0; i < 24; ++i) {
+        for (auto* t : {&x, &delta, &w, &b}) t->mutable_grad() = at::Tensor();
+        at::Tensor sum, y;
+        if (way == Way::kFused) {
+          auto out = fused_add_layer_norm(x, delta, w, b, options);
+          sum = out.sum;
+          y = out.normalized;
+        } else {
+          sum = x + delta;
+          y = way == Way::kAddApart
+                  ? fused_layer_norm(sum, w, b, options)
+                  : at::layer_norm(sum, {768}, w, b, 1e-5).to(torch::kBFloat16);
+        }
+        torch::autograd::backward({sum, y}, {sum_upstream, upstream});
+      }
+    };
+  };
+  const double fused_ms = testing::gpu_ms_per_call(2, 10, passes(Way::kFused));
+  const double apart_ms = testing::gpu_ms_per_call(2, 10, passes(Way::kAddApart));
+  const double aten_ms = testing::gpu_ms_per_call(2, 10, passes(Way::kAten));
+  testing::record_gpu_figures("fused_add_layer_norm_speed",
+                              {{"adds", 24},
+                               {"rows", 16384},
+                               {"columns", 768},
+                               {"fused_ms", fused_ms},
+                               {"add_then_fused_layer_norm_ms", apart_ms},
+                               {"add_then_aten_fp32_ms", aten_ms},
+                               {"speedup_over_apart", apart_ms / fused_ms},
+                               {"speedup_over_aten", aten_ms / fused_ms}});
   EXPECT_GT(fused_ms, 0);
 }
 

@@ -48,4 +48,36 @@ at::Tensor fused_layer_norm(const at::Tensor& input, const at::Tensor& weight,
 bool fused_layer_norm_uses_kernel(const at::Tensor& input, const at::Tensor& weight,
                                   const at::Tensor& bias, const FusedLayerNormOptions& options = {});
 
+// The residual stream's add and the LayerNorm after it, the pair a pre-LN
+// transformer runs between its sublayers (x = x + attn(...); then ln_2(x)).
+struct AddLayerNormOutput {
+  at::Tensor sum;         // residual + delta, in their promoted dtype
+  at::Tensor normalized;  // the LayerNorm of sum, in output_dtype (default: sum's dtype)
+};
+
+// What
+//   sum = residual + delta;
+//   normalized = fused_layer_norm(sum, weight, bias, options)
+// gives, differentiable with respect to residual, delta, weight and bias.
+// residual and delta: one shape (no broadcasting), float32, bfloat16 or
+// float16, on one device. On CUDA with tandem's kernels, when the residual
+// is float32 or delta's dtype and output_dtype is delta's (the fp32
+// residual stream and a bf16 sublayer output under autocast), one kernel
+// reads both addends and writes sum and normalized, and one backward kernel
+// writes both addends' gradients (the residual's in its dtype, delta's in
+// its own), the gradient that reached sum directly added in. A sum whose
+// gradient never arrives (the last block's, read only by the final
+// LayerNorm) costs nothing in backward. Elsewhere the expression itself;
+// fused_add_layer_norm_uses_kernel() says which. Throws UsageError on other
+// dtypes or shapes, before anything runs.
+AddLayerNormOutput fused_add_layer_norm(const at::Tensor& residual, const at::Tensor& delta,
+                                        const at::Tensor& weight, const at::Tensor& bias,
+                                        const FusedLayerNormOptions& options = {});
+
+// Whether fused_add_layer_norm runs tandem's CUDA kernels for these
+// arguments.
+bool fused_add_layer_norm_uses_kernel(const at::Tensor& residual, const at::Tensor& delta,
+                                      const at::Tensor& weight, const at::Tensor& bias,
+                                      const FusedLayerNormOptions& options = {});
+
 }  // namespace tandem
