@@ -125,6 +125,11 @@ TORCH_MODULE(Block);
 
 struct Gpt2Impl : torch::nn::Module {
   explicit Gpt2Impl(const Gpt2Config& c) : config(c) {
+    if (c.fused_residual_add && !c.fused_layer_norm) {
+      throw std::invalid_argument(
+          "Gpt2Config: fused_residual_add fuses the adds into tandem's LayerNorm; set "
+          "fused_layer_norm too");
+    }
     wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
     wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
     h = register_module("h", torch::nn::ModuleList());
@@ -139,7 +144,7 @@ struct Gpt2Impl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     auto positions = torch::arange(tokens.size(1), tokens.options());
     auto x = wte(tokens) + wpe(positions);
-    if (config.fused_layer_norm && config.fused_residual_add && !h->is_empty()) {
+    if (config.fused_residual_add && !h->is_empty()) {
       torch::Tensor normed = layer_norm(h[0]->as<BlockImpl>()->ln_1, x, true);
       for (std::size_t i = 0; i < h->size(); ++i) {
         auto& next_ln = i + 1 < h->size() ? h[i + 1]->as<BlockImpl>()->ln_1 : ln_f;

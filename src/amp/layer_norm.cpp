@@ -127,7 +127,7 @@ float* float_data_or_null(const at::Tensor& t) {
 // where wanted: column sums of dy * xhat and of dy over x's rows.
 void affine_gradients(torch::autograd::AutogradContext* ctx, const at::Tensor& dy,
                       const at::Tensor& x, const at::Tensor& weight, const at::Tensor& mean,
-                      const at::Tensor& rstd, std::size_t weight_index,
+                      const at::Tensor& rstd, std::size_t weight_index, const char* op,
                       torch::autograd::variable_list& result) {
   const bool want_weight = weight.defined() && ctx->needs_input_grad(weight_index);
   const bool want_bias =
@@ -144,7 +144,7 @@ void affine_gradients(torch::autograd::AutogradContext* ctx, const at::Tensor& d
           *cuda_kernels::kernel_value_type(x.scalar_type()), mean.data_ptr<float>(),
           rstd.data_ptr<float>(), rows, columns, float_data_or_null(dgamma),
           float_data_or_null(dbeta), at::cuda::getCurrentCUDAStream(x.device().index())),
-      "fused_layer_norm", "backward (weight and bias)");
+      op, "backward (weight and bias)");
   if (want_weight) result[weight_index] = dgamma.sum(0);
   if (want_bias) result[weight_index + 1] = dbeta.sum(0);
 }
@@ -198,7 +198,8 @@ struct FusedLayerNormFunction : torch::autograd::Function<FusedLayerNormFunction
               /*add_grad=*/nullptr, result[0].data_ptr(), /*dx_out=*/nullptr, stream),
           "fused_layer_norm", "backward (input)");
     }
-    affine_gradients(ctx, dy, input, weight, mean, rstd, /*weight_index=*/1, result);
+    affine_gradients(ctx, dy, input, weight, mean, rstd, /*weight_index=*/1, "fused_layer_norm",
+                     result);
     return result;
   }
 };
@@ -269,7 +270,8 @@ struct FusedAddLayerNormFunction : torch::autograd::Function<FusedAddLayerNormFu
               at::cuda::getCurrentCUDAStream(sum.device().index())),
           "fused_add_layer_norm", "backward (residual and delta)");
     }
-    affine_gradients(ctx, dy, sum, weight, mean, rstd, /*weight_index=*/2, result);
+    affine_gradients(ctx, dy, sum, weight, mean, rstd, /*weight_index=*/2,
+                     "fused_add_layer_norm", result);
     return result;
   }
 };

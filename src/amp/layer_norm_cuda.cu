@@ -1,7 +1,8 @@
 // fused_layer_norm's kernels (see tandem/amp/fused_layer_norm.h). A warp
 // normalises one row: the mean, then the variance around it (two passes, so
 // no cancellation), then the output, each pass a strided walk over the row
-// that the first one brought into L1. The output is written in its own
+// that the first one brought into cache (L1 for the read-only input; L2 for
+// the sum that fused_add_layer_norm's first pass stores). The output is written in its own
 // dtype: under autocast the next Linear reads bf16, and no fp32 copy of the
 // normalised rows is ever stored. Backward is a warp per row for the input's
 // gradient and a column walk over chunks of rows for gamma's and beta's

@@ -107,13 +107,18 @@ struct AddResult {
   at::Tensor sum, output, residual, delta, weight, bias;
 };
 
-// The sum's upstream gradient, when defined, reaches it directly (the
-// residual stream read further); the output's always.
+// Which gradients flow: an upstream gradient reaches the sum directly (the
+// residual stream read further) and/or the normalised rows, where defined;
+// the addends are trained or frozen.
+struct GradientPattern {
+  at::Tensor sum_upstream, upstream;
+  bool residual_trained = true, delta_trained = true;
+};
+
 AddResult run_add_layer_norm(const at::Tensor& r0, const at::Tensor& d0, const at::Tensor& w0,
-                             const at::Tensor& b0, const at::Tensor& sum_upstream,
-                             const at::Tensor& upstream, bool fused) {
-  auto r = r0.detach().clone().requires_grad_(true);
-  auto d = d0.detach().clone().requires_grad_(true);
+                             const at::Tensor& b0, const GradientPattern& pattern, bool fused) {
+  auto r = r0.detach().clone().requires_grad_(pattern.residual_trained);
+  auto d = d0.detach().clone().requires_grad_(pattern.delta_trained);
   at::Tensor w = w0.defined() ? w0.detach().clone().requires_grad_(w0.requires_grad()) : w0;
   at::Tensor b = b0.defined() ? b0.detach().clone().requires_grad_(true) : b0;
   const auto out = d0.scalar_type();
@@ -128,11 +133,16 @@ AddResult run_add_layer_norm(const at::Tensor& r0, const at::Tensor& d0, const a
     sum = r + d;
     y = at::layer_norm(sum.to(torch::kFloat), {sum.size(-1)}, w, b, 1e-5).to(out);
   }
-  if (sum_upstream.defined()) {
-    torch::autograd::backward({sum, y}, {sum_upstream.to(sum.scalar_type()), upstream.to(out)});
-  } else {
-    y.backward(upstream.to(out));
+  std::vector<at::Tensor> outputs, upstreams;
+  if (pattern.sum_upstream.defined()) {
+    outputs.push_back(sum);
+    upstreams.push_back(pattern.sum_upstream.to(sum.scalar_type()));
   }
+  if (pattern.upstream.defined()) {
+    outputs.push_back(y);
+    upstreams.push_back(pattern.upstream.to(out));
+  }
+  torch::autograd::backward(outputs, upstreams);
   return {sum.detach(), y.detach(),  r.grad(), d.grad(), w.defined() ? w.grad() : at::Tensor(),
           b.defined() ? b.grad() : at::Tensor()};
 }
@@ -175,13 +185,14 @@ TEST(GpuLayerNorm, FusedAddKernelsMatchLibTorchsAddAndLayerNorm) {
             w = (torch::rand({columns}, device) + 0.5).requires_grad_(affine == 1);
             b = torch::randn({columns}, device);
           }
-          auto upstream = torch::randn({rows, columns}, device);
-          auto sum_upstream = sum_read ? torch::randn({rows, columns}, device) : at::Tensor();
+          GradientPattern pattern;
+          pattern.upstream = torch::randn({rows, columns}, device);
+          if (sum_read) pattern.sum_upstream = torch::randn({rows, columns}, device);
           FusedLayerNormOptions options;
           options.output_dtype = dt;
           ASSERT_TRUE(fused_add_layer_norm_uses_kernel(r, d, w, b, options));
-          const auto got = run_add_layer_norm(r, d, w, b, sum_upstream, upstream, true);
-          const auto want = run_add_layer_norm(r, d, w, b, sum_upstream, upstream, false);
+          const auto got = run_add_layer_norm(r, d, w, b, pattern, true);
+          const auto want = run_add_layer_norm(r, d, w, b, pattern, false);
           EXPECT_TRUE(torch::equal(got.sum, want.sum)) << "the add, in fp32 and rounded once";
           expect_close(got.output, want.output, dt == torch::kFloat ? 1e-5 : 0.0, "output");
           const double slack = sum_read ? double_rounding(rt) : 0.0;
@@ -200,6 +211,48 @@ TEST(GpuLayerNorm, FusedAddKernelsMatchLibTorchsAddAndLayerNorm) {
     }
   }
   testing::record_gpu_figures("fused_add_layer_norm_parity", figures);
+}
+
+// The other ways gradients flow, on a [4, 37, 768] batch (three
+// dimensions, reshaped to rows and back): only the sum read (the
+// LayerNorm's output unused, so its backward is the add's own), a frozen
+// residual, a frozen delta; fp32 + bf16 and bf16 + bf16.
+TEST(GpuLayerNorm, FusedAddTakesEveryWayGradientsFlow) {
+  TANDEM_REQUIRE_CUDA();
+  ASSERT_TRUE(built_with_cuda_kernels());
+  const auto device = torch::Device(torch::kCUDA);
+  torch::manual_seed(31);
+  const std::vector<int64_t> shape = {4, 37, 768};
+  for (auto rt : {torch::kFloat, torch::kBFloat16}) {
+    auto r = (torch::randn(shape, device) * 3 + 0.5).to(rt);
+    auto d = torch::randn(shape, device).to(torch::kBFloat16);
+    auto w = (torch::rand({768}, device) + 0.5).requires_grad_(true);
+    auto b = torch::randn({768}, device);
+    for (int way = 0; way < 3; ++way) {  // 0: only the sum read; 1: frozen residual; 2: frozen delta
+      SCOPED_TRACE(std::string(c10::toString(rt)) + ", way " + std::to_string(way));
+      GradientPattern pattern;
+      pattern.sum_upstream = torch::randn(shape, device);
+      if (way > 0) pattern.upstream = torch::randn(shape, device);
+      pattern.residual_trained = way != 1;
+      pattern.delta_trained = way != 2;
+      const auto got = run_add_layer_norm(r, d, w, b, pattern, true);
+      const auto want = run_add_layer_norm(r, d, w, b, pattern, false);
+      EXPECT_EQ(got.sum.sizes(), r.sizes());
+      EXPECT_EQ(got.output.sizes(), r.sizes());
+      EXPECT_TRUE(torch::equal(got.sum, want.sum));
+      expect_close(got.output, want.output, 0.0, "output");
+      const double slack = way > 0 ? double_rounding(rt) : 0.0;
+      expect_close(got.residual, want.residual, 1e-4 + slack, "residual gradient");
+      expect_close(got.delta, want.delta, 1e-4 + slack, "delta gradient");
+      expect_close(got.weight, want.weight, 1e-4, "weight gradient");
+      expect_close(got.bias, want.bias, 1e-4, "bias gradient");
+      if (way == 0) {
+        EXPECT_FALSE(got.weight.defined()) << "no gradient reaches the LayerNorm's weight";
+        EXPECT_TRUE(torch::equal(got.residual, want.residual)) << "the add's backward, exactly";
+        EXPECT_TRUE(torch::equal(got.delta, want.delta));
+      }
+    }
+  }
 }
 
 // GPT-2 124m's 25 LayerNorms at batch 16 x 1024 under bf16 autocast: the
