@@ -56,25 +56,44 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double relative
       << w.abs().max().item<double>() << ")";
 }
 
+// The (input, output) dtype pairs the kernels take.
+std::vector<std::pair<at::ScalarType, at::ScalarType>> kernel_dtype_pairs() {
+  return {{torch::kFloat, torch::kFloat},
+          {torch::kFloat, torch::kBFloat16},
+          {torch::kFloat, torch::kHalf},
+          {torch::kBFloat16, torch::kBFloat16},
+          {torch::kHalf, torch::kHalf}};
+}
+
+// rows x columns: GPT-2's width at its batch and at an odd row count, odd
+// widths, a single row, a single column.
+constexpr std::pair<int64_t, int64_t> kShapes[] = {
+    {16384, 768}, {37, 768}, {37, 33}, {1, 4097}, {37, 1}};
+
+// affine: 0 none, 1 weight and bias, 2 a frozen weight.
+std::string case_name(at::ScalarType first, const char* joiner, at::ScalarType second,
+                      int64_t rows, int64_t columns, int affine) {
+  return std::string(c10::toString(first)) + joiner + c10::toString(second) + "_" +
+         std::to_string(rows) + "x" + std::to_string(columns) +
+         (affine == 0 ? "_plain" : affine == 1 ? "_affine" : "_frozen");
+}
+
+double bit_equal_fraction(const at::Tensor& got, const at::Tensor& want) {
+  return got.to(torch::kDouble).eq(want.to(torch::kDouble)).to(torch::kDouble).mean()
+      .item<double>();
+}
+
 TEST(GpuLayerNorm, FusedKernelsMatchLibTorchsLayerNorm) {
   TANDEM_REQUIRE_CUDA();
   ASSERT_TRUE(built_with_cuda_kernels())
       << "the library was built without its CUDA kernels (no nvcc at configure time?)";
   const auto device = torch::Device(torch::kCUDA);
-  const std::vector<std::pair<at::ScalarType, at::ScalarType>> pairs = {
-      {torch::kFloat, torch::kFloat},         {torch::kFloat, torch::kBFloat16},
-      {torch::kFloat, torch::kHalf},          {torch::kBFloat16, torch::kBFloat16},
-      {torch::kHalf, torch::kHalf}};
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {16384, 768}, {37, 768}, {37, 33}, {1, 4097}, {37, 1}};
   torch::manual_seed(23);
   nlohmann::json figures;
-  for (const auto& [in, out] : pairs) {
-    for (const auto& [rows, columns] : shapes) {
+  for (const auto& [in, out] : kernel_dtype_pairs()) {
+    for (const auto& [rows, columns] : kShapes) {
       for (int affine = 0; affine < 3; ++affine) {  // 0: none, 1: both, 2: frozen weight
-        const std::string name = std::string(c10::toString(in)) + "_to_" + c10::toString(out) +
-                                 "_" + std::to_string(rows) + "x" + std::to_string(columns) +
-                                 (affine == 0 ? "_plain" : affine == 1 ? "_affine" : "_frozen");
+        const std::string name = case_name(in, "_to_", out, rows, columns, affine);
         SCOPED_TRACE(name);
         auto x = (torch::randn({rows, columns}, device) * 3 + 0.5).to(in);
         at::Tensor w, b;
@@ -92,11 +111,7 @@ TEST(GpuLayerNorm, FusedKernelsMatchLibTorchsLayerNorm) {
         expect_close(got.input, want.input, 1e-4, "input gradient");
         expect_close(got.weight, want.weight, 1e-4, "weight gradient");
         expect_close(got.bias, want.bias, 1e-4, "bias gradient");
-        figures[name] = {
-            {"output_bit_equal",
-             got.output.to(torch::kDouble).eq(want.output.to(torch::kDouble)).to(torch::kDouble)
-                 .mean()
-                 .item<double>()}};
+        figures[name] = {{"output_bit_equal", bit_equal_fraction(got.output, want.output)}};
       }
     }
   }
@@ -159,24 +174,15 @@ TEST(GpuLayerNorm, FusedAddKernelsMatchLibTorchsAddAndLayerNorm) {
   ASSERT_TRUE(built_with_cuda_kernels())
       << "the library was built without its CUDA kernels (no nvcc at configure time?)";
   const auto device = torch::Device(torch::kCUDA);
-  // (residual, delta): the normalised rows are written in delta's dtype.
-  const std::vector<std::pair<at::ScalarType, at::ScalarType>> pairs = {
-      {torch::kFloat, torch::kFloat},         {torch::kFloat, torch::kBFloat16},
-      {torch::kFloat, torch::kHalf},          {torch::kBFloat16, torch::kBFloat16},
-      {torch::kHalf, torch::kHalf}};
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {16384, 768}, {37, 768}, {37, 33}, {1, 4097}, {37, 1}};
+  // (residual, delta) pairs: the normalised rows are written in delta's dtype.
   torch::manual_seed(29);
   nlohmann::json figures;
-  for (const auto& [rt, dt] : pairs) {
-    for (const auto& [rows, columns] : shapes) {
+  for (const auto& [rt, dt] : kernel_dtype_pairs()) {
+    for (const auto& [rows, columns] : kShapes) {
       for (int affine = 0; affine < 3; ++affine) {  // 0: none, 1: both, 2: frozen weight
         for (bool sum_read : {false, true}) {
           const std::string name =
-              std::string(c10::toString(rt)) + "_plus_" + c10::toString(dt) + "_" +
-              std::to_string(rows) + "x" + std::to_string(columns) +
-              (affine == 0 ? "_plain" : affine == 1 ? "_affine" : "_frozen") +
-              (sum_read ? "_sum_read" : "");
+              case_name(rt, "_plus_", dt, rows, columns, affine) + (sum_read ? "_sum_read" : "");
           SCOPED_TRACE(name);
           auto r = (torch::randn({rows, columns}, device) * 3 + 0.5).to(rt);
           auto d = torch::randn({rows, columns}, device).to(dt);
@@ -200,12 +206,7 @@ TEST(GpuLayerNorm, FusedAddKernelsMatchLibTorchsAddAndLayerNorm) {
           expect_close(got.delta, want.delta, 1e-4 + slack, "delta gradient");
           expect_close(got.weight, want.weight, 1e-4, "weight gradient");
           expect_close(got.bias, want.bias, 1e-4, "bias gradient");
-          figures[name] = {
-              {"output_bit_equal",
-               got.output.to(torch::kDouble).eq(want.output.to(torch::kDouble))
-                   .to(torch::kDouble)
-                   .mean()
-                   .item<double>()}};
+          figures[name] = {{"output_bit_equal", bit_equal_fraction(got.output, want.output)}};
         }
       }
     }
