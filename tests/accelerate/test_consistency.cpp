@@ -17,20 +17,9 @@ namespace {
 
 using testing::run_ranks;
 
-// Runs fn on `world` thread ranks and returns each rank's UsageError
-// message ("" for a rank that did not throw).
-std::vector<std::string> usage_errors(int world, const std::function<void(ProcessGroup&)>& fn) {
-  std::vector<std::string> messages(world);
-  std::mutex mutex;
-  run_ranks(world, [&](ProcessGroup& pg) {
-    try {
-      fn(pg);
-    } catch (const UsageError& e) {
-      std::lock_guard<std::mutex> lock(mutex);
-      messages[pg.rank()] = e.what();
-    }
-  });
-  return messages;
+// Each rank's UsageError message ("" for a rank that did not throw).
+std::map<int, std::string> usage_errors(int world, const std::function<void(ProcessGroup&)>& fn) {
+  return testing::rank_errors<UsageError>(world, fn);
 }
 
 struct Net : torch::nn::Module {
@@ -53,7 +42,7 @@ Config accumulation(int64_t steps) {
 }
 
 TEST(ConfigConsistency, DifferingValueOnOneRankNamesTheKeyAndTheRanksOnEveryRank) {
-  const auto messages = usage_errors(3, [](ProcessGroup& pg) {
+  auto messages = usage_errors(3, [](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), accumulation(pg.rank() == 2 ? 4 : 2));
   });
   for (int rank = 0; rank < 3; ++rank) {
@@ -68,7 +57,7 @@ TEST(ConfigConsistency, DifferingValueOnOneRankNamesTheKeyAndTheRanksOnEveryRank
 }
 
 TEST(ConfigConsistency, EveryDifferingKeyIsListed) {
-  const auto messages = usage_errors(2, [](ProcessGroup& pg) {
+  auto messages = usage_errors(2, [](ProcessGroup& pg) {
     Config config = accumulation(pg.rank() + 1);
     if (pg.rank() == 1) config.mixed_precision = MixedPrecision::kBf16;
     Accelerator accelerator(pg.shared_from_this(), config);
@@ -85,7 +74,7 @@ TEST(ConfigConsistency, EveryDifferingKeyIsListed) {
 }
 
 TEST(ConfigConsistency, CodeOverridesCountAndRankListsAreCompressed) {
-  const auto messages = usage_errors(5, [](ProcessGroup& pg) {
+  auto messages = usage_errors(5, [](ProcessGroup& pg) {
     AcceleratorOptions options;
     options.gradient_clipping = pg.rank() == 3 ? 0.5 : 1.0;
     Accelerator accelerator(pg.shared_from_this(), Config{}, options);
@@ -96,7 +85,7 @@ TEST(ConfigConsistency, CodeOverridesCountAndRankListsAreCompressed) {
 }
 
 TEST(ConfigConsistency, EqualConfigsStartAndPerNodeKeysAreIgnored) {
-  const auto messages = usage_errors(3, [](ProcessGroup& pg) {
+  auto messages = usage_errors(3, [](ProcessGroup& pg) {
     Config config = accumulation(2);
     // What legitimately differs between nodes: their index, their devices,
     // where they found the file.
@@ -106,11 +95,11 @@ TEST(ConfigConsistency, EqualConfigsStartAndPerNodeKeysAreIgnored) {
     Accelerator accelerator(pg.shared_from_this(), config);
     EXPECT_EQ(accelerator.gradient_accumulation_steps(), 2);
   });
-  for (const auto& message : messages) EXPECT_EQ(message, "");
+  for (const auto& [rank, message] : messages) EXPECT_EQ(message, "") << "rank " << rank;
 }
 
 TEST(ModelConsistency, DifferingShapeOnOneRankNamesTheParameterAndTheRanks) {
-  const auto messages = usage_errors(2, [](ProcessGroup& pg) {
+  auto messages = usage_errors(2, [](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     accelerator.prepare_model(std::make_shared<Net>(pg.rank() == 0 ? 4 : 5, 10));
   });
@@ -123,7 +112,7 @@ TEST(ModelConsistency, DifferingShapeOnOneRankNamesTheParameterAndTheRanks) {
 }
 
 TEST(ModelConsistency, FrozenParametersAndBuffersAreCompared) {
-  const auto messages = usage_errors(3, [](ProcessGroup& pg) {
+  auto messages = usage_errors(3, [](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     auto net = std::make_shared<Net>(4, 8);
     if (pg.rank() == 1) net->fc->bias.set_requires_grad(false);
@@ -140,7 +129,7 @@ TEST(ModelConsistency, FrozenParametersAndBuffersAreCompared) {
 }
 
 TEST(ModelConsistency, RegistrationOrderMatters) {
-  const auto messages = usage_errors(2, [](ProcessGroup& pg) {
+  auto messages = usage_errors(2, [](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     accelerator.prepare_model(std::make_shared<Net>(4, 8, /*swap_order=*/pg.rank() == 1));
   });
@@ -152,13 +141,13 @@ TEST(ModelConsistency, RegistrationOrderMatters) {
 }
 
 TEST(ModelConsistency, EqualModelsArePrepared) {
-  const auto messages = usage_errors(3, [](ProcessGroup& pg) {
+  auto messages = usage_errors(3, [](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     auto net = std::make_shared<Net>(4, 8);
     accelerator.prepare_model(net);
     EXPECT_EQ(accelerator.unwrap_model(), net);
   });
-  for (const auto& message : messages) EXPECT_EQ(message, "");
+  for (const auto& [rank, message] : messages) EXPECT_EQ(message, "") << "rank " << rank;
 }
 
 }  // namespace

@@ -18,26 +18,10 @@ namespace {
 
 using testing::run_ranks;
 
-// Runs `fn` on every rank and returns each rank's UsageError message ("" if
-// it threw none).
+// Each rank's UsageError message ("" if it threw none).
 std::map<int, std::string> usage_errors(int world, const ProcessGroupOptions& options,
                                         const std::function<void(ProcessGroup&)>& fn) {
-  std::mutex mutex;
-  std::map<int, std::string> messages;
-  run_ranks(
-      world,
-      [&](ProcessGroup& pg) {
-        std::string text;
-        try {
-          fn(pg);
-        } catch (const UsageError& e) {
-          text = e.what();
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        messages[pg.rank()] = text;
-      },
-      options);
-  return messages;
+  return testing::rank_errors<UsageError>(world, fn, options);
 }
 
 ProcessGroupOptions with_transport(bool shared_memory) {

@@ -18,29 +18,8 @@
 namespace tandem {
 namespace {
 
+using testing::rank_errors;
 using testing::run_ranks;
-
-// Runs fn on `world` ranks; returns each rank's error message of type E ("" if none).
-template <typename E>
-std::map<int, std::string> group_errors(int world, const std::function<void(ProcessGroup&)>& fn,
-                                        ProcessGroupOptions options = {}) {
-  std::mutex mutex;
-  std::map<int, std::string> messages;
-  run_ranks(
-      world,
-      [&](ProcessGroup& pg) {
-        std::string text;
-        try {
-          fn(pg);
-        } catch (const E& e) {
-          text = e.what();
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        messages[pg.rank()] = text;
-      },
-      options);
-  return messages;
-}
 
 TEST(GroupErrors, ARankOutsideAGroupIsToldWhichRanksAreInIt) {
   run_ranks(5, [](ProcessGroup& pg) {
@@ -79,7 +58,7 @@ TEST(GroupErrors, ARankOutsideAGroupIsToldWhichRanksAreInIt) {
 }
 
 TEST(GroupErrors, RanksThatPassDifferentGroupsAreNamedOnEveryRank) {
-  auto messages = group_errors<UsageError>(3, [](ProcessGroup& pg) {
+  auto messages = rank_errors<UsageError>(3, [](ProcessGroup& pg) {
     pg.new_group(pg.rank() == 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 0});
   });
   for (const auto& [rank, message] : messages) {
@@ -88,13 +67,13 @@ TEST(GroupErrors, RanksThatPassDifferentGroupsAreNamedOnEveryRank) {
               std::string::npos)
         << "rank " << rank << ": " << message;
   }
-  messages = group_errors<UsageError>(2, [](ProcessGroup& pg) { pg.new_group({1, 2}); });
+  messages = rank_errors<UsageError>(2, [](ProcessGroup& pg) { pg.new_group({1, 2}); });
   for (const auto& [rank, message] : messages) {
     EXPECT_NE(message.find("rank 2 is not a rank of the parent group, whose ranks are 0..1"),
               std::string::npos)
         << message;
   }
-  messages = group_errors<UsageError>(4, [](ProcessGroup& pg) { pg.split_group({{0, 1}, {1, 2}}); });
+  messages = rank_errors<UsageError>(4, [](ProcessGroup& pg) { pg.split_group({{0, 1}, {1, 2}}); });
   for (const auto& [rank, message] : messages) {
     EXPECT_NE(message.find("rank 1 is named twice ([0, 1] and [1, 2])"), std::string::npos)
         << message;
@@ -102,7 +81,7 @@ TEST(GroupErrors, RanksThatPassDifferentGroupsAreNamedOnEveryRank) {
 }
 
 TEST(GroupErrors, ADesyncInASubgroupNamesGlobalAndGroupRanks) {
-  auto messages = group_errors<UsageError>(5, [](ProcessGroup& pg) {
+  auto messages = rank_errors<UsageError>(5, [](ProcessGroup& pg) {
     auto group = pg.new_group({0, 2, 3});
     if (!group->is_member()) return;
     auto same = at::ones({2});
@@ -164,7 +143,7 @@ TEST(GroupErrors, ATimeoutInASubgroupNamesTheMissingRankByBothRanks) {
 }
 
 TEST(GroupErrors, AllToAllSplitsThatDisagreeAreNamedOnEveryRank) {
-  auto messages = group_errors<UsageError>(3, [](ProcessGroup& pg) {
+  auto messages = rank_errors<UsageError>(3, [](ProcessGroup& pg) {
     // Each rank sends 1 row to each; rank 2 expects 2 rows from rank 0.
     std::vector<int64_t> out_splits = {1, 1, 1};
     if (pg.rank() == 2) out_splits = {2, 1, 0};
@@ -178,7 +157,7 @@ TEST(GroupErrors, AllToAllSplitsThatDisagreeAreNamedOnEveryRank) {
               std::string::npos)
         << "rank " << rank << ": " << message;
   }
-  messages = group_errors<UsageError>(2, [](ProcessGroup& pg) {
+  messages = rank_errors<UsageError>(2, [](ProcessGroup& pg) {
     auto t = at::ones({pg.rank() == 0 ? 4 : 6});
     auto out = at::empty_like(t);
     pg.all_to_all(out, t);
@@ -189,7 +168,7 @@ TEST(GroupErrors, AllToAllSplitsThatDisagreeAreNamedOnEveryRank) {
               std::string::npos)
         << "rank " << rank << ": " << message;
   }
-  messages = group_errors<UsageError>(1, [](ProcessGroup& pg) {
+  messages = rank_errors<UsageError>(1, [](ProcessGroup& pg) {
     auto out = at::empty({3});
     pg.all_to_all(out, at::ones({4}), {3}, {5});
   });
@@ -199,7 +178,7 @@ TEST(GroupErrors, AllToAllSplitsThatDisagreeAreNamedOnEveryRank) {
 }
 
 TEST(GroupErrors, GatherAndScatterRootsThatDisagreeAreADesync) {
-  auto messages = group_errors<UsageError>(3, [](ProcessGroup& pg) {
+  auto messages = rank_errors<UsageError>(3, [](ProcessGroup& pg) {
     pg.gather(at::ones({7}), pg.rank() == 1 ? 1 : 0);
   });
   for (const auto& [rank, message] : messages) {
@@ -208,7 +187,7 @@ TEST(GroupErrors, GatherAndScatterRootsThatDisagreeAreADesync) {
               std::string::npos)
         << "rank " << rank << ": " << message;
   }
-  messages = group_errors<UsageError>(1, [](ProcessGroup& pg) {
+  messages = rank_errors<UsageError>(1, [](ProcessGroup& pg) {
     auto out = at::empty({7});
     pg.scatter(out, {at::ones({7}), at::ones({7})}, 0);  // two tensors for one rank
   });

@@ -40,12 +40,23 @@ Config unusual_config() {
   c.zero.stage3_param_persistence_threshold = 0;
   c.zero.stage3_max_live_parameters = 17;
   c.zero.zero3_init = true;
-  c.optimizer = {"Adam", 0.1 + 0.2, 1e-5, 1e-7, std::nullopt, 0.875, std::nullopt};
+  c.optimizer = {};
+  c.optimizer.type = "Adam";
+  c.optimizer.lr = 0.1 + 0.2;
+  c.optimizer.weight_decay = 1e-5;
+  c.optimizer.eps = 1e-7;
+  c.optimizer.beta1 = 0.875;
   c.scheduler.type = "OneCycle";
   c.scheduler.params = {{"cycle_min_lr", 1e-6}, {"cycle_first_step_size", 77},
                         {"cycle_momentum", 0.0}};
   c.scheduler.auto_params = {"cycle_max_lr"};
-  c.ddp = {12.5, 0.5, true, false, "powersgd", true};
+  c.ddp = {};
+  c.ddp.bucket_cap_mb = 12.5;
+  c.ddp.first_bucket_cap_mb = 0.5;
+  c.ddp.find_unused_parameters = true;
+  c.ddp.broadcast_buffers = false;
+  c.ddp.comm_hook = "powersgd";
+  c.ddp.cache_cpu_allocations = true;
   c.ddp.static_graph = true;
   c.ddp.powersgd = {4, 7, 1.5, false, false, 1e-8, 42};
   c.activation_checkpointing.enabled = true;
@@ -149,7 +160,10 @@ TEST(TandemYaml, PowerSGDBlockWithAnotherHookWarnsThatItHasNoEffect) {
 
 TEST(TandemYaml, SgdAndWarmupLrRoundTrip) {
   Config original;
-  original.optimizer = {"SGD", 0.5, 0.0, std::nullopt, 0.9, std::nullopt, std::nullopt};
+  original.optimizer.type = "SGD";
+  original.optimizer.lr = 0.5;
+  original.optimizer.weight_decay = 0.0;
+  original.optimizer.momentum = 0.9;
   original.scheduler.type = "WarmupLR";
   original.scheduler.warmup_type = "linear";
   original.scheduler.params = {{"warmup_num_steps", 10}};
@@ -301,7 +315,7 @@ TEST(TandemYaml, ReadsThePreemptionBlockAndRefusesWhatCannotWork) {
   const Config defaults = parse_config_text("seed: 1\n", "t.yaml");
   EXPECT_FALSE(defaults.preemption.enabled);
   EXPECT_EQ(defaults.preemption.signals, (std::vector<std::string>{"USR1", "TERM"}));
-  for (const std::string& bad :
+  for (const char* bad :
        {"preemption:\n  signals: [KILL]\n", "preemption:\n  signals: []\n",
         "preemption:\n  requeue: maybe\n", "preemption:\n  checkpoint: x\n",
         "preemption: true\n"}) {

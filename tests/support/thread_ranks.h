@@ -5,8 +5,10 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,31 @@ inline void run_ranks_with_options(int world_size, const std::function<void(Proc
 inline void run_ranks(int world_size, const std::function<void(ProcessGroup&)>& fn,
                       ProcessGroupOptions options = {}) {
   run_ranks_with_options(world_size, fn, [&](int) { return options; });
+}
+
+// Runs fn on `world_size` thread ranks and returns each rank's message of
+// the E it threw ("" for a rank that threw none); any other exception is
+// rethrown as by run_ranks.
+template <typename E>
+std::map<int, std::string> rank_errors(int world_size,
+                                       const std::function<void(ProcessGroup&)>& fn,
+                                       ProcessGroupOptions options = {}) {
+  std::mutex mutex;
+  std::map<int, std::string> messages;
+  run_ranks(
+      world_size,
+      [&](ProcessGroup& pg) {
+        std::string text;
+        try {
+          fn(pg);
+        } catch (const E& e) {
+          text = e.what();
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        messages[pg.rank()] = text;
+      },
+      options);
+  return messages;
 }
 
 }  // namespace tandem::testing
