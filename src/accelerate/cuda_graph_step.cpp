@@ -39,12 +39,15 @@
 namespace tandem::detail {
 namespace {
 
-// The parameters of one fused launch: one group and dtype. `grads` are the
-// gradients the graph being captured reads.
+// The parameters of one fused launch: one group, dtype and step count.
+// `grads` are the gradients the graph being captured reads. Their optimizer
+// states are looked up by `keys` each time (a load_state() replaces the
+// state objects, so no pointer to one is kept).
 struct AdamLaunch {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
-  std::vector<torch::optim::OptimizerParamState*> states;
-  at::Tensor step;  // fp32 on the device, shared by the bucket's parameters
+  std::vector<void*> keys;  // the optimizer state map's keys (TensorImpl*)
+  at::Tensor step;          // fp32 on the device, shared by the bucket's parameters
+  int64_t host_step = 0;    // what `step` holds, as the host counts it
   std::size_t group = 0;
 };
 
@@ -132,9 +135,18 @@ class CudaGraphStep final : public GraphedStep {
       const bool found_inf = p_.scaling && found_inf_.item<float>() > 0;
       if (!p_.core->record_graphed_step(*p_.optimizer, found_inf)) {
         for (auto& bucket : buckets_) {
-          for (auto* s : bucket.states) bump_step(*s);
+          for (std::size_t i = 0; i < bucket.keys.size(); ++i) bump_step(*state_of(bucket, i));
+          ++bucket.host_step;
         }
-        ++host_step_;
+      }
+      if (!accumulating()) {
+        // The graph keeps the gradients it made (Captured::grads); the
+        // parameters let go of them, as an eager zero_grad() does in one
+        // process, so an eager backward after this step starts afresh
+        // instead of adding to the captured step's gradients.
+        for (auto& bucket : buckets_) {
+          for (auto& param : bucket.params) param.mutable_grad() = at::Tensor();
+        }
       }
     }
     return loss.clone();
@@ -172,7 +184,9 @@ class CudaGraphStep final : public GraphedStep {
     std::unordered_set<void*> seen;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       constants_.push_back(constants_of(groups[g].options()));
-      std::map<at::ScalarType, AdamLaunch> by_dtype;
+      // Parameters that started stepping at different times count their
+      // bias correction apart, as the eager step's fused launches do.
+      std::map<std::pair<at::ScalarType, int64_t>, AdamLaunch> by_dtype_and_step;
       for (auto& param : groups[g].params()) {
         if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
         auto found = states.find(param.unsafeGetTensorImpl());
@@ -185,20 +199,20 @@ class CudaGraphStep final : public GraphedStep {
         if (accumulating() && !param.grad().defined()) {
           param.mutable_grad() = at::zeros_like(param, at::MemoryFormat::Preserve);
         }
-        AdamLaunch& b = by_dtype[param.scalar_type()];
-        b.group = g;
-        b.params.push_back(param);
-        b.states.push_back(found->second.get());
         const auto [avg, avg_sq, max_sq, step] = moments(*found->second);
+        AdamLaunch& b = by_dtype_and_step[{param.scalar_type(), step}];
+        b.group = g;
+        b.host_step = step;
+        b.params.push_back(param);
+        b.keys.push_back(param.unsafeGetTensorImpl());
         b.exp_avgs.push_back(avg);
         b.exp_avg_sqs.push_back(avg_sq);
         if (max_sq.defined()) b.max_exp_avg_sqs.push_back(max_sq);
-        host_step_ = step;
       }
-      for (auto& [dtype, bucket] : by_dtype) buckets_.push_back(std::move(bucket));
+      for (auto& [key, bucket] : by_dtype_and_step) buckets_.push_back(std::move(bucket));
     }
     for (auto& b : buckets_) {
-      b.step = at::full({}, static_cast<double>(host_step_),
+      b.step = at::full({}, static_cast<double>(b.host_step),
                         at::TensorOptions().dtype(at::kFloat).device(p_.device));
       b.steps.assign(b.params.size(), b.step);
     }
@@ -218,6 +232,7 @@ class CudaGraphStep final : public GraphedStep {
     for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
       if (in_buckets.count(param.unsafeGetTensorImpl()) > 0) clip_params_.push_back(param);
     }
+    accumulation_steps_ = p_.controller->state().accumulation_steps;
     layout_ = current_layout();
   }
 
@@ -254,14 +269,27 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
+  // The optimizer's state of bucket parameter i; null once it is gone.
+  torch::optim::OptimizerParamState* state_of(const AdamLaunch& b, std::size_t i) const {
+    auto& states = p_.optimizer->state();
+    auto found = states.find(b.keys[i]);
+    return found == states.end() ? nullptr : found->second.get();
+  }
+
   // The addresses a graph reads and writes: a load_state() or code that
   // replaced a tensor makes the graphs stale, and they are captured again.
+  // The gradients count only with accumulation: without, each stepping
+  // graph makes and keeps its own, whatever the parameters hold.
   std::vector<const void*> current_layout() const {
     std::vector<const void*> layout;
     for (const auto& b : buckets_) {
       for (std::size_t i = 0; i < b.params.size(); ++i) {
-        const auto [avg, avg_sq, max_sq, step] = moments(*b.states[i]);
-        layout.push_back(b.params[i].grad().defined() ? b.params[i].grad().data_ptr() : nullptr);
+        torch::optim::OptimizerParamState* state = state_of(b, i);
+        if (state == nullptr) return {};  // a state removed: never equal to a built layout
+        const auto [avg, avg_sq, max_sq, step] = moments(*state);
+        const at::Tensor& grad = b.params[i].grad();
+        layout.push_back(b.params[i].data_ptr());
+        if (accumulating()) layout.push_back(grad.defined() ? grad.data_ptr() : nullptr);
         layout.push_back(avg.data_ptr());
         layout.push_back(avg_sq.data_ptr());
         layout.push_back(max_sq.defined() ? max_sq.data_ptr() : nullptr);
@@ -277,11 +305,16 @@ class CudaGraphStep final : public GraphedStep {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       if (constants_of(groups[g].options()) != constants_[g]) return false;
     }
+    if (p_.controller->state().accumulation_steps != accumulation_steps_) return false;
     return current_layout() == layout_;
   }
 
+  // Drops every graph and captures into a fresh memory pool: the
+  // allocator cannot take a pool back once all graphs that used it are
+  // gone.
   void invalidate() {
     captured_.clear();
+    pool_ = at::cuda::graph_pool_handle();
     build_buckets();
   }
 
@@ -296,11 +329,13 @@ class CudaGraphStep final : public GraphedStep {
         lr_values_[g] = lr;
       }
     }
-    if (buckets_.empty() || buckets_.front().states.empty()) return;
-    const int64_t host = std::get<3>(moments(*buckets_.front().states.front()));
-    if (host != host_step_) {
-      for (auto& b : buckets_) b.step.fill_(static_cast<double>(host));
-      host_step_ = host;
+    for (auto& b : buckets_) {
+      if (b.keys.empty()) continue;
+      const int64_t host = std::get<3>(moments(*state_of(b, 0)));
+      if (host != b.host_step) {
+        b.step.fill_(static_cast<double>(host));
+        b.host_step = host;
+      }
     }
   }
 
@@ -332,12 +367,8 @@ class CudaGraphStep final : public GraphedStep {
     for (auto& b : buckets_) {
       b.grads.clear();
       for (const auto& param : b.params) {
-        TANDEM_CHECK_ARG(param.grad().defined(),
-                         "cuda_graph: a parameter of shape {} that the eager steps updated got "
-                         "no gradient in the captured step; a captured step must train the same "
-                         "parameters every time",
-                         c10::str(param.sizes()));
-        b.grads.push_back(param.grad());
+        if (!param.grad().defined()) refuse_untrained(param);
+        b.grads.push_back(with_strides_of(param, param.grad()));
       }
     }
     std::vector<at::Tensor> grads;
@@ -373,6 +404,60 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
+  [[noreturn]] static void refuse_untrained(const at::Tensor& param) {
+    TANDEM_THROW(UsageError,
+                 "cuda_graph: a parameter of shape {} that the eager steps updated got no "
+                 "gradient in the captured step; a captured step must train the same "
+                 "parameters every time (or turn cuda_graph off)",
+                 c10::str(param.sizes()));
+  }
+
+  // grad with param's strides where they differ only on dimensions of size
+  // 1 (which backward may lay out either way, and which address the same
+  // elements): the fused Adam kernels take parameters and gradients of one
+  // layout.
+  static at::Tensor with_strides_of(const at::Tensor& param, const at::Tensor& grad) {
+    if (grad.strides() == param.strides() || grad.sizes() != param.sizes()) return grad;
+    for (int64_t d = 0; d < param.dim(); ++d) {
+      if (param.size(d) != 1 && param.stride(d) != grad.stride(d)) return grad;
+    }
+    return grad.as_strided(param.sizes(), param.strides(), grad.storage_offset());
+  }
+
+  // With accumulation every parameter holds a gradient before the capture
+  // (allocated outside it), so whether backward reached one is seen by a
+  // hook on it, removed again when the capture ends.
+  class ReachedHooks {
+   public:
+    explicit ReachedHooks(const std::vector<AdamLaunch>& buckets) {
+      for (const auto& b : buckets) {
+        for (const auto& param : b.params) {
+          const std::size_t index = params_.size();
+          reached_.push_back(0);
+          params_.push_back(param);
+          ids_.push_back(param.register_hook(
+              [this, index](const at::Tensor&) { reached_[index] = 1; }));
+        }
+      }
+    }
+    ~ReachedHooks() {
+      for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(ids_[i]);
+    }
+    ReachedHooks(const ReachedHooks&) = delete;
+    ReachedHooks& operator=(const ReachedHooks&) = delete;
+    // Refuses the first parameter no gradient reached.
+    void check() const {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (reached_[i] == 0) refuse_untrained(params_[i]);
+      }
+    }
+
+   private:
+    std::vector<at::Tensor> params_;
+    std::vector<unsigned> ids_;
+    std::vector<char> reached_;  // written by the backward's hooks, read after it
+  };
+
   std::unique_ptr<at::cuda::CUDAGraph> capture(Captured& c, bool stepping, at::Tensor& loss_out) {
     const std::vector<at::Tensor>& inputs = c.inputs;
     if (!accumulating()) {
@@ -389,20 +474,34 @@ class CudaGraphStep final : public GraphedStep {
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
       graph->capture_begin(pool_);
-      try {
-        at::Tensor loss = p_.autocast_loss(inputs);
-        at::Tensor scaled = to_fp32(loss);
-        if (p_.scaling || factor_value_ != 1.0) scaled = scaled * loss_factor_;
-        scaled.backward();
-        if (stepping) update(c);
-        loss_out = loss.detach();
-        graph->capture_end();
-      } catch (const std::exception& e) {
+      // The capture ends (and the autocast cache is restored) on every path;
+      // a failed capture leaves its pool to the graph that dies with it.
+      auto abandon = [&] {
         try {
           graph->capture_end();
         } catch (const std::exception&) {  // the capture was invalidated
         }
         at::autocast::set_autocast_cache_enabled(cache);
+        pool_ = at::cuda::graph_pool_handle();
+      };
+      try {
+        at::Tensor loss = p_.autocast_loss(inputs);
+        at::Tensor scaled = to_fp32(loss);
+        if (p_.scaling || factor_value_ != 1.0) scaled = scaled * loss_factor_;
+        {
+          std::optional<ReachedHooks> hooks;
+          if (accumulating()) hooks.emplace(buckets_);
+          scaled.backward();
+          if (hooks) hooks->check();
+        }
+        if (stepping) update(c);
+        loss_out = loss.detach();
+        graph->capture_end();
+      } catch (const UsageError&) {  // tandem's own refusal: as it is
+        abandon();
+        throw;
+      } catch (const std::exception& e) {
+        abandon();
         TANDEM_CHECK_ARG(false,
                          "cuda_graph: capturing the training step failed: {}\nA captured step "
                          "must not read tensors back to the host (.item(), printing a tensor, "
@@ -424,7 +523,7 @@ class CudaGraphStep final : public GraphedStep {
   bool capturing_ = false;
   bool replayed_ = false;
   int64_t captures_ = 0;
-  int64_t host_step_ = 0;
+  int64_t accumulation_steps_ = 0;  // the accumulation the graphs were built for
   std::vector<AdamLaunch> buckets_;
   std::vector<GroupConstants> constants_;
   std::vector<at::Tensor> lrs_;

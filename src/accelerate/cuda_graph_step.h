@@ -50,7 +50,8 @@ struct GraphedStepParts {
 class GraphedStep {
  public:
   virtual ~GraphedStep() = default;
-  // One micro-step (warm-up, capture or replay); `batch` is on the device.
+  // One micro-step (warm-up, capture or replay); `batch` is on the host or the
+  // device (a replay copies it into the graph's static inputs either way).
   virtual at::Tensor run(const std::vector<at::Tensor>& batch) = 0;
   virtual bool replayed() const = 0;
   virtual int64_t captures() const = 0;

@@ -126,13 +126,15 @@ TrainStep& TrainStep::operator=(TrainStep&&) noexcept = default;
 TrainStep::~TrainStep() = default;
 
 at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) {
+  // A captured step copies the host batch straight into its static inputs.
+  if (impl_->graphed) return impl_->graphed->run(batch);
   const c10::Device device = impl_->accelerator->device();
   std::vector<at::Tensor> on_device;
   on_device.reserve(batch.size());
   for (const auto& t : batch) {
     on_device.push_back(t.device() == device ? t : t.to(device, /*non_blocking=*/true));
   }
-  return impl_->graphed ? impl_->graphed->run(on_device) : impl_->eager(on_device);
+  return impl_->eager(on_device);
 }
 
 bool TrainStep::graphed() const { return impl_->graphed && impl_->graphed->replayed(); }
