@@ -234,6 +234,7 @@ class CudaGraphStep final : public GraphedStep {
     }
     accumulation_steps_ = p_.controller->state().accumulation_steps;
     layout_ = current_layout();
+    built_ = true;
   }
 
   bool accumulating() const { return p_.controller->state().accumulation_steps > 1; }
@@ -299,7 +300,7 @@ class CudaGraphStep final : public GraphedStep {
   }
 
   bool layout_matches() const {
-    if (buckets_.empty()) return false;
+    if (!built_) return false;
     auto& groups = p_.optimizer->param_groups();
     if (groups.size() != constants_.size()) return false;
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -430,19 +431,25 @@ class CudaGraphStep final : public GraphedStep {
   class ReachedHooks {
    public:
     explicit ReachedHooks(const std::vector<AdamLaunch>& buckets) {
-      for (const auto& b : buckets) {
-        for (const auto& param : b.params) {
-          const std::size_t index = params_.size();
-          reached_.push_back(0);
-          params_.push_back(param);
-          ids_.push_back(param.register_hook(
-              [this, index](const at::Tensor&) { reached_[index] = 1; }));
+      try {
+        for (const auto& b : buckets) {
+          for (const auto& param : b.params) {
+            const std::size_t index = reached_.size();
+            reached_.push_back(0);
+            // An undefined gradient (a function that returned none for it)
+            // reaches nothing.
+            ids_.push_back(param.register_hook([this, index](const at::Tensor& grad) {
+              if (grad.defined()) reached_[index] = 1;
+            }));
+            params_.push_back(param);
+          }
         }
+      } catch (...) {
+        remove();  // no hook may outlive this object
+        throw;
       }
     }
-    ~ReachedHooks() {
-      for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(ids_[i]);
-    }
+    ~ReachedHooks() { remove(); }
     ReachedHooks(const ReachedHooks&) = delete;
     ReachedHooks& operator=(const ReachedHooks&) = delete;
     // Refuses the first parameter no gradient reached.
@@ -453,7 +460,13 @@ class CudaGraphStep final : public GraphedStep {
     }
 
    private:
-    std::vector<at::Tensor> params_;
+    void remove() {
+      for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(ids_[i]);
+      params_.clear();
+      ids_.clear();
+    }
+
+    std::vector<at::Tensor> params_;  // those with a hook: ids_[i] is params_[i]'s
     std::vector<unsigned> ids_;
     std::vector<char> reached_;  // written by the backward's hooks, read after it
   };
@@ -474,8 +487,10 @@ class CudaGraphStep final : public GraphedStep {
       const bool cache = at::autocast::is_autocast_cache_enabled();
       at::autocast::set_autocast_cache_enabled(false);
       graph->capture_begin(pool_);
-      // The capture ends (and the autocast cache is restored) on every path;
-      // a failed capture leaves its pool to the graph that dies with it.
+      // The capture ends (and the autocast cache is restored) on every path,
+      // and the next capture takes a fresh pool: PyTorch gives a pool back
+      // only for captures that ended, and reusing one it holds or has let
+      // go of is refused.
       auto abandon = [&] {
         try {
           graph->capture_end();
@@ -524,6 +539,7 @@ class CudaGraphStep final : public GraphedStep {
   bool replayed_ = false;
   int64_t captures_ = 0;
   int64_t accumulation_steps_ = 0;  // the accumulation the graphs were built for
+  bool built_ = false;              // build_buckets() ran (its buckets may be empty)
   std::vector<AdamLaunch> buckets_;
   std::vector<GroupConstants> constants_;
   std::vector<at::Tensor> lrs_;

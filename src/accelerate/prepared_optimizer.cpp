@@ -173,6 +173,10 @@ bool OptimizerCore::scales_loss() const { return scaler_ != nullptr && scaler_->
 double OptimizerCore::loss_scale() const { return scales_loss() ? scaler_->scale() : 1.0; }
 
 bool OptimizerCore::record_graphed_step(AcceleratedOptimizer& self, bool found_inf) {
+  // The captured step's gradients live in its graph, not in the parameters'
+  // .grad (which it leaves None without accumulation): nothing for
+  // check_wrapped to count, until an eager backward notes them again.
+  grads_after_backward_ = 0;
   check_wrapped(self);
   const bool skip = found_inf && scales_loss();
   controller_->optimizer_step(id_, /*taken=*/!skip);
