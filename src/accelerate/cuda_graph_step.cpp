@@ -123,7 +123,13 @@ class CudaGraphStep final : public GraphedStep {
     std::unique_ptr<at::cuda::CUDAGraph>& graph = stepping ? c.step : c.accumulate;
     at::Tensor& loss = stepping ? c.step_loss : c.accumulate_loss;
     if (!graph) {
-      graph = capture(c, stepping, loss);
+      try {
+        graph = capture(c, stepping, loss);
+      } catch (...) {
+        // A shape that never captured does not count against max_captures.
+        if (!c.accumulate && !c.step) captured_.erase(key);
+        throw;
+      }
       ++captures_;
       layout_ = current_layout();
     }
@@ -307,7 +313,21 @@ class CudaGraphStep final : public GraphedStep {
       if (constants_of(groups[g].options()) != constants_[g]) return false;
     }
     if (p_.controller->state().accumulation_steps != accumulation_steps_) return false;
-    return current_layout() == layout_;
+    return current_layout() == layout_ && steps_uniform();
+  }
+
+  // Whether each bucket's parameters still share one step count (eager
+  // steps in between may have skipped a parameter without a gradient);
+  // after current_layout() matched, so every state exists.
+  bool steps_uniform() const {
+    for (const auto& b : buckets_) {
+      for (std::size_t i = 1; i < b.keys.size(); ++i) {
+        if (std::get<3>(moments(*state_of(b, i))) != std::get<3>(moments(*state_of(b, 0)))) {
+          return false;
+        }
+      }
+    }
+    return true;
   }
 
   // Drops every graph and captures into a fresh memory pool: the
@@ -498,6 +518,13 @@ class CudaGraphStep final : public GraphedStep {
         }
         at::autocast::set_autocast_cache_enabled(cache);
         pool_ = at::cuda::graph_pool_handle();
+        // The capture's backward bound gradients whose kernels never ran:
+        // an eager step after the refusal must not add to them.
+        if (!accumulating()) {
+          for (auto& b : buckets_) {
+            for (auto& param : b.params) param.mutable_grad() = at::Tensor();
+          }
+        }
       };
       try {
         at::Tensor loss = p_.autocast_loss(inputs);

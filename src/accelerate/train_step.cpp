@@ -3,7 +3,12 @@
 
 #include "tandem/accelerate/train_step.h"
 
+#include <string>
 #include <typeinfo>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -80,8 +85,17 @@ std::string graph_refusal(const Accelerator& accelerator, const Config& config,
            "captured update does not; keep the parameters in fp32 (autocast computes in bf16)";
   }
   if (core.timed()) {
-    return "wall_clock_breakdown times forward, backward and step apart, and a captured step "
-           "runs them as one graph; turn one of the two off";
+    std::vector<std::string> keys;
+    if (config.wall_clock_breakdown) keys.emplace_back("wall_clock_breakdown");
+    if (config.steps_per_print.value_or(0) > 0) keys.emplace_back("steps_per_print");
+    if (config.tensorboard.enabled) keys.emplace_back("tensorboard.enabled");
+    if (config.csv_monitor.enabled) keys.emplace_back("csv_monitor.enabled");
+    return fmt::format(
+        "{} time the step's forward, backward and update apart (the monitors also read each "
+        "micro-step's loss back), and a captured step runs them as one graph; turn {} off, or "
+        "cuda_graph off",
+        keys.empty() ? std::string("the step timer") : fmt::format("{}", fmt::join(keys, ", ")),
+        keys.size() > 1 ? "them" : "it");
   }
   return {};
 }
