@@ -110,6 +110,7 @@ class CudaGraphStep final : public GraphedStep {
       found = captured_.emplace(key, std::move(fresh)).first;
     }
     Captured& c = found->second;
+    if (!accumulating()) refuse_gradients_from_outside();
     // Straight from the program's (pinned) host batch into the static inputs.
     for (std::size_t i = 0; i < batch.size(); ++i) c.inputs[i].copy_(batch[i], /*non_blocking=*/true);
 
@@ -422,6 +423,25 @@ class CudaGraphStep final : public GraphedStep {
       if (!grads.empty()) at::_foreach_zero_(grads);
     } else {
       c.grads = grads;
+    }
+  }
+
+  // Without accumulation a captured step makes its own gradients and
+  // leaves .grad None; a gradient there now came from a backward outside
+  // the step (accelerator.backward() by hand, not zeroed since), which a
+  // replay would drop where the eager step adds it in.
+  void refuse_gradients_from_outside() const {
+    for (const auto& b : buckets_) {
+      for (const auto& param : b.params) {
+        TANDEM_CHECK_ARG(!param.grad().defined(),
+                         "cuda_graph: a parameter of shape {} holds a gradient from a backward "
+                         "outside the captured step; the captured step makes its own and would "
+                         "drop it, where an eager step adds it in. After a backward of your "
+                         "own, call optimizer->step() if it should count, then "
+                         "optimizer->zero_grad(), before the next captured step (or turn "
+                         "cuda_graph off)",
+                         c10::str(param.sizes()));
+      }
     }
   }
 

@@ -182,6 +182,10 @@ bool OptimizerCore::record_graphed_step(AcceleratedOptimizer& self, bool found_i
   controller_->optimizer_step(id_, /*taken=*/!skip);
   controller_->end_step(id_);
   controller_->zero_grad(id_);
+  // As at the end of step(): an unscale the program asked for in between
+  // (clip_grad_norm) belonged to this step, which the graph unscaled itself.
+  unscaled_ = false;
+  found_inf_ = false;
   // Last, as in step(): a collapse error leaves the step accounted for.
   if (scaler_ != nullptr) scaler_->update(skip);
   return skip;

@@ -3,8 +3,9 @@
 // a load_state() in the middle of a captured run makes the graphs stale, and
 // the run captures again and trains as the eager run does (with and without
 // accumulation); an eager step taken by hand after captured ones starts from
-// fresh gradients; a parameter the eager steps trained that gets no gradient
-// in the captured step is refused, with and without accumulation.
+// fresh gradients; a gradient from a backward by hand that a replay would
+// drop, and a parameter the eager steps trained that gets no gradient in the
+// captured step, are refused.
 
 #include <string>
 #include <vector>
@@ -177,6 +178,38 @@ TEST(GpuCudaGraphStateEager, AnEagerStepAfterCapturedOnesStartsFromFreshGradient
   const auto graph = train(true);
   EXPECT_EQ(graph.second, 1);
   expect_close(graph.first, eager.first);
+}
+
+// Without accumulation: a backward by hand between captured steps, not
+// zeroed, would be dropped by the next replay (an eager step adds it in):
+// refused, then accepted once zero_grad() cleared it.
+TEST(GpuCudaGraphRefusals, AGradientFromABackwardOutsideTheCapturedStepIsRefused) {
+  TANDEM_REQUIRE_CUDA();
+  const bool use_b = true;
+  torch::manual_seed(8);
+  const auto xs = torch::randn({8, 8, 16}), ys = torch::randn({8, 8, 1});
+  std::string message;
+  int64_t replayed_after = -1;
+  with_model(graph_config(true, 1), &use_b,
+             [&](Accelerator& accelerator, TwoHeads& model,
+                 std::shared_ptr<AcceleratedOptimizer>& opt, TrainStep& step) {
+               for (int64_t i = 0; i < 4; ++i) step({xs[i], ys[i]});
+               auto x = xs[4].to(accelerator.device()), y = ys[4].to(accelerator.device());
+               accelerator.backward(torch::mse_loss(model->forward(x, use_b), y));
+               try {
+                 step({xs[5], ys[5]});
+               } catch (const UsageError& e) {
+                 message = e.what();
+               }
+               opt->step();
+               opt->zero_grad();
+               step({xs[6], ys[6]});
+               replayed_after = step.graphed() ? 1 : 0;
+             });
+  EXPECT_NE(message.find("holds a gradient from a backward outside the captured step"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(replayed_after, 1) << "after zero_grad() the captured step runs again";
 }
 
 // Eager warm-up steps train both heads; the captured step reads one.
