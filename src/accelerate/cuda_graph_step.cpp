@@ -94,6 +94,7 @@ class CudaGraphStep final : public GraphedStep {
     }
     capturing_ = true;
     if (!layout_matches()) invalidate();
+    if (!accumulating()) refuse_gradients_from_outside();
     const std::string key = signature(batch);
     auto found = captured_.find(key);
     if (found == captured_.end()) {
@@ -110,7 +111,6 @@ class CudaGraphStep final : public GraphedStep {
       found = captured_.emplace(key, std::move(fresh)).first;
     }
     Captured& c = found->second;
-    if (!accumulating()) refuse_gradients_from_outside();
     // Straight from the program's (pinned) host batch into the static inputs.
     for (std::size_t i = 0; i < batch.size(); ++i) c.inputs[i].copy_(batch[i], /*non_blocking=*/true);
 
@@ -138,21 +138,17 @@ class CudaGraphStep final : public GraphedStep {
     replayed_ = true;
     p_.controller->after_backward();
     if (stepping) {
+      // The graph keeps the gradients it made (Captured::grads); without
+      // accumulation the parameters let go of them, as an eager zero_grad()
+      // does in one process, so an eager backward after this step starts
+      // afresh instead of adding to the captured step's gradients.
+      if (!accumulating()) release_gradients(/*bucketed_too=*/true);
       // fp16: the one read back of a captured step, between steps.
       const bool found_inf = p_.scaling && found_inf_.item<float>() > 0;
       if (!p_.core->record_graphed_step(*p_.optimizer, found_inf)) {
         for (auto& bucket : buckets_) {
           for (std::size_t i = 0; i < bucket.keys.size(); ++i) bump_step(*state_of(bucket, i));
           ++bucket.host_step;
-        }
-      }
-      if (!accumulating()) {
-        // The graph keeps the gradients it made (Captured::grads); the
-        // parameters let go of them, as an eager zero_grad() does in one
-        // process, so an eager backward after this step starts afresh
-        // instead of adding to the captured step's gradients.
-        for (auto& bucket : buckets_) {
-          for (auto& param : bucket.params) param.mutable_grad() = at::Tensor();
         }
       }
     }
@@ -239,6 +235,7 @@ class CudaGraphStep final : public GraphedStep {
     for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
       if (in_buckets.count(param.unsafeGetTensorImpl()) > 0) clip_params_.push_back(param);
     }
+    bucketed_ = std::move(in_buckets);
     accumulation_steps_ = p_.controller->state().accumulation_steps;
     layout_ = current_layout();
     built_ = true;
@@ -426,6 +423,17 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
+  // Sets .grad to None for the optimizer's parameters outside the buckets
+  // (never stepped in the warm-up), and with bucketed_too for all.
+  void release_gradients(bool bucketed_too) {
+    for (auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+      if (!param.grad().defined()) continue;
+      if (bucketed_too || bucketed_.count(param.unsafeGetTensorImpl()) == 0) {
+        param.mutable_grad() = at::Tensor();
+      }
+    }
+  }
+
   // Without accumulation a captured step makes its own gradients and
   // leaves .grad None; a gradient there now came from a backward outside
   // the step (accelerator.backward() by hand, not zeroed since), which a
@@ -437,11 +445,25 @@ class CudaGraphStep final : public GraphedStep {
                          "cuda_graph: a parameter of shape {} holds a gradient from a backward "
                          "outside the captured step; the captured step makes its own and would "
                          "drop it, where an eager step adds it in. After a backward of your "
-                         "own, call optimizer->step() if it should count, then "
-                         "optimizer->zero_grad(), before the next captured step (or turn "
-                         "cuda_graph off)",
+                         "own, take it with optimizer->step() and optimizer->zero_grad(), or "
+                         "discard it by setting the parameters' .grad to None, before the next "
+                         "captured step (or turn cuda_graph off)",
                          c10::str(param.sizes()));
       }
+    }
+  }
+
+  // A parameter outside the buckets (the warm-up never stepped it) that the
+  // captured backward reached: the graph's update would leave it unchanged
+  // where an eager step updates it.
+  void refuse_untracked_gradients() {
+    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+      TANDEM_CHECK_ARG(!param.grad().defined() || bucketed_.count(param.unsafeGetTensorImpl()) > 0,
+                       "cuda_graph: a parameter of shape {} got a gradient in the captured step "
+                       "but none in the eager warm-up steps, so the captured update would leave "
+                       "it unchanged; raise cuda_graph.warmup_steps until the warm-up trains "
+                       "every parameter the step trains, or turn cuda_graph off",
+                       c10::str(param.sizes()));
     }
   }
 
@@ -538,13 +560,10 @@ class CudaGraphStep final : public GraphedStep {
         }
         at::autocast::set_autocast_cache_enabled(cache);
         pool_ = at::cuda::graph_pool_handle();
-        // The capture's backward bound gradients whose kernels never ran:
-        // an eager step after the refusal must not add to them.
-        if (!accumulating()) {
-          for (auto& b : buckets_) {
-            for (auto& param : b.params) param.mutable_grad() = at::Tensor();
-          }
-        }
+        // The capture's backward bound gradients whose kernels never ran
+        // (with accumulation, only to parameters outside the buckets): an
+        // eager step after the refusal must not add to them.
+        release_gradients(/*bucketed_too=*/!accumulating());
       };
       try {
         at::Tensor loss = p_.autocast_loss(inputs);
@@ -556,6 +575,7 @@ class CudaGraphStep final : public GraphedStep {
           scaled.backward();
           if (hooks) hooks->check();
         }
+        refuse_untracked_gradients();
         if (stepping) update(c);
         loss_out = loss.detach();
         graph->capture_end();
@@ -587,6 +607,7 @@ class CudaGraphStep final : public GraphedStep {
   int64_t captures_ = 0;
   int64_t accumulation_steps_ = 0;  // the accumulation the graphs were built for
   bool built_ = false;              // build_buckets() ran (its buckets may be empty)
+  std::unordered_set<const c10::TensorImpl*> bucketed_;  // the buckets' parameters
   std::vector<AdamLaunch> buckets_;
   std::vector<GroupConstants> constants_;
   std::vector<at::Tensor> lrs_;
