@@ -439,17 +439,15 @@ class CudaGraphStep final : public GraphedStep {
   // the step (accelerator.backward() by hand, not zeroed since), which a
   // replay would drop where the eager step adds it in.
   void refuse_gradients_from_outside() const {
-    for (const auto& b : buckets_) {
-      for (const auto& param : b.params) {
-        TANDEM_CHECK_ARG(!param.grad().defined(),
-                         "cuda_graph: a parameter of shape {} holds a gradient from a backward "
-                         "outside the captured step; the captured step makes its own and would "
-                         "drop it, where an eager step adds it in. After a backward of your "
-                         "own, take it with optimizer->step() and optimizer->zero_grad(), or "
-                         "discard it by setting the parameters' .grad to None, before the next "
-                         "captured step (or turn cuda_graph off)",
-                         c10::str(param.sizes()));
-      }
+    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+      TANDEM_CHECK_ARG(!param.grad().defined(),
+                       "cuda_graph: a parameter of shape {} holds a gradient from a backward "
+                       "outside the captured step; the captured step makes its own and would "
+                       "drop it, where an eager step adds it in. After a backward of your own, "
+                       "take it with optimizer->step() and optimizer->zero_grad(), or discard "
+                       "it by setting the parameters' .grad to None, before the next captured "
+                       "step (or turn cuda_graph off)",
+                       c10::str(param.sizes()));
     }
   }
 
@@ -460,9 +458,11 @@ class CudaGraphStep final : public GraphedStep {
     for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
       TANDEM_CHECK_ARG(!param.grad().defined() || bucketed_.count(param.unsafeGetTensorImpl()) > 0,
                        "cuda_graph: a parameter of shape {} got a gradient in the captured step "
-                       "but none in the eager warm-up steps, so the captured update would leave "
-                       "it unchanged; raise cuda_graph.warmup_steps until the warm-up trains "
-                       "every parameter the step trains, or turn cuda_graph off",
+                       "but none in the eager warm-up steps (none that were not skipped), so the "
+                       "captured update would leave it unchanged; raise cuda_graph.warmup_steps "
+                       "until the warm-up trains every parameter the step trains, or turn "
+                       "cuda_graph off (a parameter group added, or a checkpoint loaded without "
+                       "this parameter's state, after the warm-up cannot be captured)",
                        c10::str(param.sizes()));
     }
   }
