@@ -28,6 +28,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include "accelerate/captured_gradients.h"
 #include "accelerate/prepared_internals.h"
 #include "accelerate/step_controller.h"
 #include "optim/clip_on_device.h"
@@ -386,7 +387,7 @@ class CudaGraphStep final : public GraphedStep {
     for (auto& b : buckets_) {
       b.grads.clear();
       for (const auto& param : b.params) {
-        if (!param.grad().defined()) refuse_untrained(param);
+        if (!param.grad().defined()) refuse_untrained_parameter(param);
         b.grads.push_back(with_strides_of(param, param.grad()));
       }
     }
@@ -467,72 +468,6 @@ class CudaGraphStep final : public GraphedStep {
     }
   }
 
-  [[noreturn]] static void refuse_untrained(const at::Tensor& param) {
-    TANDEM_THROW(UsageError,
-                 "cuda_graph: a parameter of shape {} that the eager steps updated got no "
-                 "gradient in the captured step; a captured step must train the same "
-                 "parameters every time (or turn cuda_graph off)",
-                 c10::str(param.sizes()));
-  }
-
-  // grad with param's strides where they differ only on dimensions of size
-  // 1 (which backward may lay out either way, and which address the same
-  // elements): the fused Adam kernels take parameters and gradients of one
-  // layout.
-  static at::Tensor with_strides_of(const at::Tensor& param, const at::Tensor& grad) {
-    if (grad.strides() == param.strides() || grad.sizes() != param.sizes()) return grad;
-    for (int64_t d = 0; d < param.dim(); ++d) {
-      if (param.size(d) != 1 && param.stride(d) != grad.stride(d)) return grad;
-    }
-    return grad.as_strided(param.sizes(), param.strides(), grad.storage_offset());
-  }
-
-  // With accumulation every parameter holds a gradient before the capture
-  // (allocated outside it), so whether backward reached one is seen by a
-  // hook on it, removed again when the capture ends.
-  class ReachedHooks {
-   public:
-    explicit ReachedHooks(const std::vector<AdamLaunch>& buckets) {
-      try {
-        for (const auto& b : buckets) {
-          for (const auto& param : b.params) {
-            const std::size_t index = reached_.size();
-            reached_.push_back(0);
-            // An undefined gradient (a function that returned none for it)
-            // reaches nothing.
-            ids_.push_back(param.register_hook([this, index](const at::Tensor& grad) {
-              if (grad.defined()) reached_[index] = 1;
-            }));
-            params_.push_back(param);
-          }
-        }
-      } catch (...) {
-        remove();  // no hook may outlive this object
-        throw;
-      }
-    }
-    ~ReachedHooks() { remove(); }
-    ReachedHooks(const ReachedHooks&) = delete;
-    ReachedHooks& operator=(const ReachedHooks&) = delete;
-    // Refuses the first parameter no gradient reached.
-    void check() const {
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        if (reached_[i] == 0) refuse_untrained(params_[i]);
-      }
-    }
-
-   private:
-    void remove() {
-      for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(ids_[i]);
-      params_.clear();
-      ids_.clear();
-    }
-
-    std::vector<at::Tensor> params_;  // those with a hook: ids_[i] is params_[i]'s
-    std::vector<unsigned> ids_;
-    std::vector<char> reached_;  // written by the backward's hooks, read after it
-  };
-
   std::unique_ptr<at::cuda::CUDAGraph> capture(Captured& c, bool stepping, at::Tensor& loss_out) {
     const std::vector<at::Tensor>& inputs = c.inputs;
     if (!accumulating()) {
@@ -571,7 +506,13 @@ class CudaGraphStep final : public GraphedStep {
         if (p_.scaling || factor_value_ != 1.0) scaled = scaled * loss_factor_;
         {
           std::optional<ReachedHooks> hooks;
-          if (accumulating()) hooks.emplace(buckets_);
+          if (accumulating()) {
+            std::vector<at::Tensor> params;
+            for (const auto& b : buckets_) {
+              params.insert(params.end(), b.params.begin(), b.params.end());
+            }
+            hooks.emplace(params);
+          }
           scaled.backward();
           if (hooks) hooks->check();
         }
