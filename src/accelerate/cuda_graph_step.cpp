@@ -232,8 +232,9 @@ class CudaGraphStep final : public GraphedStep {
     for (const auto& b : buckets_) {
       for (const auto& param : b.params) in_buckets.insert(param.unsafeGetTensorImpl());
     }
+    optimizer_params_ = unique_optimizer_parameters(*p_.optimizer);
     clip_params_.clear();
-    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+    for (const auto& param : optimizer_params_) {
       if (in_buckets.count(param.unsafeGetTensorImpl()) > 0) clip_params_.push_back(param);
     }
     bucketed_ = std::move(in_buckets);
@@ -320,10 +321,10 @@ class CudaGraphStep final : public GraphedStep {
   // after current_layout() matched, so every state exists.
   bool steps_uniform() const {
     for (const auto& b : buckets_) {
+      if (b.keys.empty()) continue;
+      const int64_t first = std::get<3>(moments(*state_of(b, 0)));
       for (std::size_t i = 1; i < b.keys.size(); ++i) {
-        if (std::get<3>(moments(*state_of(b, i))) != std::get<3>(moments(*state_of(b, 0)))) {
-          return false;
-        }
+        if (std::get<3>(moments(*state_of(b, i))) != first) return false;
       }
     }
     return true;
@@ -427,7 +428,7 @@ class CudaGraphStep final : public GraphedStep {
   // Sets .grad to None for the optimizer's parameters outside the buckets
   // (never stepped in the warm-up), and with bucketed_too for all.
   void release_gradients(bool bucketed_too) {
-    for (auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+    for (auto& param : optimizer_params_) {
       if (!param.grad().defined()) continue;
       if (bucketed_too || bucketed_.count(param.unsafeGetTensorImpl()) == 0) {
         param.mutable_grad() = at::Tensor();
@@ -440,7 +441,7 @@ class CudaGraphStep final : public GraphedStep {
   // the step (accelerator.backward() by hand, not zeroed since), which a
   // replay would drop where the eager step adds it in.
   void refuse_gradients_from_outside() const {
-    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+    for (const auto& param : optimizer_params_) {
       TANDEM_CHECK_ARG(!param.grad().defined(),
                        "cuda_graph: a parameter of shape {} holds a gradient from a backward "
                        "outside the captured step; the captured step makes its own and would "
@@ -456,7 +457,7 @@ class CudaGraphStep final : public GraphedStep {
   // captured backward reached: the graph's update would leave it unchanged
   // where an eager step updates it.
   void refuse_untracked_gradients() {
-    for (const auto& param : unique_optimizer_parameters(*p_.optimizer)) {
+    for (const auto& param : optimizer_params_) {
       TANDEM_CHECK_ARG(!param.grad().defined() || bucketed_.count(param.unsafeGetTensorImpl()) > 0,
                        "cuda_graph: a parameter of shape {} got a gradient in the captured step "
                        "but none in the eager warm-up steps (none that were not skipped), so the "
@@ -470,12 +471,9 @@ class CudaGraphStep final : public GraphedStep {
 
   std::unique_ptr<at::cuda::CUDAGraph> capture(Captured& c, bool stepping, at::Tensor& loss_out) {
     const std::vector<at::Tensor>& inputs = c.inputs;
-    if (!accumulating()) {
-      // The capture's backward makes the gradients in the graph's pool.
-      for (auto& b : buckets_) {
-        for (auto& param : b.params) param.mutable_grad() = at::Tensor();
-      }
-    }
+    // Without accumulation every .grad is None here (run() refused any
+    // other), so the capture's backward makes the gradients in the graph's
+    // pool.
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     wait_for(side_, at::cuda::getCurrentCUDAStream(p_.device.index()));
     {
@@ -555,6 +553,7 @@ class CudaGraphStep final : public GraphedStep {
   std::vector<double> lr_values_;
   std::vector<const void*> layout_;
   std::vector<at::Tensor> clip_params_;  // bucket parameters, in the eager step's order
+  std::vector<at::Tensor> optimizer_params_;  // every parameter of the optimizer, once
   at::Tensor loss_factor_;  // 0-dim fp32: scale / accumulation steps
   at::Tensor inv_scale_, found_inf_;  // [1] fp32, as the eager unscale's
   double factor_value_ = 0;
