@@ -26,6 +26,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/error_file.h"
 #include "tandem/core/logging.h"
+#include "tandem/core/parameters.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/version.h"
 #include "tandem/parallel/activation_checkpoint.h"

@@ -90,6 +90,17 @@ const nlohmann::json* saved_optimizer(const nlohmann::json& meta, std::size_t in
   return index == 0 && meta.contains("optimizer") ? &meta["optimizer"] : nullptr;
 }
 
+// The step count ZeRO's shards resume at, from a saved optimizer entry. An
+// optimizer without a per-parameter count (SGD, Lion) saved by one process
+// or DDP records step 0; its real steps say how many updates its state has
+// seen (ZeRO's SGD would otherwise restart its loaded momentum at step 1).
+int64_t shard_step_count(const nlohmann::json& saved) {
+  const int64_t step = saved.value("step", int64_t{0});
+  const bool per_parameter = saved.contains("param_steps") && !saved["param_steps"].empty();
+  if (step == 0 && !per_parameter) return saved.value("real_steps", int64_t{0});
+  return step;
+}
+
 std::size_t saved_optimizer_count(const nlohmann::json& meta) {
   if (meta.contains("optimizers")) return meta["optimizers"].size();
   return meta.contains("optimizer") ? 1 : 0;
@@ -249,9 +260,7 @@ void Checkpointer::restore_models(const CheckpointReader& checkpoint, bool optim
     // optimizer over the model).
     int64_t step = 0;
     for (std::size_t i : model.optimizers) {
-      if (const nlohmann::json* saved = saved_optimizer(meta, i)) {
-        step = saved->value("step", int64_t{0});
-      }
+      if (const nlohmann::json* saved = saved_optimizer(meta, i)) step = shard_step_count(*saved);
     }
     std::unordered_map<std::string, bool> partitioned;
     if (PartitionedParameters* shards = model.strategy->partitioned()) {

@@ -98,7 +98,11 @@ std::vector<UpdateHyper> read_hyper(torch::optim::Optimizer& optimizer, UpdateRu
         h.lr = o.lr();
         h.weight_decay = o.weight_decay();
         h.lr_decay = o.lr_decay();
-        h.initial_accumulator_value = o.initial_accumulator_value();
+        // LibTorch's Adagrad fills every parameter's sum from the defaults'
+        // value when it is built, whatever its group says; so do the shards.
+        h.initial_accumulator_value =
+            options_as<torch::optim::AdagradOptions>(optimizer.defaults())
+                .initial_accumulator_value();
         h.eps = o.eps();
         break;
       }

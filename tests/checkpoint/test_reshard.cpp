@@ -1,8 +1,14 @@
 // Resharding: a checkpoint saved by ZeRO at world 4 loads at world 2 and 1,
 // and into DDP, and DDP's into ZeRO-3, each time giving back the same
-// consolidated state (parameters, masters, optimizer state) byte for byte.
+// consolidated state (parameters, masters, optimizer state) byte for byte;
+// and a DDP checkpoint resumed under ZeRO trains on as the uninterrupted run.
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
 
 #include <torch/torch.h>
 
@@ -108,6 +114,56 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, ReshardOptimizers,
                          ::testing::Values(testing::Opt::kAdagrad, testing::Opt::kRmsprop,
                                            testing::Opt::kLion, testing::Opt::kLamb),
                          reshard_optimizer_name);
+
+// The largest relative difference between two consolidated states with the
+// same tensors.
+double max_relative_difference(const std::map<std::string, torch::Tensor>& a,
+                               const std::map<std::string, torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [key, t] : a) {
+    const auto it = b.find(key);
+    if (it == b.end()) {
+      ADD_FAILURE() << key << " missing";
+      continue;
+    }
+    const double scale = std::max(t.abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (t - it->second).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+// A checkpoint of one process or DDP, resumed under ZeRO, trains on as the
+// uninterrupted run does. SGD keeps no step count of its own, and the shards
+// must still continue its loaded momentum rather than start it afresh.
+using ResumeCase = std::tuple<testing::Opt, int /*stage*/, int /*saving world*/>;
+class ResumeUnderZero : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeUnderZero, TrainsOnAsTheUninterruptedRun) {
+  const auto [opt, stage, saving_world] = GetParam();
+  TempDir whole, half, resumed;
+  run(2, stage, 4, "", whole.path(), opt);  // one epoch: 4 steps of 8 samples
+  run(saving_world, 0, 2, "", half.path(), opt);
+  run(2, stage, 2, half.path(), resumed.path(), opt);
+  const auto expected = testing::consolidated(whole.path());
+  EXPECT_LT(max_relative_difference(testing::consolidated(resumed.path()), expected), 1e-5);
+  EXPECT_GT(max_relative_difference(testing::consolidated(half.path()), expected), 1e-3)
+      << "the resumed steps did not move the state";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ResumeUnderZero,
+    ::testing::Combine(::testing::Values(testing::Opt::kSgd, testing::Opt::kAdamW,
+                                         testing::Opt::kAdagrad),
+                       ::testing::Values(1, 2, 3), ::testing::Values(1, 2)),
+    [](const ::testing::TestParamInfo<ResumeCase>& info) {
+      const testing::Opt opt = std::get<0>(info.param);
+      const std::string name = opt == testing::Opt::kSgd      ? "SgdMomentum"
+                               : opt == testing::Opt::kAdamW ? "AdamW"
+                                                             : "Adagrad";
+      return name + "Stage" + std::to_string(std::get<1>(info.param)) + "SavedAtWorld" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 TEST(Reshard, TrainingContinuesAfterAReshardedLoad) {
   // World 4 -> 2 and on: the step count carries over and training stays

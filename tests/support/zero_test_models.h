@@ -58,7 +58,10 @@ TORCH_MODULE(Stack);
 
 // kAmsgrad is Adam with amsgrad, which ZeRO does not shard itself: it runs
 // through ZeroOptions::shard_optimizer_factory (train_zero sets it).
-enum class Opt { kAdam, kAdamW, kSgd, kAdagrad, kRmsprop, kLion, kLamb, kAmsgrad };
+// kAdagradGroups: Adagrad over two param groups whose
+// initial_accumulator_value differs from the defaults' (LibTorch's Adagrad
+// fills every sum from the defaults' value).
+enum class Opt { kAdam, kAdamW, kSgd, kAdagrad, kRmsprop, kLion, kLamb, kAmsgrad, kAdagradGroups };
 
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
                                                                std::vector<torch::Tensor> params) {
@@ -87,6 +90,18 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
     case Opt::kAmsgrad:
       return std::make_unique<torch::optim::Adam>(
           params, torch::optim::AdamOptions(1e-2).amsgrad(true).weight_decay(0.01));
+    case Opt::kAdagradGroups: {
+      const auto half = static_cast<std::ptrdiff_t>(params.size() / 2);
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(std::vector<torch::Tensor>(params.begin(), params.begin() + half),
+                          std::make_unique<torch::optim::AdagradOptions>(
+                              torch::optim::AdagradOptions(5e-2).initial_accumulator_value(2.0)));
+      groups.emplace_back(std::vector<torch::Tensor>(params.begin() + half, params.end()),
+                          std::make_unique<torch::optim::AdagradOptions>(
+                              torch::optim::AdagradOptions(3e-2).initial_accumulator_value(0.0)));
+      return std::make_unique<torch::optim::Adagrad>(
+          std::move(groups), torch::optim::AdagradOptions(5e-2).initial_accumulator_value(0.1));
+    }
   }
   return nullptr;
 }

@@ -1,7 +1,8 @@
 // ZeRO stages 1-3 with the optimizers beyond Adam, AdamW and SGD train
 // exactly like DDP with the same optimizer stepping whole parameters (fp32,
 // within 1e-5 relative), at worlds 2 and 3: torch::optim's Adagrad and
-// RMSprop (centered, with momentum), tandem's Lion and Lamb (whose
+// RMSprop (centered, with momentum), Adagrad over groups that set their own
+// initial_accumulator_value, tandem's Lion and Lamb (whose
 // per-parameter trust ratio spans the shards), and Adam with amsgrad built
 // over the shards by a shard_optimizer_factory. Also: Lion's and Lamb's
 // math on closed forms, and what ZeRO refuses.
@@ -36,6 +37,7 @@ const char* optimizer_label(Opt opt) {
     case Opt::kLion: return "Lion";
     case Opt::kLamb: return "Lamb";
     case Opt::kAmsgrad: return "AmsgradByFactory";
+    case Opt::kAdagradGroups: return "AdagradGroups";
     default: return "Other";
   }
 }
@@ -72,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
     StagesWorlds, ZeroOptimizers,
     ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 3),
                        ::testing::Values(Opt::kAdagrad, Opt::kRmsprop, Opt::kLion, Opt::kLamb,
-                                         Opt::kAmsgrad),
+                                         Opt::kAmsgrad, Opt::kAdagradGroups),
                        ::testing::Values(false)),
     [](const ::testing::TestParamInfo<OptimizerCase>& info) {
       return "Stage" + std::to_string(std::get<0>(info.param)) + "World" +

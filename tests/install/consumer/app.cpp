@@ -27,8 +27,10 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   auto model = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
                                      torch::nn::Linear(16, 1));
+  // Each distinct tensor once, as the docs advise (and <tandem/tandem.h>
+  // alone declares it).
   auto sgd = std::make_shared<torch::optim::SGD>(
-      model->parameters(), torch::optim::SGDOptions(0.05));
+      tandem::unique_parameters(*model), torch::optim::SGDOptions(0.05));
   auto [optimizer, loader] = accelerator.prepare(model, sgd, Lines(), batch);
   double last = 0;
   for (int epoch = 0; epoch < 3; ++epoch) {
