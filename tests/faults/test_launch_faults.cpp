@@ -8,6 +8,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <fstream>
 
 #include "support/launch_testing.h"
 #include "tandem/comm/shm_cleanup.h"
@@ -110,6 +113,70 @@ TEST(LaunchFaults, SigkillOfTheLauncherLeavesNoOrphans) {
   // shared-memory name rank 0 may have made before the others mapped it
   // (tandem's own sweep takes such names only after 10 minutes).
   for (const auto pid : pids) remove_shared_memory_of(static_cast<int>(pid));
+}
+
+// A shell-script worker whose rank starts a child that ignores SIGTERM,
+// SIGINT and SIGHUP (as a backgrounded command can), writes both pids, and
+// then: rank FAILING exits 3 once its child runs; the others wait.
+std::string worker_with_stubborn_child(const TempDir& dir, int failing) {
+  const std::string path = dir.path() + "/stubborn_worker.sh";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "D=\"$TANDEM_TEST_PID_DIR\"\n"
+                         "sh -c 'trap \"\" TERM INT HUP; echo $$ > \"$0/child$1.pid.tmp\"; "
+                         "mv \"$0/child$1.pid.tmp\" \"$0/child$1.pid\"; exec sleep 300' \"$D\" "
+                         "\"$RANK\" &\n"
+                         "while [ ! -s \"$D/child$RANK.pid\" ]; do sleep 0.05; done\n"
+                         "echo $$ > \"$D/rank$RANK.pid\"\n"
+                         "if [ \"$RANK\" = "
+                      << failing
+                      << " ]; then exit 3; fi\n"
+                         "wait\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+std::vector<pid_t> child_pids(const std::string& dir, int n) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const std::string text = testing::read_file(dir + "/child" + std::to_string(r) + ".pid");
+    if (!text.empty()) pids.push_back(std::stoi(text));
+  }
+  return pids;
+}
+
+TEST(LaunchFaults, AFailedWorkersOwnChildrenDoNotOutliveTheJob) {
+  TempDir pid_dir, scripts;
+  BackgroundProcess p(launch({"--nproc-per-node", "2", "--grace-period", "1",
+                              worker_with_stubborn_child(scripts, 1)}),
+                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
+  auto r = p.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
+  const auto children = child_pids(pid_dir.path(), 2);
+  ASSERT_EQ(children.size(), 2u) << r.err;
+  // Once the launcher has exited, nothing of the job is left: not the
+  // failed rank's child, nor the child of the rank that was stopped.
+  EXPECT_TRUE(none_alive(children, 0.5)) << "a worker's child outlived the job";
+  for (pid_t pid : children) ::kill(pid, SIGKILL);  // the test's own cleanup, by pid
+}
+
+TEST(LaunchFaults, SigquitStopsTheWorkersAndTheirChildren) {
+  TempDir pid_dir, scripts;
+  BackgroundProcess p(launch({"--nproc-per-node", "2", "--grace-period", "1",
+                              worker_with_stubborn_child(scripts, -1)}),
+                      {"TANDEM_TEST_PID_DIR=" + pid_dir.path()});
+  auto pids = wait_for_pids(pid_dir.path(), 2);
+  ASSERT_EQ(pids.size(), 2u) << "workers did not start";
+  const auto children = child_pids(pid_dir.path(), 2);
+  p.send(SIGQUIT);
+  auto r = p.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGQUIT);
+  EXPECT_NE(r.err.find("received SIGQUIT"), std::string::npos) << r.err;
+  EXPECT_TRUE(none_alive(pids, 0.5));
+  EXPECT_TRUE(none_alive(children, 0.5)) << "a worker's child outlived the job";
+  for (pid_t pid : children) ::kill(pid, SIGKILL);
 }
 
 TEST(LaunchFaults, PortInUseIsAClearErrorWithinTwoSeconds) {

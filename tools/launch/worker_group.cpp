@@ -51,7 +51,7 @@ void install_launcher_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2}) {
     ::sigaction(sig, &sa, nullptr);
   }
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
@@ -103,7 +103,9 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher) ::_exit(125);  // launcher already gone
     ::signal(SIGPIPE, SIG_DFL);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2}) {
+      ::signal(sig, SIG_DFL);
+    }
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
     if (in_pipe[0] >= 0) {
       ::dup2(in_pipe[0], STDIN_FILENO);
@@ -131,6 +133,7 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   pump_.add_stream(out_pipe[0], spec.global_rank, false, spec.stdout_sink, spec.host);
   pump_.add_stream(err_pipe[0], spec.global_rank, true, spec.stderr_sink, spec.host);
   pids_.push_back(pid);
+  groups_.push_back(pid);
   if (in_pipe[0] >= 0) {
     ::close(in_pipe[0]);
     // Usually a few hundred bytes, which the pipe holds without a reader
@@ -149,7 +152,13 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
 
 void WorkerGroup::signal_all(int sig) {
   for (size_t i = 0; i < pids_.size(); ++i) {
-    if (pids_[i] <= 0) continue;
+    if (pids_[i] <= 0) {
+      // The worker is gone; what it started in its group (a child that
+      // ignores SIGTERM, a backgrounded command of a shell script) may not
+      // be, and is stopped with the job (Slurm's warnings are for workers).
+      if (sig != SIGUSR1 && sig != SIGUSR2) ::kill(-groups_[i], sig);
+      continue;
+    }
     if (sig != SIGKILL && stdin_fds_[i] >= 0) {
       // A host's launcher (through ssh) stops its workers when its stdin
       // closes, and its ssh then ends with it: the job is gone when it is.
@@ -191,6 +200,21 @@ void WorkerGroup::reap(GroupResult& result) {
       result.first_failure = exit;
     }
   }
+}
+
+bool WorkerGroup::leftovers_alive() const {
+  for (int group : groups_) {
+    if (::kill(-group, 0) == 0) return true;
+  }
+  return false;
+}
+
+void WorkerGroup::end_leftovers() {
+  if (!leftovers_alive()) return;
+  for (int group : groups_) ::kill(-group, SIGTERM);
+  const double deadline = now_s() + grace_period_s_;
+  while (leftovers_alive() && now_s() < deadline) ::usleep(20'000);
+  for (int group : groups_) ::kill(-group, SIGKILL);
 }
 
 GroupResult WorkerGroup::run() {
@@ -266,13 +290,14 @@ GroupResult WorkerGroup::run() {
           killed = true;
         }
         result.launcher_signal = sig;
-        begin_shutdown(sig == SIGHUP ? SIGTERM : sig);
+        begin_shutdown(sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig);
       }
     }
     for (size_t i = 2; i < polled.size(); ++i) {
       if (polled[i].revents & (POLLIN | POLLHUP | POLLERR)) pump_.on_readable(polled[i].fd);
     }
   }
+  end_leftovers();
   pump_.close_all();
   for (int& fd : stdin_fds_) {
     if (fd >= 0) ::close(fd);

@@ -4,8 +4,11 @@
 // Each worker runs in its own process group, with PR_SET_PDEATHSIG so that
 // it dies with the launcher even when the launcher is SIGKILLed. The first
 // worker to fail stops all the others (SIGTERM, then SIGKILL after a grace
-// period). SIGINT/SIGTERM sent to the launcher are forwarded the same way;
-// SIGUSR1/SIGUSR2 are forwarded and nothing more (Slurm's warning signals).
+// period), and the processes a failed worker started in its group with it.
+// SIGINT/SIGTERM/SIGHUP/SIGQUIT sent to the launcher are forwarded the same
+// way; SIGUSR1/SIGUSR2 are forwarded and nothing more (Slurm's warning
+// signals). Whatever is left in the workers' groups when the last worker
+// has exited is stopped the same way before run() returns.
 // Single-threaded: run() owns the calling thread until every worker is gone.
 
 #include <functional>
@@ -88,12 +91,19 @@ class WorkerGroup {
   void spawn(const WorkerSpec& spec);
   void signal_all(int sig);
   void reap(GroupResult& result);
+  // Whether a process is left in any worker's process group.
+  bool leftovers_alive() const;
+  // Once every worker has exited: what is left in their process groups
+  // gets SIGTERM, and SIGKILL after the grace period, so no process of the
+  // job outlives the launcher.
+  void end_leftovers();
 
   std::vector<std::string> argv_;
   std::vector<WorkerSpec> workers_;
   double grace_period_s_;
   OutputPump pump_;
   std::vector<int> pids_;  // by position in workers_; 0 once reaped
+  std::vector<int> groups_;  // each worker's process group (its pid), kept after it is reaped
   std::vector<int> stdin_fds_;  // write ends of stdin pipes, by position; -1 if none
   int watch_fd_ = -1;
   std::function<std::string()> stop_check_;
