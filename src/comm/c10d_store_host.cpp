@@ -44,10 +44,21 @@ int listen_on(const std::string& host, int port, int& bound_port) {
     }
   }
   ::freeaddrinfo(found);
-  TANDEM_CHECK_ARG(fd >= 0,
-                   "c10d store: cannot listen on {}:{}: {}; pass another port (tandem launch: "
-                   "--master-port), or 0 for a free one",
-                   host, port, std::strerror(error));
+  // As tandem's own store (store_server.cpp): the machine's state, not the
+  // flags, is at fault, so a CommError (the launcher exits 1, not 2).
+  if (fd < 0 && error == EADDRINUSE) {
+    TANDEM_THROW(CommError,
+                 "cannot host the rendezvous store on {} port {}: the port is already in use, "
+                 "probably by another job; pick another with --master-port (MASTER_PORT), or "
+                 "use --standalone / port 0 to get a free one",
+                 host, port);
+  }
+  if (fd < 0) {
+    TANDEM_THROW(CommError,
+                 "c10d store: cannot listen on {}:{}: {}; pass another port (tandem launch: "
+                 "--master-port), or 0 for a free one",
+                 host, port, std::strerror(error));
+  }
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);

@@ -72,6 +72,7 @@ void StoreEngine::process(ConnId id, Conn& conn, Clock::time_point now) {
   if (!conn.magic_seen) {
     const std::size_t n = std::min<std::size_t>(conn.inbox.size(), sizeof(wire::kMagic));
     if (std::memcmp(conn.inbox.data(), wire::kMagic, n) != 0) {
+      ++foreign_clients_;
       refuse(id, conn, wire::Status::kRefused, "this port serves tandem's rendezvous store only");
       return;
     }

@@ -62,6 +62,9 @@ class StoreEngine {
   bool authenticated(ConnId id) const;
   std::size_t connection_count() const { return conns_.size(); }
   std::size_t key_count() const { return data_.size(); }
+  // Connections refused because they did not open with tandem's magic:
+  // clients of another protocol (c10d's TCPStore, say).
+  std::size_t foreign_clients() const { return foreign_clients_; }
 
  private:
   struct Parked {
@@ -95,6 +98,7 @@ class StoreEngine {
   std::chrono::milliseconds handshake_timeout_;
   ConnId next_id_ = 1;
   std::unordered_map<ConnId, Conn> conns_;
+  std::size_t foreign_clients_ = 0;
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::set<ConnId>> waiters_;  // key -> parked conns
   std::set<std::pair<Clock::time_point, ConnId>> deadlines_;

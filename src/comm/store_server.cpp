@@ -236,6 +236,7 @@ void StoreServer::run() {
       writing[id] = false;
     }
   };
+  bool foreign_told = false;
   auto read_from = [&](StoreEngine::ConnId id, Clock::time_point now) {
     for (int i = 0; i < kReadsPerEvent; ++i) {
       auto it = fds.find(id);
@@ -245,6 +246,18 @@ void StoreServer::run() {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) return drop(id);  // EOF or reset
       engine.receive(id, std::string_view(chunk.data(), static_cast<std::size_t>(n)), now);
+      if (engine.foreign_clients() == 1 && !foreign_told) {
+        // Most likely torch.distributed, whose TCPStore speaks c10d's
+        // protocol: it would retry until its own timeout and say only that
+        // a ping failed.
+        foreign_told = true;
+        log_warn("rendezvous store on port {}: a client that does not speak tandem's store "
+                 "protocol was refused (torch.distributed's TCPStore?). A Python program "
+                 "needs a c10d store, which tandem launch hosts when PROGRAM is a Python "
+                 "interpreter or script; when a wrapper starts Python (a shell script, uv run, "
+                 "conda run), add --c10d-store",
+                 port_);
+      }
     }
   };
 

@@ -117,7 +117,7 @@ TEST(LaunchFaults, SigkillOfTheLauncherLeavesNoOrphans) {
 
 // A shell-script worker whose rank starts a child that ignores SIGTERM,
 // SIGINT and SIGHUP (as a backgrounded command can), writes both pids, and
-// then: rank FAILING exits 3 once its child runs; the others wait.
+// then, once every rank's child runs: rank FAILING exits 3; the others wait.
 std::string worker_with_stubborn_child(const TempDir& dir, int failing) {
   const std::string path = dir.path() + "/stubborn_worker.sh";
   std::ofstream(path) << "#!/bin/sh\n"
@@ -125,7 +125,9 @@ std::string worker_with_stubborn_child(const TempDir& dir, int failing) {
                          "sh -c 'trap \"\" TERM INT HUP; echo $$ > \"$0/child$1.pid.tmp\"; "
                          "mv \"$0/child$1.pid.tmp\" \"$0/child$1.pid\"; exec sleep 300' \"$D\" "
                          "\"$RANK\" &\n"
-                         "while [ ! -s \"$D/child$RANK.pid\" ]; do sleep 0.05; done\n"
+                         // Every rank's child runs before any rank goes on.
+                         "while [ \"$(ls \"$D\" | grep -c '^child[0-9]*\\.pid$')\" -lt "
+                         "\"$WORLD_SIZE\" ]; do sleep 0.05; done\n"
                          "echo $$ > \"$D/rank$RANK.pid\"\n"
                          "if [ \"$RANK\" = "
                       << failing

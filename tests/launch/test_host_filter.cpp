@@ -240,6 +240,20 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   EXPECT_NE(refusal({"--num_processes", "4", "--nproc-per-node", "2", "train"})
                 .find("keep one"),
             std::string::npos);
+  // --rdzv-endpoint as torchrun parses it: IPv6 in brackets, a port in
+  // digits only.
+  auto ipv6 = parse({"--rdzv-endpoint", "[::1]:29602", "train"}, &help);
+  EXPECT_EQ(ipv6.master_addr, "::1");
+  EXPECT_EQ(ipv6.master_port, 29602);
+  EXPECT_EQ(parse({"--rdzv-endpoint", "[fe80::1]", "train"}, &help).master_addr, "fe80::1");
+  auto named = parse({"--rdzv-endpoint", "head", "train"}, &help);
+  EXPECT_EQ(named.master_addr, "head");
+  EXPECT_EQ(named.master_port, 29500) << "no port: the default";
+  for (const char* bad : {"localhost:2941x", "localhost:", "localhost:70000", "localhost:-1"}) {
+    EXPECT_NE(refusal({"--rdzv-endpoint", bad, "train"}).find("is not a number from 0 to 65535"),
+              std::string::npos)
+        << bad;
+  }
   // The deepspeed launcher's --hostfile (test_hostfile.cpp, tests/multinode).
   EXPECT_EQ(parse({"--hostfile", "hosts", "train"}, &help).hostfile, "hosts");
 }

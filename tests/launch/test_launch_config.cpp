@@ -356,6 +356,47 @@ TEST(LaunchFlags, TorchrunAccelerateAndDeepSpeedSpellingsMeanWhatTheyDoThere) {
   EXPECT_THROW(cli::validate_launch_options(unbound), UsageError);
 }
 
+// accelerate launch --num_processes N with a file for 2 machines: N counts
+// both machines' processes, as in accelerate, whichever gave the machines.
+TEST(LaunchConfigMerge, NumProcessesFlagSplitsOverTheFilesMachines) {
+  auto opts = parse({"--num_processes", "2", "prog"});
+  cli::apply_launch_config(two_machines(), 0, opts);
+  cli::validate_launch_options(opts);
+  EXPECT_EQ(opts.nnodes, 2);
+  EXPECT_EQ(opts.nproc_per_node, 1) << "2 processes over the file's 2 machines";
+
+  auto uneven = parse({"--num_processes", "3", "prog"});
+  cli::apply_launch_config(two_machines(), 0, uneven);
+  try {
+    cli::validate_launch_options(uneven);
+    FAIL() << "3 processes over 2 machines was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--num_processes 3 counts the processes of all 2 nodes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// `num_processes: auto` is decided at launch: one process per GPU for GPU
+// jobs, one per CPU the launcher may use under MULTI_CPU.
+TEST(LaunchConfigMerge, AutoProcessesUnderMultiCpuRunOnePerCpu) {
+  Config cpu;
+  cpu.source_path = "c.yaml";
+  cpu.distributed_type = DistributedType::kMultiCpu;
+  cpu.key_locations["num_processes"] = "c.yaml:2";  // given, as auto
+  auto opts = parse({"prog"});
+  cli::apply_launch_config(cpu, 0, opts);
+  EXPECT_EQ(opts.nproc_per_node, static_cast<int>(cli::allowed_cpus().size()));
+  Config unset = cpu;
+  unset.key_locations.clear();
+  auto one = parse({"prog"});
+  cli::apply_launch_config(unset, 0, one);
+  EXPECT_EQ(one.nproc_per_node, 1) << "no num_processes at all: one process";
+  auto flag = parse({"--nproc-per-node", "1", "prog"});
+  cli::apply_launch_config(cpu, 0, flag);
+  EXPECT_EQ(flag.nproc_per_node, 1) << "the flag wins";
+}
+
 TEST(LaunchConfigMerge, UnevenProcessesNameTheFile) {
   Config config = two_machines();
   config.num_processes = 5;

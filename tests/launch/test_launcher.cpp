@@ -48,6 +48,27 @@ TEST(Launch, SetsTheTorchrunEnvironmentContract) {
   EXPECT_NE(r.out.find("1,1,2,2,0,127.0.0.1,True,0,1\n"), std::string::npos) << r.out;
 }
 
+// torchrun's run id: --rdzv-id, "none" by default. --rdzv-timeout and
+// --rdzv-conf tune only nodes that meet at the store to agree on ranks;
+// anywhere else they are accepted with a warning, never silently.
+TEST(Launch, RdzvIdReachesTheWorkersAndRendezvousTuningOutsideItIsWarned) {
+  auto plain = run_process(launch({"--nproc-per-node", "1", "--no-prefix", "/bin/sh", "-c",
+                                   "echo run=$TORCHELASTIC_RUN_ID"}),
+                           30);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_NE(plain.out.find("run=none\n"), std::string::npos) << plain.out;
+  EXPECT_EQ(plain.err.find("no effect"), std::string::npos) << plain.err;
+  auto tuned = run_process(launch({"--nproc-per-node", "1", "--no-prefix", "--rdzv-id", "job7",
+                                   "--rdzv-timeout", "5", "/bin/sh", "-c",
+                                   "echo run=$TORCHELASTIC_RUN_ID"}),
+                           30);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.err;
+  EXPECT_NE(tuned.out.find("run=job7\n"), std::string::npos) << tuned.out;
+  EXPECT_NE(tuned.err.find("--rdzv-timeout and --rdzv-conf have no effect here"),
+            std::string::npos)
+      << tuned.err;
+}
+
 // torchrun's --local-ranks-filter: the console shows only the named local
 // ranks; --log-dir still keeps every rank's output.
 TEST(Launch, LocalRanksFilterShowsOnlyTheNamedRanks) {

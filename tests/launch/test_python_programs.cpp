@@ -87,5 +87,47 @@ TEST(PythonUnderLaunch, ModuleAndRunPathRunUnderPython) {
   EXPECT_NE(run_path.out.find("run_path 1"), std::string::npos) << run_path.out;
 }
 
+// Python that tandem launch can see through (`env`, a "#!" line naming
+// Python) gets its c10d store by itself; behind a wrapper it cannot see
+// through (a shell script), --c10d-store asks for it, and without the flag
+// the launcher says so when torch.distributed knocks on tandem's store.
+TEST(PythonUnderLaunch, PythonBehindEnvAShebangOrAWrapperGetsItsStore) {
+  if (!peer_has_torch()) GTEST_SKIP() << TANDEM_PEER_PYTHON << " cannot import torch";
+  testing::TempDir dir;
+  auto expect_sum = [](const testing::ProcessResult& r, const std::string& what) {
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("rank 1/2 sum 3.0"), std::string::npos) << what << "\n" << r.out;
+  };
+  expect_sum(run_process(launch({"--nproc-per-node", "2", "env", "PYTHONUNBUFFERED=1",
+                                 TANDEM_PEER_PYTHON, script("allreduce.py")}),
+                         180),
+             "env");
+  const std::string shebang = dir.path() + "/allreduce_script";
+  testing::write_text(shebang, std::string("#!") + TANDEM_PEER_PYTHON + "\n" +
+                                   testing::read_file(script("allreduce.py")));
+  ::chmod(shebang.c_str(), 0755);
+  expect_sum(run_process(launch({"--nproc-per-node", "2", shebang}), 180), "#! line");
+  const std::string wrapper = dir.path() + "/wrapper.sh";
+  testing::write_text(wrapper, std::string("#!/bin/sh\nexec ") + TANDEM_PEER_PYTHON + " \"$@\"\n");
+  ::chmod(wrapper.c_str(), 0755);
+  expect_sum(run_process(launch({"--nproc-per-node", "2", "--c10d-store", wrapper,
+                                 script("allreduce.py")}),
+                         180),
+             "--c10d-store");
+  // Without the flag: a client of c10d's protocol is refused, and told why.
+  const std::string knock =
+      "import datetime, os, torch.distributed as d\n"
+      "try:\n"
+      "    d.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), "
+      "is_master=False, timeout=datetime.timedelta(seconds=3))\n"
+      "except Exception as e:\n"
+      "    print('refused:', type(e).__name__)\n";
+  testing::write_text(dir.path() + "/knock.py", knock);
+  auto refused = run_process(
+      launch({"--nproc-per-node", "1", wrapper, dir.path() + "/knock.py"}), 180);
+  EXPECT_NE(refused.out.find("refused:"), std::string::npos) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("add --c10d-store"), std::string::npos) << refused.err;
+}
+
 }  // namespace python_programs_test
 }  // namespace tandem

@@ -105,6 +105,7 @@ void append_program_flags(const LaunchOptions& opts, std::vector<std::string>& a
     return text;
   };
   if (opts.no_python) args.emplace_back("--no-python");
+  if (opts.c10d_store) args.emplace_back("--c10d-store");
   if (opts.module) args.emplace_back("--module");
   if (opts.run_path) args.emplace_back("--run-path");
   if (!opts.local_ranks_filter.empty()) {

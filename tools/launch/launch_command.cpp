@@ -285,7 +285,13 @@ int run_launch_command(int argc, char** argv) {
                  "nodes meeting at the store (--rdzv-backend c10d) look at it, and how often a "
                  "--hostfile head probes the hosts an elastic job runs without\n");
   }
-  const bool python = runs_under_python || is_python_program(opts.program);
+  if (opts.rdzv_settings_given && !rendezvous_at_store(opts)) {
+    std::fprintf(stderr,
+                 "tandem launch: --rdzv-timeout and --rdzv-conf have no effect here: they set "
+                 "how nodes meet at the store to agree on node ranks (--rdzv-backend c10d, "
+                 "--nnodes above 1, no --node-rank); this launch gives each node its rank\n");
+  }
+  const bool python = opts.c10d_store || runs_under_python || is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;
   auto host_store = [&] {
     StoreServerOptions store_options;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "launch/cpu_affinity.h"
 #include "launch/launch_options.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
@@ -104,6 +105,14 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     int gpus = local_gpus;
     if (listed) gpus = 1 + static_cast<int>(std::count(gpu_ids.begin(), gpu_ids.end(), ','));
     opts.nproc_per_node = std::max(1, gpus);
+  }
+  // `num_processes: auto` on CPUs: one process per CPU the launcher may
+  // use, as --nproc-per-node cpu (the file asks for the count at launch).
+  const bool decided_at_launch =
+      !config.num_processes && config.key_locations.count("num_processes") > 0;
+  if (!opts.nproc_given && !filtered && decided_at_launch &&
+      config.distributed_type == DistributedType::kMultiCpu) {
+    opts.nproc_per_node = std::max(1, static_cast<int>(allowed_cpus().size()));
   }
 }
 

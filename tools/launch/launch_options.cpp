@@ -43,20 +43,34 @@ std::string normalize(const std::string& arg) {
   return eq == std::string::npos ? name : name + arg.substr(eq);
 }
 
+// torchrun's endpoint forms: HOST, HOST:PORT, [IPv6] and [IPv6]:PORT (the
+// brackets are not part of the address); a port is 0-65535 in digits only.
 void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
-  auto colon = endpoint.rfind(':');
+  auto bracketed = [](const std::string& text) {
+    return text.size() > 1 && text.front() == '[' && text.back() == ']';
+  };
+  std::string host = endpoint;
+  std::optional<std::string> port;
+  if (!bracketed(host)) {
+    const auto colon = host.rfind(':');
+    if (colon != std::string::npos) {
+      port = host.substr(colon + 1);
+      host = host.substr(0, colon);
+    }
+  }
+  if (bracketed(host)) host = host.substr(1, host.size() - 2);
+  TANDEM_CHECK_ARG(!host.empty(), "--rdzv-endpoint '{}' has no host; write HOST:PORT", endpoint);
   opts.master_addr_given = true;
-  if (colon == std::string::npos) {
-    opts.master_addr = endpoint;
-    return;
-  }
+  opts.master_addr = host;
+  if (!port) return;
+  const bool digits = !port->empty() && port->size() <= 5 &&
+                      port->find_first_not_of("0123456789") == std::string::npos;
+  TANDEM_CHECK_ARG(digits && std::stoi(*port) <= 65535,
+                   "--rdzv-endpoint '{}': the port '{}' is not a number from 0 to 65535; write "
+                   "HOST:PORT",
+                   endpoint, *port);
   opts.master_port_given = true;
-  opts.master_addr = endpoint.substr(0, colon);
-  try {
-    opts.master_port = std::stoi(endpoint.substr(colon + 1));
-  } catch (const std::exception&) {
-    TANDEM_THROW(UsageError, "--rdzv-endpoint '{}' has no valid port; write HOST:PORT", endpoint);
-  }
+  opts.master_port = std::stoi(*port);
 }
 
 // torchrun's --rdzv-conf "join_timeout=60,last_call_timeout=5".
@@ -181,6 +195,16 @@ int parse_nproc_per_node(const std::string& text) {
 void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(!opts.program.empty(),
                    "missing PROGRAM: usage is `tandem launch [options] PROGRAM [ARGS...]`");
+  TANDEM_CHECK_ARG(opts.nnodes >= 1, "--nnodes must be at least 1, got {}", opts.nnodes);
+  if (opts.total_processes) {
+    const int total = *opts.total_processes;
+    TANDEM_CHECK_ARG(total >= opts.nnodes && total % opts.nnodes == 0,
+                     "--num_processes {} counts the processes of all {} nodes (as accelerate "
+                     "does) and must split evenly over them; make it a multiple of {}, or give "
+                     "--nproc-per-node",
+                     total, opts.nnodes, opts.nnodes);
+    opts.nproc_per_node = total / opts.nnodes;
+  }
   TANDEM_CHECK_ARG(opts.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got {}",
                    opts.nproc_per_node);
   TANDEM_CHECK_ARG(opts.nnodes >= 1, "--nnodes must be at least 1, got {}", opts.nnodes);
@@ -374,7 +398,8 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--rdzv-id", opts.rdzv_id, "job id the nodes meet under (c10d)")
       ->envname("PET_RDZV_ID");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
-                 "seconds a node waits for the others to arrive (c10d; default 600)");
+                 "seconds a node waits for the others to arrive (c10d; default 600)")
+      ->each([&](const std::string&) { opts.rdzv_settings_given = true; });
   app.add_option("--rdzv-conf", rdzv_conf,
                  "c10d rendezvous settings KEY=VALUE,...: join_timeout (as --rdzv-timeout), "
                  "last_call_timeout (seconds a round stays open for more nodes once MIN "
@@ -401,6 +426,10 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_flag("--no-python", opts.no_python,
                "run PROGRAM as given; without it a .py file that is not executable runs under "
                "python3, as torchrun runs scripts under its Python");
+  app.add_flag("--c10d-store", opts.c10d_store,
+               "host a c10d TCPStore for torch.distributed workers (automatic when PROGRAM is "
+               "python, a .py file or a file whose #! line runs Python); for Python started "
+               "through a wrapper such as a shell script or uv run");
   app.add_flag("-m,--module", opts.module,
                "PROGRAM is a Python module, run as `python -m PROGRAM` (torchrun's and "
                "accelerate's -m, deepspeed's --module); $PYTHON_EXEC names the interpreter");
@@ -489,16 +518,16 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     TANDEM_CHECK_ARG(!opts.nproc_given,
                      "--num_processes (all nodes' processes, as accelerate counts) and "
                      "--nproc-per-node both given; keep one");
-    TANDEM_CHECK_ARG(*total_processes >= opts.nnodes && *total_processes % opts.nnodes == 0,
-                     "--num_processes {} counts the processes of all {} nodes (as accelerate "
-                     "does) and must split evenly over them; make it a multiple of {}, or give "
-                     "--nproc-per-node",
-                     *total_processes, opts.nnodes, opts.nnodes);
-    opts.nproc_per_node = *total_processes / opts.nnodes;
+    // Divided by the nodes once a config file may have given their number
+    // (validate_launch_options).
+    opts.total_processes = *total_processes;
     opts.nproc_given = true;
   }
   if (!rdzv_endpoint.empty()) apply_rdzv_endpoint(rdzv_endpoint, opts);
-  if (!rdzv_conf.empty()) apply_rdzv_conf(rdzv_conf, opts);
+  if (!rdzv_conf.empty()) {
+    apply_rdzv_conf(rdzv_conf, opts);
+    opts.rdzv_settings_given = true;
+  }
   if (!mixed_precision.empty()) opts.mixed_precision = parse_mixed_precision(mixed_precision);
   return opts;
 }

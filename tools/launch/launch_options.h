@@ -15,6 +15,9 @@ namespace tandem::cli {
 struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_given = false;
+  // accelerate's --num_processes: the processes of all nodes, divided by the
+  // number of nodes (flags' or the config's) in validate_launch_options().
+  std::optional<int> total_processes;
   int nnodes = 1;
   int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX: an elastic job runs on no fewer nodes
   int node_rank = 0;
@@ -29,6 +32,10 @@ struct LaunchOptions {
   // --no-python: run PROGRAM itself; without it a .py file without the
   // execute bit runs as `python3 FILE` (torchrun runs it under its Python).
   bool no_python = false;
+  // --c10d-store: node 0 hosts a c10d TCPStore for torch.distributed
+  // workers, as for a PROGRAM it sees is Python (python_store.h), when a
+  // wrapper it cannot see through starts Python.
+  bool c10d_store = false;
   // -m/--module (torchrun, accelerate; deepspeed's --module): PROGRAM is a
   // Python module, run as `python -m PROGRAM`. --run-path (torchrun): PROGRAM
   // is a Python file, run under Python even when it is executable.
@@ -58,6 +65,9 @@ struct LaunchOptions {
   // workers' exits need no polling. Read it with monitor_interval().
   double monitor_interval_s = 0;
   bool monitor_interval_given = false;
+  // --rdzv-timeout or --rdzv-conf given: they tune the nodes' meeting at
+  // the store only (rendezvous_at_store()); elsewhere the launcher warns.
+  bool rdzv_settings_given = false;
   // --hostfile: this launcher starts every host's launcher over ssh
   // (host_fanout.h). --launcher-args are ssh options, --ssh-port its port.
   std::string hostfile;
@@ -141,7 +151,8 @@ bool rendezvous_at_store(const LaunchOptions& opts);
 // machines), num_machines, machine_rank, main_process_ip/port, and gpu_ids
 // (as CUDA_VISIBLE_DEVICES). A GPU config (MULTI_GPU, or DEEPSPEED without
 // use_cpu) with no num_processes, or `auto`, runs one process per GPU: per
-// listed gpu_id, else per `local_gpus`. --include/--exclude take the place
+// listed gpu_id, else per `local_gpus`; MULTI_CPU with `num_processes: auto`
+// one per CPU the launcher may use. --include/--exclude take the place
 // of both num_processes and gpu_ids; --standalone of the machine settings.
 // Throws UsageError, naming the file, when num_processes does not split
 // evenly over the machines.

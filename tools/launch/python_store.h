@@ -12,8 +12,11 @@
 
 namespace tandem::cli {
 
-// Whether `program` runs Python: its executable is python, python3,
-// python3.11, ... or a script ending in .py.
+// Whether `program` runs Python: its executable (after `env` and its
+// settings) is python, python3, python3.11, ..., a script ending in .py, or
+// a file whose "#!" line runs Python. A wrapper that starts Python some
+// other way (a shell script, uv run) is not seen: `tandem launch
+// --c10d-store` says so.
 bool is_python_program(const std::vector<std::string>& program);
 
 }  // namespace tandem::cli

@@ -84,6 +84,7 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
     env["TORCHELASTIC_USE_AGENT_STORE"] = agent_store ? "True" : "False";
     env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
     env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(opts.max_restarts);
+    env["TORCHELASTIC_RUN_ID"] = opts.rdzv_id;  // torchrun's: --rdzv-id, "none" by default
     env["TANDEM_RESTART_COUNT"] = std::to_string(attempt);
     const std::string rank_dir = fmt::format("{}/rank_{}", attempt_dir, rank);
     make_log_dirs(rank_dir);
