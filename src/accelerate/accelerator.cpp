@@ -7,6 +7,7 @@
 #include "tandem/accelerate/accelerator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 
 #include <torch/cuda.h>
@@ -57,6 +58,13 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   overrides.cuda_graph = options.cuda_graph;
   overrides.preemption = options.preemption;
   // "auto" ZeRO sizes, from the hidden size as Accelerate fills them.
+  // The file's own warnings, which `tandem launch` printed already when it
+  // says it did (for this file).
+  std::vector<std::string> shown_by_launcher;
+  if (const char* shown = std::getenv("TANDEM_CONFIG_WARNINGS_SHOWN");
+      shown != nullptr && !file_config.source_path.empty() && file_config.source_path == shown) {
+    shown_by_launcher = file_config.warnings;
+  }
   if (options.hidden_size) fill_hidden_size_auto(file_config, *options.hidden_size);
   resolve(0);
   detail::check_config_consistency(*group, config);
@@ -66,7 +74,12 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
                                                       options.zero_shard_optimizer_factory,
                                                       options.zero_auto_wrap);
   if (main_process()) {
-    for (const auto& warning : config.warnings) log_warn("{}", warning);
+    for (const auto& warning : config.warnings) {
+      if (std::find(shown_by_launcher.begin(), shown_by_launcher.end(), warning) ==
+          shown_by_launcher.end()) {
+        log_warn("{}", warning);
+      }
+    }
     strategies->warn_about_config(config);
   }
   const bool want_cuda = !options.cpu && !config.use_cpu;

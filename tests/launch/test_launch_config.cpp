@@ -66,6 +66,31 @@ TEST(LaunchConfig, TheFileSuppliesTheProcessCountAndWorkersGetItsPath) {
   EXPECT_NE(r.err.find("config " + path), std::string::npos) << "says which file: " << r.err;
 }
 
+// A key the file asks for and tandem ignores is said once per job: by the
+// launcher, for any program (a shell or Python one has no Accelerator to
+// say it), and not again by a tandem program's Accelerator.
+TEST(LaunchConfig, TheFilesWarningsArePrintedOnceWhateverTheProgram) {
+  TempDir home;
+  const std::string path = home.path() + "/config.yaml";
+  write_text(path,
+             "distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\nmixed_precision: "
+             "\"no\"\ndynamo_config:\n  dynamo_backend: INDUCTOR\n");
+  const std::string warning = "'dynamo_config' asks for TorchDynamo";
+  auto shell = run_process(tandem_in(home.path(), launch({"--config-file", path}, echo_env())), 60);
+  ASSERT_EQ(shell.exit_code, 0) << shell.err;
+  EXPECT_EQ(count(shell.err, warning), 1) << shell.err;
+  auto accelerated = run_process(
+      tandem_in(home.path(), launch({"--config-file", path},
+                                    {bin("consistency_worker"), "config", home.path()})),
+      120);
+  ASSERT_EQ(accelerated.exit_code, 0) << accelerated.out << accelerated.err;
+  EXPECT_EQ(count(accelerated.out + accelerated.err, warning), 1) << accelerated.err;
+  // Alone, the Accelerator says it itself.
+  auto alone = run_process({bin("consistency_worker"), "config", home.path()}, 120);
+  ASSERT_EQ(alone.exit_code, 0) << alone.out << alone.err;
+  EXPECT_EQ(count(alone.out + alone.err, warning), 1) << alone.err;
+}
+
 TEST(LaunchConfig, ARelativePathIsExportedAbsolute) {
   TempDir home;
   write_text(home.path() + "/cfg/a.yaml", accelerate_yaml(2));

@@ -221,6 +221,13 @@ int run_launch_command(int argc, char** argv) {
   std::optional<Config> config;
   if (!opts.config_file.empty()) {
     config = load_config_file(opts.config_file);
+    // What the file asks for and tandem does otherwise, for every program
+    // (a Python one has no Accelerator to say it); a tandem program's
+    // Accelerator then leaves these out (TANDEM_CONFIG_WARNINGS_SHOWN).
+    for (const auto& warning : config->warnings) {
+      std::fprintf(stderr, "tandem launch: %s\n", warning.c_str());
+    }
+    ::setenv("TANDEM_CONFIG_WARNINGS_SHOWN", opts.config_file.c_str(), 1);
     apply_launch_config(*config, static_cast<int>(torch::cuda::device_count()), opts);
   }
   // What accelerate launch would tell a Python script, from the flags as given.
