@@ -91,6 +91,24 @@ TEST(LaunchConfig, TheFilesWarningsArePrintedOnceWhateverTheProgram) {
   EXPECT_EQ(count(alone.out + alone.err, warning), 1) << alone.err;
 }
 
+// MULTI_CPU with use_cpu false on a machine without CUDA: tandem starts
+// every process the file counts, and tells Accelerate they run on CPUs, or
+// each Python process would train alone (DistributedType.NO).
+TEST(LaunchConfig, MultiCpuWithoutCudaTellsAccelerateTheJobIsOnCpus) {
+  TempDir home;
+  const std::string path = home.path() + "/config.yaml";
+  write_text(path, "distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: false\n"
+                   "mixed_precision: \"no\"\n");
+  auto r = run_process(tandem_in(home.path(),
+                                 launch({"--config-file", path},
+                                        {"--no-prefix", "/bin/sh", "-c",
+                                         "echo $WORLD_SIZE use_cpu=$ACCELERATE_USE_CPU"})),
+                       60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string expected = torch::cuda::device_count() == 0 ? "True" : "False";
+  EXPECT_EQ(count(r.out, "2 use_cpu=" + expected + "\n"), 2) << r.out;
+}
+
 TEST(LaunchConfig, ARelativePathIsExportedAbsolute) {
   TempDir home;
   write_text(home.path() + "/cfg/a.yaml", accelerate_yaml(2));

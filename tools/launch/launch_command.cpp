@@ -233,6 +233,15 @@ int run_launch_command(int argc, char** argv) {
   // What accelerate launch would tell a Python script, from the flags as given.
   opts.accelerate_env = accelerate_worker_env(
       config && config->format == ConfigFormat::kAccelerateYaml ? opts.config_file : "", opts);
+  // MULTI_CPU with use_cpu false on a machine without CUDA: tandem starts
+  // every process the file counts (accelerate launch would start one), and
+  // Accelerate would run each of them alone (DistributedType.NO) unless it
+  // is told the job is on CPUs.
+  if (auto it = opts.accelerate_env.find("ACCELERATE_USE_CPU");
+      it != opts.accelerate_env.end() && it->second == "False" && config &&
+      config->distributed_type == DistributedType::kMultiCpu && torch::cuda::device_count() == 0) {
+    it->second = "True";
+  }
   default_zero_stage(config ? &*config : nullptr, opts);
   if (opts.zero_stage) config_env.zero_stage = opts.zero_stage;
   validate_launch_options(opts);
