@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -209,11 +210,15 @@ bool WorkerGroup::leftovers_alive() const {
   return false;
 }
 
-void WorkerGroup::end_leftovers() {
+void WorkerGroup::end_leftovers(bool at_once) {
   if (!leftovers_alive()) return;
-  for (int group : groups_) ::kill(-group, SIGTERM);
-  const double deadline = now_s() + grace_period_s_;
-  while (leftovers_alive() && now_s() < deadline) ::usleep(20'000);
+  if (!at_once) {
+    for (int group : groups_) ::kill(-group, SIGTERM);
+    // Leftovers save nothing (a preempted job's long grace period is for
+    // its workers' checkpoints): a few seconds at most.
+    const double deadline = now_s() + std::min(grace_period_s_, 10.0);
+    while (leftovers_alive() && now_s() < deadline) ::usleep(20'000);
+  }
   for (int group : groups_) ::kill(-group, SIGKILL);
 }
 
@@ -297,7 +302,7 @@ GroupResult WorkerGroup::run() {
       if (polled[i].revents & (POLLIN | POLLHUP | POLLERR)) pump_.on_readable(polled[i].fd);
     }
   }
-  end_leftovers();
+  end_leftovers(/*at_once=*/killed);
   pump_.close_all();
   for (int& fd : stdin_fds_) {
     if (fd >= 0) ::close(fd);

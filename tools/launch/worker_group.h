@@ -94,9 +94,10 @@ class WorkerGroup {
   // Whether a process is left in any worker's process group.
   bool leftovers_alive() const;
   // Once every worker has exited: what is left in their process groups
-  // gets SIGTERM, and SIGKILL after the grace period, so no process of the
-  // job outlives the launcher.
-  void end_leftovers();
+  // gets SIGTERM, and SIGKILL after the grace period (at most 10 s; at once
+  // when the workers were killed), so no process of the job outlives the
+  // launcher.
+  void end_leftovers(bool at_once);
 
   std::vector<std::string> argv_;
   std::vector<WorkerSpec> workers_;
