@@ -141,10 +141,10 @@ class Tokens {
     auto window = torch::from_blob(const_cast<uint16_t*>(tokens_.data()) + offset, {b * t + 1},
                                    torch::kUInt16)
                       .to(torch::kLong);
-    auto x = window.narrow(0, 0, b * t).view({b, t});
-    auto y = window.narrow(0, 1, b * t).view({b, t});
-    if (pin) return {x.pin_memory(), y.pin_memory()};
-    return {x.contiguous(), y.contiguous()};
+    // One pinned copy of the window; inputs and targets are views of it,
+    // each contiguous (as Python's reference pins one chunk per batch).
+    if (pin) window = window.pin_memory();
+    return {window.narrow(0, 0, b * t).view({b, t}), window.narrow(0, 1, b * t).view({b, t})};
   }
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
