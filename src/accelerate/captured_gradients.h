@@ -1,7 +1,8 @@
 #pragma once
 // What a captured training step (cuda_graph_step.cpp) checks about the
-// gradients its backward makes: which parameters it reached, and the layout
-// the fused Adam kernels take. LibTorch only, no CUDA header.
+// gradients its backward makes: which parameters it reached (and, from
+// optim/fused_adam.h, the layout the fused Adam kernels take). LibTorch
+// only, no CUDA header.
 
 #include <cstdint>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/StringUtil.h>
 
+#include "optim/fused_adam.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {
@@ -19,18 +21,6 @@ namespace tandem::detail {
                "gradient in the captured step; a captured step must train the same parameters "
                "every time (or turn cuda_graph off)",
                c10::str(param.sizes()));
-}
-
-// grad with param's strides where they differ only on dimensions of size 1
-// (which backward may lay out either way, and which address the same
-// elements): the fused Adam kernels take parameters and gradients of one
-// layout.
-inline at::Tensor with_strides_of(const at::Tensor& param, const at::Tensor& grad) {
-  if (grad.strides() == param.strides() || grad.sizes() != param.sizes()) return grad;
-  for (int64_t d = 0; d < param.dim(); ++d) {
-    if (param.size(d) != 1 && param.stride(d) != grad.stride(d)) return grad;
-  }
-  return grad.as_strided(param.sizes(), param.strides(), grad.storage_offset());
 }
 
 // With accumulation every parameter holds a gradient before the capture

@@ -64,7 +64,7 @@ bool can_fuse(torch::optim::Optimizer& optimizer, bool any_device) {
       if (!seen.insert(p.unsafeGetTensorImpl()).second) return false;  // listed twice
       if (!any_device && !p.is_cuda()) return false;
       if (p.layout() != at::kStrided || !p.is_non_overlapping_and_dense() ||
-          !fusable_dtype(p.scalar_type()) || !same_layout(p.grad(), p)) {
+          !fusable_dtype(p.scalar_type()) || !same_layout(with_strides_of(p, p.grad()), p)) {
         return false;
       }
       auto found = optimizer.state().find(p.unsafeGetTensorImpl());
@@ -100,7 +100,7 @@ bool fused_step(torch::optim::Optimizer& optimizer, bool decoupled, bool any_dev
       Bucket& bucket = buckets[{static_cast<int>(p.device().type()), p.device().index(),
                                 static_cast<int>(p.scalar_type()), state.step()}];
       bucket.params.push_back(p);
-      bucket.grads.push_back(p.grad());
+      bucket.grads.push_back(with_strides_of(p, p.grad()));
       bucket.exp_avgs.push_back(state.exp_avg());
       bucket.exp_avg_sqs.push_back(state.exp_avg_sq());
       if (options.amsgrad()) bucket.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());

@@ -15,15 +15,33 @@
 //
 // Private to tandem. Not thread-safe: the training thread calls it.
 
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
 namespace tandem::detail {
 
+// grad with param's strides where they differ only on dimensions of size 1
+// (which backward may lay out either way, and which address the same
+// elements): the fused Adam kernels take parameters and gradients of one
+// layout. The eager step (try_fused_adam_step) and the captured one
+// (cuda_graph_step.cpp) both hand the kernels this view, so they update
+// such a parameter alike.
+inline at::Tensor with_strides_of(const at::Tensor& param, const at::Tensor& grad) {
+  if (grad.strides() == param.strides() || grad.sizes() != param.sizes()) return grad;
+  for (int64_t d = 0; d < param.dim(); ++d) {
+    if (param.size(d) != 1 && param.stride(d) != grad.stride(d)) return grad;
+  }
+  return grad.as_strided(param.sizes(), param.strides(), grad.storage_offset());
+}
+
 // Steps `optimizer` with the fused kernels and returns true when it is
 // exactly a torch::optim::Adam or AdamW whose parameters with gradients are
 // all on CUDA (or anywhere, with `any_device`), dense, each listed once, with
-// gradients and state of the parameter's dtype, sizes and strides. Returns
-// false, having changed nothing, otherwise: the caller then runs the
+// gradients and state of the parameter's dtype, sizes and strides (a
+// gradient's strides may differ on dimensions of size 1: with_strides_of).
+// Returns false, having changed nothing, otherwise: the caller then runs the
 // optimizer's own step(). Parameters without a gradient are left alone, as
 // LibTorch does. TANDEM_FUSED_ADAM=0 in the environment turns it off (a
 // value other than 0 or 1 is a UsageError).

@@ -156,6 +156,26 @@ TEST(FusedAdam, DeclinesWhatItCannotFuseAndChangesNothing) {
   }
 }
 
+// A gradient whose strides differ from its parameter's only on a dimension
+// of size 1 (backward may lay those out either way) addresses the same
+// elements: the kernels take it viewed with the parameter's strides, as the
+// captured step does, instead of leaving the step to LibTorch's loop.
+TEST(FusedAdam, AGradientStridedDifferentlyOnlyOnSizeOneDimensionsIsFused) {
+  auto p = torch::randn({4, 1}).requires_grad_();  // strides [1, 1]
+  auto q = p.detach().clone().requires_grad_();
+  const auto grad = torch::randn({1, 4}).t();  // [4, 1] with strides [1, 4]
+  ASSERT_NE(grad.strides(), p.strides());
+  p.mutable_grad() = grad;
+  q.mutable_grad() = grad.contiguous();
+  const auto before = p.detach().clone();
+  torch::optim::AdamW fused({p}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  torch::optim::AdamW plain({q}, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  ASSERT_TRUE(try_fused_adam_step(fused, /*any_device=*/true));
+  plain.step();
+  EXPECT_FALSE(torch::equal(p, before)) << "the step moved nothing";
+  EXPECT_TRUE(torch::allclose(p, q, 1e-6, 1e-7));
+}
+
 TEST(FusedAdam, AParameterWithoutAGradientGetsNoStateAndNoDecay) {
   auto used = torch::randn({6}).requires_grad_();
   auto unused = torch::randn({6}).requires_grad_();
