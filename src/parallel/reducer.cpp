@@ -47,7 +47,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       options_(options),
       after_sync_(std::move(after_sync)),
       hook_(make_builtin_hook(options)),
-      static_graph_(params_.size()) {
+      static_graph_(params_.size()),
+      used_unsynced_(params_.size(), false) {
   TANDEM_CHECK_ARG(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
                    "DDP bucket caps must be positive, got bucket_cap_mb={} first_bucket_cap_mb={}",
                    options_.bucket_cap_mb, options_.first_bucket_cap_mb);
@@ -152,7 +153,10 @@ void Reducer::adopt_grad(std::size_t index) {
 
 void Reducer::on_grad_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync_enabled_) return;
+  if (!sync_enabled_) {
+    used_unsynced_[index] = true;
+    return;
+  }
   if (readiness_.start_if_idle()) {
     // Not Engine::queue_callback: inside a checkpointed block's nested
     // backward that would finalize when the block's backward ends, not the
@@ -337,9 +341,19 @@ void Reducer::finalize_backward() {
     throw_unused(unused);
   }
   {
+    // What this backward did not reach contributes the gradient the
+    // parameter holds (from micro-steps under no_sync, say), as PyTorch's
+    // reducer copies a defined .grad into the bucket, or else zeros. .grad
+    // itself is left as it is until the average is known.
     torch::NoGradGuard no_grad;
     for (std::size_t i : unused) {
-      grad_view(i).zero_();
+      const at::Tensor& held = params_[i].grad();
+      at::Tensor view = grad_view(i);
+      if (!held.defined()) {
+        view.zero_();
+      } else if (held.data_ptr() != view.data_ptr()) {
+        view.copy_(held);
+      }
       readiness_.arrive(i);
     }
   }
@@ -350,7 +364,9 @@ void Reducer::finalize_backward() {
   if (search) {
     used_flags = at::zeros({static_cast<std::int64_t>(params_.size())}, at::kInt);
     auto* used = used_flags.data_ptr<int>();
-    for (std::size_t i = 0; i < params_.size(); ++i) used[i] = readiness_.ready(i) ? 1 : 0;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      used[i] = readiness_.ready(i) || used_unsynced_[i] ? 1 : 0;
+    }
   }
   // Buckets first: some ranks launched them during backward already, and
   // every rank must issue its collectives in the same order.
@@ -372,6 +388,7 @@ void Reducer::finalize_backward() {
     }
   }
   if (first_static) static_graph_.record(used_somewhere);
+  used_unsynced_.assign(params_.size(), false);
   for (std::size_t i : unused) {
     if (used_somewhere[i]) params_[i].mutable_grad() = grad_view(i);
   }

@@ -94,6 +94,10 @@ class Reducer {
   bool sync_enabled_ = true;
   GradReadiness readiness_;
   StaticGraph static_graph_;
+  // Parameters a backward under no_sync reached since the last synchronised
+  // one: they count as used there (PyTorch's local_used_map spans no_sync
+  // iterations the same way), so their kept gradients are averaged.
+  std::vector<bool> used_unsynced_;
   std::vector<std::size_t> fired_again_;  // this backward, without static_graph
   std::vector<std::size_t> ready_order_;
   bool rebuilt_ = false;

@@ -284,6 +284,53 @@ TEST(Ddp, FindUnusedParametersAveragesWhatSomeRankUsed) {
   });
 }
 
+// A parameter reached only in micro-steps under no_sync (on some ranks, or
+// on all) is used for the synchronised backward that follows, as PyTorch's
+// DDP counts it: every rank ends with the average of what the ranks hold.
+// At world 3 with rank 0 alone using it, that is rank 0's gradient / 3.
+TEST(Ddp, FindUnusedParametersCountsWhatNoSyncMicroStepsReached) {
+  const int world = 3;
+  torch::manual_seed(5);
+  PartlyUsed init;
+  std::vector<PartlyUsed> models, locals;
+  for (int r = 0; r < 2 * world; ++r) {
+    PartlyUsed copy;
+    testing::copy_state(*copy, *init);
+    (r < world ? models : locals).push_back(copy);
+  }
+  for (const bool every_rank : {false, true}) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      PartlyUsed model = models[pg.rank()], local = locals[pg.rank()];
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      for (auto& p : local->parameters()) p.mutable_grad() = torch::Tensor();
+      DDPOptions options;
+      options.find_unused_parameters = true;
+      DistributedDataParallel ddp(model, pg.shared_from_this(), options);
+      auto gen = at::detail::createCPUGenerator(40 + pg.rank());
+      const auto x0 = torch::randn({3, 4}, gen), x1 = torch::randn({3, 4}, gen);
+      const bool spare = every_rank || pg.rank() == 0;
+      {
+        auto guard = ddp.no_sync();
+        model->forward(x0, spare).pow(2).sum().backward();
+      }
+      model->forward(x1, false).pow(2).sum().backward();  // `spare` unused here
+      local->forward(x0, spare).pow(2).sum().backward();
+      local->forward(x1, false).pow(2).sum().backward();
+      auto ddp_grads = model->named_parameters();
+      for (auto& item : local->named_parameters()) {
+        const torch::Tensor& held = item.value().grad();
+        torch::Tensor expected = held.defined() ? held.clone() : torch::zeros_like(item.value());
+        pg.all_reduce(expected, ReduceOp::kSum);
+        expected.div_(world);
+        const torch::Tensor& got = ddp_grads[item.key()].grad();
+        ASSERT_TRUE(got.defined()) << item.key() << " every_rank " << every_rank;
+        EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-6))
+            << item.key() << " every_rank " << every_rank << " rank " << pg.rank();
+      }
+    });
+  }
+}
+
 TEST(Ddp, DifferentModelsAcrossRanksNameTheRankAndParameter) {
   run_ranks(2, [](ProcessGroup& pg) {
     torch::nn::Sequential model(torch::nn::Linear(4, 5),
