@@ -98,8 +98,11 @@ Work C10dTransport::all_reduce(at::Tensor tensor, ReduceOp op, const Call& call)
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d_reduce_op(op);
   opts.timeout = backend_timeout(tensor);
-  // Gloo cannot reduce bfloat16: reduce an fp32 copy and round once at the end.
-  const bool upcast = tensor.scalar_type() == at::kBFloat16 && !uses_nccl(tensor);
+  // Gloo cannot reduce bfloat16, and sums half in half: reduce an fp32 copy
+  // and round once at the end, as the shared-memory kernels do.
+  const bool upcast =
+      (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf) &&
+      !uses_nccl(tensor);
   at::Tensor wire = upcast ? tensor.to(at::kFloat) : tensor;
   std::function<void()> finish = [tensor, wire, upcast, op, world = world_size_]() mutable {
     if (op == ReduceOp::kAvg) wire.div_(world);
@@ -174,6 +177,15 @@ void C10dTransport::reduce_scatter(at::Tensor output, const at::Tensor& input, R
     return backend.alltoall_base(into, from, even_split, even_split, opts);
   }).wait();
   auto chunks = received.view({world, n});
+  const bool half_type =
+      input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
+  if (half_type && (op == ReduceOp::kSum || op == ReduceOp::kAvg)) {
+    // In fp32, rounded once (an average of bfloat16 would round twice).
+    at::Tensor total = chunks.sum(0, /*keepdim=*/false, at::kFloat);
+    if (op == ReduceOp::kAvg) total.div_(world);
+    flat_out.copy_(total);
+    return;
+  }
   switch (op) {
     case ReduceOp::kSum: at::sum_out(flat_out, chunks, {0}); break;
     case ReduceOp::kAvg: at::sum_out(flat_out, chunks, {0}); flat_out.div_(world); break;

@@ -17,10 +17,11 @@ namespace hierarchical_detail {
 // once at the end by the whole group's size.
 ReduceOp inner_op(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
 
-// Gloo cannot reduce bfloat16 (the flat path reduces an fp32 copy and rounds
-// once): the hierarchical one does the same, so both round alike.
+// The flat paths reduce bfloat16 and half as an fp32 copy and round once:
+// the hierarchical one does the same, so all round alike.
 at::Tensor reduction_wire(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat) : tensor;
+  const bool half_type = tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
+  return half_type ? tensor.to(at::kFloat) : tensor;
 }
 
 }  // namespace hierarchical_detail

@@ -56,7 +56,11 @@ void aten_reduce(void* dst, const void* const* srcs, int n, std::int64_t count,
                  c10::ScalarType dtype, ReduceOp op) {
   auto options = at::TensorOptions().dtype(dtype);
   auto view = [&](const void* p) { return at::from_blob(const_cast<void*>(p), {count}, options); };
-  at::Tensor acc = view(srcs[0]).clone();
+  // bfloat16 and half sum in fp32 and round once at the end, as Gloo's
+  // path does: the result then does not depend on the transport or on the
+  // order the ranks' values are added in.
+  const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf;
+  at::Tensor acc = widen ? view(srcs[0]).to(at::kFloat) : view(srcs[0]).clone();
   for (int k = 1; k < n; ++k) {
     switch (op) {
       case ReduceOp::kSum:

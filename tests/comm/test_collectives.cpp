@@ -77,6 +77,51 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) ? "_shm" : "_gloo");
     });
 
+// bfloat16 and half sum in fp32 and round once, on either transport: the
+// result is the fp32 sum (exact for a few such values) rounded to the dtype,
+// whatever the order ranks are added in. Rounding after every addition
+// gives other bits from world 3 on.
+class HalfTypesByWorldAndTransport : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(HalfTypesByWorldAndTransport, SumsAndAveragesRoundOnce) {
+  const auto [world, shared_memory] = GetParam();
+  ProcessGroupOptions options;
+  options.shared_memory = shared_memory;
+  const int64_t n = 4099;  // beyond one 4096-element block, not a multiple of the world
+  auto value = [&](int rank, at::ScalarType dtype) {
+    auto gen = at::detail::createCPUGenerator(900 + rank);
+    return at::randn({n * world}, gen).to(dtype);
+  };
+  run_ranks(
+      world,
+      [&](ProcessGroup& pg) {
+        for (auto dtype : {at::kBFloat16, at::kHalf}) {
+          at::Tensor total = at::zeros({n * world}, at::kFloat);
+          for (int r = 0; r < world; ++r) total.add_(value(r, dtype).to(at::kFloat));
+          for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            const at::Tensor want =
+                (op == ReduceOp::kAvg ? total / static_cast<double>(world) : total).to(dtype);
+            auto t = value(pg.rank(), dtype);
+            pg.all_reduce(t, op);
+            EXPECT_TRUE(at::equal(t, want)) << "all_reduce " << to_string(op) << " "
+                                            << c10::toString(dtype);
+            auto out = at::empty({n}, dtype);
+            pg.reduce_scatter(out, value(pg.rank(), dtype), op);
+            EXPECT_TRUE(at::equal(out, want.narrow(0, pg.rank() * n, n)))
+                << "reduce_scatter " << to_string(op) << " " << c10::toString(dtype);
+          }
+        }
+      },
+      options);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, HalfTypesByWorldAndTransport,
+    ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Bool()), [](const auto& info) {
+      return "world" + std::to_string(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "_shm" : "_gloo");
+    });
+
 TEST_P(CollectivesByWorld, BroadcastFromEveryRoot) {
   const int world = GetParam();
   run_ranks(world, [&](ProcessGroup& pg) {
