@@ -122,10 +122,29 @@ void PreparedLoader::note_batch(const DistributedLoader::Batch& batch) {
   detail::BatchReport report;
   report.last_of_pass = index == loader_.size() - 1;
   report.rows = batch.empty() ? 0 : batch[0].size(0);
-  // Without even-batch padding (or with drop_last) there is nothing to
-  // remove, and ranks may hold different row counts: gather_for_metrics
-  // keeps every row it receives.
-  if (options.even_batches && !sampler.drop_last()) {
+  using Sharding = DistributedLoaderOptions::Sharding;
+  if (options.sharding != Sharding::kSamples) {
+    // Accelerate's sharding (kBatches, kDispatched) pads only the pass's last
+    // round, where every rank holds as many rows, completing it from the
+    // epoch's first samples: of the last batches gathered in rank order,
+    // the first n % (batch_size * world) rows are real (Accelerate's
+    // gather_for_metrics keeps that many). Dispatching pads whatever
+    // even_batches says, as Accelerate's DataLoaderDispatcher does.
+    const bool padded = !options.drop_last &&
+                        (options.even_batches || options.sharding == Sharding::kDispatched);
+    const int64_t world = sampler.num_replicas();
+    const int64_t remainder = sampler.dataset_size() % (options.batch_size * world);
+    if (padded && report.last_of_pass && remainder > 0) {
+      report.real_rows_per_rank.resize(static_cast<size_t>(world));
+      for (int64_t r = 0; r < world; ++r) {
+        report.real_rows_per_rank[static_cast<size_t>(r)] =
+            std::clamp<int64_t>(remainder - r * report.rows, 0, report.rows);
+      }
+    }
+  } else if (options.even_batches && !sampler.drop_last()) {
+    // Without even-batch padding (or with drop_last) there is nothing to
+    // remove, and ranks may hold different row counts: gather_for_metrics
+    // keeps every row it receives.
     // Padding takes the last positions p >= n of the padded list; position p
     // is entry p / world of rank p % world. So rank r's entry j is real iff
     // j * world + r < n, and its real entries are a prefix of its list.

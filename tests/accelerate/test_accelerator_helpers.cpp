@@ -98,6 +98,53 @@ TEST_P(AcceleratorHelpers, GatherForMetricsCountsEverySampleExactlyOnce) {
   });
 }
 
+// Accelerate's sharding (split_batches, dispatch_batches) pads the last
+// round with the epoch's first samples in other places than the
+// DistributedSampler does: gather_for_metrics still returns every sample
+// exactly once, as Accelerate's does (dispatching pads whatever
+// even_batches says).
+TEST_P(AcceleratorHelpers, GatherForMetricsCountsEverySampleOnceUnderAcceleratesSharding) {
+  const int world = GetParam();
+  struct Mode {
+    bool split, dispatch, even;
+  };
+  const std::vector<Mode> modes = {{true, false, true},
+                                   {false, true, true},
+                                   {true, true, true},
+                                   {false, true, false},
+                                   {true, true, false}};
+  for (const Mode& mode : modes) {
+    for (int64_t samples : {5, 10, 13}) {
+      for (int64_t batch : {2, 3}) {
+        run_ranks(world, [&](ProcessGroup& pg) {
+          AcceleratorOptions options;
+          options.split_batches = mode.split;
+          options.dispatch_batches = mode.dispatch;
+          Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+          DistributedLoaderOptions loading;
+          // With split_batches the loader's batch is the global one.
+          loading.batch_size = mode.split ? batch * world : batch;
+          loading.shuffle = false;
+          loading.even_batches = mode.even;
+          auto loader = accelerator.prepare_data_loader(
+              std::vector<torch::Tensor>{torch::arange(samples, torch::kLong)}, loading);
+          std::vector<int64_t> seen;
+          for (auto& rows : *loader) {
+            auto all = accelerator.gather_for_metrics(rows[0]);
+            for (int64_t i = 0; i < all.size(0); ++i) seen.push_back(all[i].item<int64_t>());
+          }
+          std::sort(seen.begin(), seen.end());
+          std::vector<int64_t> expected(samples);
+          std::iota(expected.begin(), expected.end(), 0);
+          EXPECT_EQ(seen, expected) << "split " << mode.split << " dispatch " << mode.dispatch
+                                    << " even " << mode.even << " samples " << samples
+                                    << " batch " << batch;
+        });
+      }
+    }
+  }
+}
+
 TEST_P(AcceleratorHelpers, GatherForMetricsKeepsEverySampleWithoutEvenBatches) {
   const int world = GetParam();
   constexpr int64_t kSamples = 11;
