@@ -54,29 +54,45 @@ int64_t required_total_steps(const std::optional<int64_t>& total, const char* sc
 
 }  // namespace detail
 
+namespace {
+
+// DeepSpeed's WarmupLR without warmup_max_lr: each group's own lr, read when
+// the scheduler is built.
+std::vector<double> group_lrs(torch::optim::Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (auto& group : optimizer.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+}  // namespace
+
 WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupLROptions& options)
     : WarmupLR(optimizer, options.warmup_min_lr,
-               // DeepSpeed reads the first group's lr when warmup_max_lr is not given.
-               options.warmup_max_lr.value_or(optimizer.param_groups().empty()
-                                                  ? 0.0
-                                                  : optimizer.param_groups()[0].options().get_lr()),
+               options.warmup_max_lr
+                   ? std::vector<double>(optimizer.param_groups().size(), *options.warmup_max_lr)
+                   : group_lrs(optimizer),
                options.warmup_num_steps, options.warmup_type, "WarmupLR") {
   write_to_optimizer();
 }
 
-WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, double min_lr, double max_lr,
+WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, double min_lr, std::vector<double> max_lrs,
                    int64_t warmup_num_steps, WarmupType warmup_type,
                    const char* scheduler_name)
     : LRScheduler(optimizer),
       min_lr_(min_lr),
-      max_lr_(max_lr),
+      max_lrs_(std::move(max_lrs)),
       warmup_num_steps_(detail::effective_warmup_steps(warmup_num_steps, scheduler_name)),
       warmup_type_(warmup_type) {}
 
 std::vector<double> WarmupLR::lr_at(int64_t iteration) const {
   // Before the first step DeepSpeed starts every group at the minimum.
-  double lr = iteration < 0 ? min_lr_ : min_lr_ + (max_lr_ - min_lr_) * gamma(iteration);
-  return std::vector<double>(num_groups(), lr);
+  std::vector<double> lrs(num_groups(), min_lr_);
+  if (iteration < 0) return lrs;
+  const double fraction = gamma(iteration);
+  for (size_t g = 0; g < lrs.size() && g < max_lrs_.size(); ++g) {
+    lrs[g] = min_lr_ + (max_lrs_[g] - min_lr_) * fraction;
+  }
+  return lrs;
 }
 
 double WarmupLR::gamma(int64_t iteration) const {
@@ -90,8 +106,9 @@ double WarmupLR::warmup_gamma(int64_t iteration) const {
 
 WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer,
                              const WarmupDecayLROptions& options)
-    : WarmupLR(optimizer, options.warmup_min_lr, options.warmup_max_lr, options.warmup_num_steps,
-               options.warmup_type, "WarmupDecayLR"),
+    : WarmupLR(optimizer, options.warmup_min_lr,
+               std::vector<double>(optimizer.param_groups().size(), options.warmup_max_lr),
+               options.warmup_num_steps, options.warmup_type, "WarmupDecayLR"),
       total_num_steps_(detail::required_total_steps(options.total_num_steps, "WarmupDecayLR")) {
   if (total_num_steps_ < warmup_steps()) {
     log_warn("WarmupDecayLR: total_num_steps {} is less than warmup_num_steps {}",

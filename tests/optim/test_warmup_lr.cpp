@@ -96,17 +96,21 @@ TEST(WarmupLR, OneWarmupStepIsStretchedToTwo) {
   }
 }
 
-TEST(WarmupLR, MaxLrDefaultsToTheFirstGroupsLr) {
+// DeepSpeed: warmup_max_lr = [group['lr'] for group in param_groups].
+TEST(WarmupLR, MaxLrDefaultsToEachGroupsOwnLr) {
   auto optimizer = make_adamw({0.05, 0.7});
   WarmupLROptions options;
+  options.warmup_min_lr = 0.01;
   options.warmup_num_steps = 2;
   options.warmup_type = WarmupType::kLinear;
   WarmupLR scheduler(*optimizer, options);
-  const std::vector<double> expected = {0.0, 0.025, 0.05, 0.05};
-  for (size_t t = 0; t < expected.size(); ++t) {
+  EXPECT_DOUBLE_EQ(group_lr(*optimizer, 1), 0.01) << "before the first step: the minimum";
+  const std::vector<double> first = {0.01, 0.03, 0.05, 0.05};
+  const std::vector<double> second = {0.01, 0.355, 0.7, 0.7};
+  for (size_t t = 0; t < first.size(); ++t) {
     scheduler.step();
-    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 0), expected[t]) << "t=" << t;
-    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 1), expected[t]) << "t=" << t;
+    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 0), first[t]) << "t=" << t;
+    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 1), second[t]) << "t=" << t;
   }
 }
 

@@ -116,7 +116,8 @@ WarmupType parse_warmup_type(const std::string& text);
 // warmup_num_steps steps, then stays at warmup_max_lr.
 struct WarmupLROptions {
   double warmup_min_lr = 0.0;
-  // Empty: the learning rate of the optimizer's first param group.
+  // Empty: each param group's own learning rate when the scheduler is
+  // built (DeepSpeed's [group['lr'] for group in param_groups]).
   std::optional<double> warmup_max_lr;
   // Must be positive; DeepSpeed warms up over max(2, warmup_num_steps).
   int64_t warmup_num_steps = 1000;
@@ -132,7 +133,7 @@ class WarmupLR : public LRScheduler {
 
  protected:
   // For WarmupDecayLR: writes nothing; the derived constructor does.
-  WarmupLR(torch::optim::Optimizer& optimizer, double min_lr, double max_lr,
+  WarmupLR(torch::optim::Optimizer& optimizer, double min_lr, std::vector<double> max_lrs,
            int64_t warmup_num_steps, WarmupType warmup_type, const char* scheduler_name);
   std::vector<double> lr_at(int64_t iteration) const override;
   // The fraction of the way from min to max lr after step `iteration` >= 0.
@@ -142,7 +143,7 @@ class WarmupLR : public LRScheduler {
 
  private:
   double min_lr_;
-  double max_lr_;
+  std::vector<double> max_lrs_;  // per param group
   int64_t warmup_num_steps_;  // already max(2, n)
   WarmupType warmup_type_;
 };
