@@ -131,6 +131,21 @@ TEST(LaunchConfig, GpuIdsBecomeCudaVisibleDevices) {
   EXPECT_EQ(count(r.out, "gpus=1,3\n"), 2) << r.out;
 }
 
+TEST(LaunchConfig, ARdzvBackendTandemRefusesExitsTwoAsConfigCheckDoes) {
+  TempDir home;
+  const std::string path = home.path() + "/accelerate.yaml";
+  write_text(path, accelerate_yaml(2, "rdzv_backend: etcd\n"));
+  auto launched = run_process(tandem_in(home.path(), launch({"--config-file", path}, echo_env())), 60);
+  auto checked = run_process(tandem_in(home.path(), {"config", "check", path}), 60);
+  EXPECT_EQ(launched.exit_code, 2) << launched.out;
+  EXPECT_EQ(checked.exit_code, 2) << checked.out;
+  for (const auto* r : {&launched, &checked}) {
+    EXPECT_NE(r->err.find(":15: rdzv_backend: etcd is not supported by tandem"),
+              std::string::npos)
+        << r->err;
+  }
+}
+
 TEST(LaunchConfig, ABadFileExitsTwoBeforeAnyWorkerStarts) {
   TempDir home;
   const std::string path = home.path() + "/bad.yaml";
