@@ -284,7 +284,11 @@ const KeyTable& accelerate_top_level_keys() {
        {"command_file", "is not used: tandem launch runs the program on its command line; "
                         "ignored", {"null", ""}},
        {"same_network", "changes nothing in tandem launch: every machine must reach "
-                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
+                        "main_process_ip:main_process_port; ignored",
+        // Both values are quiet: false is Accelerate's default (ClusterConfig,
+        // `accelerate config default`) and true what its questionnaire
+        // writes; either way tandem's nodes meet at one address.
+        {"true", "false"}, check_bool}},
       {{"use_mps_device", "asks for Apple's MPS device, which tandem does not train on; "
                           "remove it or set it to false", {"false", "null"}},
        {"megatron_lm_config", "asks for Megatron-LM, which tandem does not run; remove the "
