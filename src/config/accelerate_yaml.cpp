@@ -149,7 +149,8 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
   auto file = keys.find("deepspeed_config_file");
   if (file != keys.end() && !file->second.is_null()) {
     std::string path = find_deepspeed_file(base_dir, file->second.as_string());
-    ds = parse_deepspeed_text(read_text_file(file->second, path), path);
+    ds = parse_deepspeed_text(read_text_file(file->second, path), path,
+                              /*accelerate_file=*/true);
     if (!ds->key_locations.count("zero_optimization")) {
       // Accelerate's DeepSpeedPlugin: "Please specify the ZeRO optimization
       // config in the DeepSpeed config."
