@@ -380,8 +380,8 @@ struct ConfigOverrides {
 // the rest stays empty until the program supplies the micro batch.
 // num_processes becomes `world_size`: the launch's world is the real one.
 // Throws UsageError printing all four numbers when the triple is
-// inconsistent, and for other contradictions (e.g. fp16 with zero stage on
-// a CPU-only run is allowed; fp16 and bf16 both set is not).
+// inconsistent, and for other contradictions: fp16 with use_cpu (the
+// Accelerator refuses fp16 on the CPU), naming where each came from.
 Config resolve_config(Config file, const ConfigEnv& env, const ConfigOverrides& overrides,
                       int world_size);
 
