@@ -149,7 +149,8 @@ std::optional<Config> read_deepspeed_section(const Value& section, Config& confi
   auto file = keys.find("deepspeed_config_file");
   if (file != keys.end() && !file->second.is_null()) {
     std::string path = find_deepspeed_file(base_dir, file->second.as_string());
-    ds = parse_deepspeed_text(read_text_file(file->second, path), path);
+    ds = parse_deepspeed_text(read_text_file(file->second, path), path,
+                              /*accelerate_file=*/true);
     if (!ds->key_locations.count("zero_optimization")) {
       // Accelerate's DeepSpeedPlugin: "Please specify the ZeRO optimization
       // config in the DeepSpeed config."
@@ -284,7 +285,11 @@ const KeyTable& accelerate_top_level_keys() {
        {"command_file", "is not used: tandem launch runs the program on its command line; "
                         "ignored", {"null", ""}},
        {"same_network", "changes nothing in tandem launch: every machine must reach "
-                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
+                        "main_process_ip:main_process_port; ignored",
+        // Both values are quiet: false is Accelerate's default (ClusterConfig,
+        // `accelerate config default`) and true what its questionnaire
+        // writes; either way tandem's nodes meet at one address.
+        {"true", "false"}, check_bool}},
       {{"use_mps_device", "asks for Apple's MPS device, which tandem does not train on; "
                           "remove it or set it to false", {"false", "null"}},
        {"megatron_lm_config", "asks for Megatron-LM, which tandem does not run; remove the "

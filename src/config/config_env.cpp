@@ -126,15 +126,23 @@ std::string default_config_path(const ConfigEnv& env) {
   return root.empty() ? "" : root + "/tandem/default_config.yaml";
 }
 
-std::string find_default_config(const ConfigEnv& env) {
-  std::string tandem_default = default_config_path(env);
-  if (is_file(tandem_default)) return tandem_default;
+std::vector<std::string> default_config_candidates(const ConfigEnv& env) {
+  std::vector<std::string> candidates;
+  if (std::string tandem_default = default_config_path(env); !tandem_default.empty()) {
+    candidates.push_back(tandem_default);
+  }
   // Accelerate: $HF_HOME/accelerate, else (cache root)/huggingface/accelerate.
   std::string hf_root = env.hf_home;
   if (hf_root.empty() && !cache_root(env).empty()) hf_root = cache_root(env) + "/huggingface";
-  std::string accelerate_default =
-      hf_root.empty() ? "" : hf_root + "/accelerate/default_config.yaml";
-  return is_file(accelerate_default) ? accelerate_default : "";
+  if (!hf_root.empty()) candidates.push_back(hf_root + "/accelerate/default_config.yaml");
+  return candidates;
+}
+
+std::string find_default_config(const ConfigEnv& env) {
+  for (const std::string& path : default_config_candidates(env)) {
+    if (is_file(path)) return path;
+  }
+  return "";
 }
 
 std::string select_config_file(const std::string& flag_path, const ConfigEnv& env) {

@@ -105,11 +105,6 @@ std::vector<KeyNote> removed_keys() {
     notes.push_back({name, "DeepSpeed has removed this feature, and current DeepSpeed refuses a "
                            "config that still has the key (deepspeedai/DeepSpeed#8489); " + fix});
   }
-  // DeepSpeed reads it only beside the old `"zero_optimization": true`,
-  // which tandem refuses too.
-  notes.push_back({"allgather_size",
-                   "belongs to the old \"zero_optimization\": true form; write "
-                   "\"zero_optimization\": {\"stage\": 1, \"allgather_bucket_size\": N}"});
   return notes;
 }
 
@@ -278,7 +273,7 @@ const KeyTable& deepspeed_top_level_keys() {
                                "tensor_parallel", "sequence_parallel_size",
                                "activation_checkpointing", "zero_allow_untested_optimizer",
                                "wall_clock_breakdown", "steps_per_print", "torch_autocast",
-                               "tensorboard", "csv_monitor"},
+                               "tensorboard", "csv_monitor", "allgather_size"},
                               warned_top_level_keys(), removed_keys()};
   return table;
 }
@@ -336,7 +331,7 @@ const KeyTable& deepspeed_monitor_keys() {
   return table;
 }
 
-void read_deepspeed_document(const Value& root, Config& config) {
+void read_deepspeed_document(const Value& root, Config& config, bool accelerate_file) {
   config.distributed_type = DistributedType::kDeepSpeed;
   // DeepSpeed clips at 1.0 unless told otherwise (GRADIENT_CLIPPING_DEFAULT),
   // and Accelerate and HF's Trainer fill "auto" with 1.0 (max_grad_norm's
@@ -360,7 +355,28 @@ void read_deepspeed_document(const Value& root, Config& config) {
     } else if (key == "bf16" || key == "bfloat16") {
       read_bf16(v, config, precision);
     } else if (key == "zero_optimization") {
-      read_zero_optimization(v, config, Dialect::kDeepSpeed);
+      if (is_zero_optimization_flag(v)) {
+        if (accelerate_file) {
+          // HfDeepSpeedConfig.get_value("zero_optimization.stage"):
+          // AttributeError: 'bool' object has no attribute 'get'.
+          v.fail("Accelerate's DeepSpeedPlugin reads zero_optimization.stage and fails on "
+                 "DeepSpeed's deprecated true/false form",
+                 "write \"zero_optimization\": {\"stage\": 1} (or 0 for false)");
+        }
+        read_zero_optimization_flag(v, root.child("allgather_size"), config);
+      } else {
+        read_zero_optimization(v, config, Dialect::kDeepSpeed);
+      }
+    } else if (key == "allgather_size") {
+      // Read beside `"zero_optimization": true` (above), the only place
+      // DeepSpeed looks at it.
+      const Value zero = root.child("zero_optimization");
+      if (!is_zero_optimization_flag(zero) || !zero.as_bool()) {
+        v.fail("DeepSpeed reads it only beside the deprecated \"zero_optimization\": true, so "
+               "here it would change nothing",
+               "remove it, or write \"zero_optimization\": {\"stage\": 1, "
+               "\"allgather_bucket_size\": N}");
+      }
     } else if (key == "activation_checkpointing") {
       read_activation_checkpointing(v, config, Dialect::kDeepSpeed);
     } else if (key == "zero_allow_untested_optimizer") {
@@ -380,7 +396,8 @@ void read_deepspeed_document(const Value& root, Config& config) {
   apply_torch_autocast(precision, config);
 }
 
-Config parse_deepspeed_text(const std::string& text, const std::string& name) {
+Config parse_deepspeed_text(const std::string& text, const std::string& name,
+                            bool accelerate_file) {
   Config config;
   config.format = ConfigFormat::kDeepSpeedJson;
   config.source_path = name;
@@ -388,7 +405,7 @@ Config parse_deepspeed_text(const std::string& text, const std::string& name) {
   YAML::Node node = parse_document(text, name, looks_like_json(text));
   Value root = Value::root(ctx, node);
   expect_map(root, "a DeepSpeed config is one JSON object: { \"train_batch_size\": ..., ... }");
-  read_deepspeed_document(root, config);
+  read_deepspeed_document(root, config, accelerate_file);
   check_keys_read(ctx);
   return config;
 }

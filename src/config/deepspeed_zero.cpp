@@ -4,6 +4,8 @@
 #include <map>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "config/readers.h"
 
 namespace tandem::config_detail {
@@ -146,6 +148,36 @@ const KeyTable& zero_optimization_keys(Dialect dialect) {
     return table;
   }();
   return dialect == Dialect::kTandem ? tandem_table : deepspeed_table;
+}
+
+bool is_zero_optimization_flag(const Value& value) {
+  // A quoted "true" is a string to DeepSpeed, which then refuses it.
+  const YAML::Node& node = value.node();
+  return node.IsScalar() && !value.is_quoted() &&
+         (node.Scalar() == "true" || node.Scalar() == "false");
+}
+
+void read_zero_optimization_flag(const Value& flag, const Value& allgather_size,
+                                 Config& config) {
+  const bool on = flag.as_bool();
+  config.zero.stage = on ? 1 : 0;
+  const bool bucket = on && !allgather_size.is_null();
+  if (bucket) {
+    config.zero.allgather_bucket_size =
+        read_size(allgather_size, config.zero.allgather_bucket_size, 1, false);
+  }
+  // DeepSpeed warns too ("this format of ZeRO optimization setup is
+  // deprecated").
+  const std::string block =
+      bucket ? fmt::format("{{\"stage\": 1, \"allgather_bucket_size\": {}}} in place of both",
+                           config.zero.allgather_bucket_size)
+             : fmt::format("{{\"stage\": {}}}", config.zero.stage);
+  // Not "'zero_optimization'" in quotes: that form names a key tandem
+  // does not implement (KeyDisposition::kWarn), and this one it reads.
+  config.warnings.push_back(fmt::format(
+      "{}: zero_optimization: {} is DeepSpeed's deprecated form, read as ZeRO stage {} as "
+      "DeepSpeed reads it; write \"zero_optimization\": {}",
+      flag.where(), on ? "true" : "false", config.zero.stage, block));
 }
 
 void read_zero_optimization(const Value& block, Config& config, Dialect dialect) {

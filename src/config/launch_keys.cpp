@@ -1,5 +1,7 @@
 // The launch keys Accelerate's default_config.yaml and tandem YAML share.
 
+#include <cctype>
+
 #include "config/readers.h"
 #include "tandem/core/error.h"
 
@@ -18,6 +20,29 @@ MixedPrecision read_mixed_precision(const Value& value) {
   }
   return parse_mixed_precision(value.as_choice({"no", "bf16", "fp16"}));
 }
+
+namespace {
+
+// tandem's nodes meet at its own TCP store, which c10d and static both
+// name; etcd and etcd-v2 ask for an etcd server tandem never talks to.
+// Refused here, where the file is read, so that `tandem config check` and
+// `tandem launch` give the same answer for one file.
+std::string read_rdzv_backend(const Value& value) {
+  if (value.is_null()) return "static";
+  if (value.node().IsScalar()) {
+    std::string lowered = value.node().Scalar();
+    for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lowered == "etcd" || lowered == "etcd-v2") {
+      value.fail(lowered + " is not supported by tandem: the nodes meet at tandem's own TCP "
+                           "store (main_process_ip:main_process_port), not at an etcd server",
+                 "set it to \"c10d\" (the nodes agree on their ranks at the store) or "
+                 "\"static\" (each node gives its machine_rank)");
+    }
+  }
+  return value.as_choice({"static", "c10d"});
+}
+
+}  // namespace
 
 bool read_launch_key(const std::string& key, const Value& v, Config& config) {
   if (key == "num_processes") {
@@ -41,7 +66,7 @@ bool read_launch_key(const std::string& key, const Value& v, Config& config) {
   } else if (key == "use_cpu") {
     config.use_cpu = v.as_bool();
   } else if (key == "rdzv_backend") {
-    config.rdzv_backend = v.is_null() ? "static" : v.as_choice({"static", "c10d", "etcd", "etcd-v2"});
+    config.rdzv_backend = read_rdzv_backend(v);
   } else if (key == "mixed_precision") {
     config.mixed_precision = read_mixed_precision(v);
   } else {

@@ -23,15 +23,24 @@ enum class Dialect {
 inline constexpr double kDeepSpeedGradientClipping = 1.0;
 
 // A DeepSpeed JSON document (its top-level object) into `config`.
-void read_deepspeed_document(const Value& root, Config& config);
+// `accelerate_file`: the document is an Accelerate deepspeed_config_file,
+// which Accelerate's DeepSpeedPlugin reads too, and refuses more of.
+void read_deepspeed_document(const Value& root, Config& config, bool accelerate_file = false);
 // DeepSpeed JSON text, e.g. an Accelerate deepspeed_config_file.
-Config parse_deepspeed_text(const std::string& text, const std::string& name);
+Config parse_deepspeed_text(const std::string& text, const std::string& name,
+                            bool accelerate_file = false);
 
 // Reads one of DeepSpeed's fp16 loss-scale keys (loss_scale,
 // initial_scale_power, ...) into `scale`; false when `key` is not one.
 bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig& scale);
 
 void read_zero_optimization(const Value& block, Config& config, Dialect dialect);
+// DeepSpeed's deprecated `"zero_optimization": true` (or false), which
+// DeepSpeed still reads (read_zero_config_deprecated): whether `value` is one,
+// and reading it as stage 1 (0) with the top-level `allgather_size` (null
+// when absent) as the all-gather bucket, and a warning to write the block.
+bool is_zero_optimization_flag(const Value& value);
+void read_zero_optimization_flag(const Value& flag, const Value& allgather_size, Config& config);
 // DeepSpeed's activation_checkpointing block: present (not null) turns it on;
 // tandem YAML also takes `enabled`. Sub-keys tandem does not implement warn
 // when set to true.

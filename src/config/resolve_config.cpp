@@ -174,7 +174,11 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
                       file_origin(config, "train_micro_batch_size_per_gpu"),
                       file_origin(config, "gradient_accumulation_steps")};
 
-  if (env.mixed_precision) config.mixed_precision = *env.mixed_precision;
+  std::string precision_origin = file_origin(config, "mixed_precision");
+  if (env.mixed_precision) {
+    config.mixed_precision = *env.mixed_precision;
+    precision_origin = "TANDEM_MIXED_PRECISION";
+  }
   if (env.gradient_accumulation_steps) {
     config.gradient_accumulation_steps = env.gradient_accumulation_steps;
     origin.accumulation = "TANDEM_GRADIENT_ACCUMULATION_STEPS";
@@ -191,7 +195,10 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   if (env.offload_param) config.zero.offload_param = *env.offload_param;
   if (env.gradient_clipping) config.gradient_clipping = *env.gradient_clipping;
 
-  if (overrides.mixed_precision) config.mixed_precision = *overrides.mixed_precision;
+  if (overrides.mixed_precision) {
+    config.mixed_precision = *overrides.mixed_precision;
+    precision_origin = "code override";
+  }
   if (overrides.gradient_accumulation_steps) {
     config.gradient_accumulation_steps = overrides.gradient_accumulation_steps;
     origin.accumulation = "code override";
@@ -210,6 +217,17 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   if (overrides.cuda_graph) config.cuda_graph = *overrides.cuda_graph;
   if (overrides.preemption) config.preemption = *overrides.preemption;
 
+  // use_cpu trains on the CPU whatever the machine has, and the Accelerator
+  // refuses fp16 there: say so when the file is checked or launched, not
+  // once per worker after the launch.
+  if (config.use_cpu && config.mixed_precision == MixedPrecision::kFp16) {
+    TANDEM_THROW(UsageError,
+                 "{}: mixed_precision fp16 with use_cpu: true ({}): fp16 needs a CUDA device, "
+                 "and use_cpu trains on the CPU, where the Accelerator refuses fp16; use "
+                 "mixed_precision bf16 (or no) on the CPU, or set use_cpu: false to train on "
+                 "GPUs",
+                 precision_origin, file_origin(config, "use_cpu"));
+  }
   // The launcher's world is the real one; a file's num_processes is a
   // request that the launch may have changed.
   config.num_processes = world_size;

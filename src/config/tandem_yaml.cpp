@@ -93,7 +93,11 @@ const KeyTable& tandem_top_level_keys() {
        "debug", "wall_clock_breakdown", "steps_per_print", "cuda_graph", "preemption",
        "tensorboard", "csv_monitor"},
       {{"same_network", "changes nothing in tandem launch: every machine must reach "
-                        "main_process_ip:main_process_port; ignored", {"true"}, check_bool}},
+                        "main_process_ip:main_process_port; ignored",
+        // Both values are quiet: false is Accelerate's default (ClusterConfig,
+        // `accelerate config default`) and true what its questionnaire
+        // writes; either way tandem's nodes meet at one address.
+        {"true", "false"}, check_bool}},
       {}};
   return table;
 }

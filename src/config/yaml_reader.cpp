@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/did_you_mean.h"
+#include "config/hjson_text.h"
 #include "config/numbers.h"
 #include "tandem/core/error.h"
 
@@ -36,34 +37,6 @@ std::pair<size_t, size_t> line_column(const std::string& text, size_t byte) {
   size_t line_start = end == 0 ? 0 : text.rfind('\n', end - 1);
   line_start = line_start == std::string::npos ? 0 : line_start + 1;
   return {line, std::max<size_t>(1, end - line_start)};
-}
-
-// yaml-cpp does not know JSON comments; blank them with spaces so that every
-// other character keeps its line and column.
-std::string blank_json_comments(const std::string& text) {
-  std::string out = text;
-  bool in_string = false;
-  for (size_t i = 0; i < out.size(); ++i) {
-    char c = out[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '/') {
-      for (; i < out.size() && out[i] != '\n'; ++i) out[i] = ' ';
-    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '*') {
-      size_t stop = out.find("*/", i + 2);
-      stop = stop == std::string::npos ? out.size() : stop + 2;
-      for (; i < stop; ++i) {
-        if (out[i] != '\n') out[i] = ' ';
-      }
-      --i;
-    }
-  }
-  return out;
 }
 
 [[noreturn]] void fail_empty(const std::string& name) {
@@ -103,8 +76,10 @@ std::string join_path(const std::string& parent, const std::string& key) {
 }
 
 bool looks_like_json(const std::string& text) {
-  for (size_t i = skip_bom(text); i < text.size(); ++i) {
-    char c = text[i];
+  // Comments before the opening brace too: a DeepSpeed file may start with one.
+  const std::string json = hjson_as_json(text);
+  for (size_t i = skip_bom(json); i < json.size(); ++i) {
+    char c = json[i];
     if (std::isspace(static_cast<unsigned char>(c))) continue;
     return c == '{' || c == '[';
   }
@@ -113,13 +88,17 @@ bool looks_like_json(const std::string& text) {
 
 YAML::Node parse_document(const std::string& text, const std::string& name, bool json) {
   if (blank(text)) fail_empty(name);
+  // As DeepSpeed reads it: hjson's comments and commas, written as JSON with
+  // every token where it was.
+  const std::string json_text = json ? hjson_as_json(text) : "";
   if (json) {
     try {
-      nlohmann::json checked = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true,
+      nlohmann::json checked = nlohmann::json::parse(json_text, nullptr,
+                                                     /*allow_exceptions=*/true,
                                                      /*ignore_comments=*/true);
       (void)checked;
     } catch (const nlohmann::json::parse_error& e) {
-      auto [line, column] = line_column(text, e.byte);
+      auto [line, column] = line_column(json_text, e.byte);
       // what(): "[json.exception.parse_error.101] parse error at line 3, column 1:
       // syntax error while parsing object - unexpected end of input; expected '}'".
       std::string detail = e.what();
@@ -127,12 +106,14 @@ YAML::Node parse_document(const std::string& text, const std::string& name, bool
       at = at == std::string::npos ? std::string::npos : detail.find(": ", at);
       if (at != std::string::npos) detail = detail.substr(at + 2);
       // nlohmann stops at the end for an unclosed string or bracket alike.
-      bool truncated = detail.find("end of input") != std::string::npos || e.byte >= text.size();
+      bool truncated =
+          detail.find("end of input") != std::string::npos || e.byte >= json_text.size();
       TANDEM_THROW(UsageError, "{}:{}:{}: malformed JSON: {}; {}", name, line, column, detail,
                    truncated ? "the text ends early (is the file truncated?): finish the last "
                                "value and close every '{' and '['"
-                             : "fix the JSON at this point (keys in double quotes, no trailing "
-                               "commas)");
+                             : "fix the JSON at this point (keys and strings in double quotes, "
+                               "one comma between values; comments and a trailing comma are "
+                               "fine, as in DeepSpeed's hjson reader)");
     } catch (const nlohmann::json::out_of_range& e) {
       // A number beyond double's range (1e999): nlohmann reports no position.
       std::string detail = e.what();
@@ -144,7 +125,7 @@ YAML::Node parse_document(const std::string& text, const std::string& name, bool
   }
   YAML::Node root;
   try {
-    root = YAML::Load(json ? blank_json_comments(text) : text);
+    root = YAML::Load(json ? json_text : text);
   } catch (const YAML::Exception& e) {
     TANDEM_THROW(UsageError,
                  "{}: malformed {}: {}; check the indentation, quotes and brackets here (a "

@@ -21,13 +21,13 @@
 
 namespace tandem::config_detail {
 
-// True when the first significant character is '{' or '[': the text is
-// JSON (DeepSpeed, or an Accelerate config saved as JSON).
+// True when the first significant character, after comments, is '{' or
+// '[': the text is JSON (DeepSpeed, or an Accelerate config saved as JSON).
 bool looks_like_json(const std::string& text);
 
-// Parses `text` into nodes. JSON is checked by nlohmann first, for exact
-// syntax errors (and // or /* */ comments, which DeepSpeed's hjson allows),
-// then read by yaml-cpp for positions. Throws UsageError
+// Parses `text` into nodes. JSON is read as DeepSpeed reads it, with
+// hjson's comments and commas (hjson_as_json()), checked by nlohmann first
+// for exact syntax errors, then read by yaml-cpp for positions. Throws UsageError
 // "NAME:LINE:COL: malformed JSON|YAML: ...; fix" on bad syntax (truncated
 // text included) and "NAME:1:1: the file is empty; ..." when there is
 // nothing but whitespace or comments.

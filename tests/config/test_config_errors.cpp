@@ -105,9 +105,10 @@ TEST(ConfigErrors, JsonCutAfterACompleteValueSaysItEndsEarly) {
 }
 
 TEST(ConfigErrors, MalformedJsonPointsAtTheBadCharacter) {
-  std::string message = parse_error("{\n  \"steps_per_print\": 10,\n}\n", "ds.json");
-  EXPECT_TRUE(contains(message, "ds.json:3:1: malformed JSON:"));
-  EXPECT_TRUE(contains(message, "no trailing commas"));
+  // (A trailing comma is fine: DeepSpeed's hjson reader takes it.)
+  std::string message = parse_error("{\n  \"steps_per_print\": 10,\n  'seed': 1\n}\n", "ds.json");
+  EXPECT_TRUE(contains(message, "ds.json:3:3: malformed JSON:")) << message;
+  EXPECT_TRUE(contains(message, "keys and strings in double quotes")) << message;
 }
 
 TEST(ConfigErrors, MalformedYamlPointsAtTheProblem) {
@@ -210,6 +211,26 @@ TEST(ConfigErrors, UnsupportedButRealChoicesSaySo) {
                        "Accelerate's XLA is not supported by tandem"));
   EXPECT_TRUE(contains(parse_error("mixed_precision: fp8\n", "t.yaml"),
                        "fp8 mixed precision is not supported by tandem"));
+}
+
+// tandem's nodes meet at its own store: an etcd rendezvous is refused where
+// the file is read, so that `tandem config check` and `tandem launch` agree,
+// and a misspelt backend is offered only what tandem accepts.
+TEST(ConfigErrors, RdzvBackendOtherThanStaticOrC10dIsRefusedWhereTheFileIsRead) {
+  for (const char* backend : {"etcd", "etcd-v2", "ETCD"}) {
+    const std::string message = parse_error(
+        std::string("distributed_type: MULTI_CPU\nrdzv_backend: ") + backend + "\n", "a.yaml");
+    EXPECT_TRUE(contains(message, "a.yaml:2:15: rdzv_backend: ")) << message;
+    EXPECT_TRUE(contains(message, "is not supported by tandem: the nodes meet at tandem's own "
+                                  "TCP store")) << message;
+    EXPECT_TRUE(contains(message, "set it to \"c10d\"")) << message;
+  }
+  EXPECT_TRUE(contains(parse_error("rdzv_backend: etcd\n", "t.yaml"),
+                       "t.yaml:1:15: rdzv_backend: etcd is not supported by tandem"));
+  const std::string foo = parse_error("distributed_type: MULTI_CPU\nrdzv_backend: foo\n", "a.yaml");
+  EXPECT_TRUE(contains(foo, "rdzv_backend: expected \"static\" or \"c10d\", got \"foo\"")) << foo;
+  EXPECT_FALSE(contains(foo, "etcd")) << foo;
+  EXPECT_EQ(parse_config_text("rdzv_backend: C10D\n", "t.yaml").rdzv_backend, "c10d");
 }
 
 TEST(ConfigErrors, KeyGivenTwiceIsRefused) {

@@ -278,6 +278,66 @@ TEST(DeepSpeedJson, TorchOptimizerSwitchesAreQuietAtDefaultsAndRefusedOtherwise)
             (std::vector<std::string>{"data_parallel_size"}));
 }
 
+// DeepSpeed 0.19.8 still reads the old boolean form (get_zero_config ->
+// read_zero_config_deprecated): true is stage 1 with the top-level
+// allgather_size as its all-gather bucket, false is stage 0, and it warns.
+TEST(DeepSpeedJson, DeprecatedZeroOptimizationFlagIsStage1OrStage0WithAWarning) {
+  const Config on = parse_config_text(
+      R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": true})", "ds.json");
+  EXPECT_EQ(on.zero.stage, 1);
+  ASSERT_EQ(on.warnings.size(), 1u);
+  EXPECT_TRUE(contains(on.warnings[0], "ds.json:1:60: zero_optimization: true is DeepSpeed's "
+                                       "deprecated form, read as ZeRO stage 1"))
+      << on.warnings[0];
+  EXPECT_TRUE(contains(on.warnings[0], "write \"zero_optimization\": {\"stage\": 1}"));
+
+  const Config off = load_config_file(config_data("ds_zero_bool_false.json"));
+  EXPECT_EQ(off.zero.stage, 0);
+  ASSERT_EQ(off.warnings.size(), 1u);
+  EXPECT_TRUE(contains(off.warnings[0], "zero_optimization: false is DeepSpeed's deprecated "
+                                        "form, read as ZeRO stage 0"))
+      << off.warnings[0];
+  // Read, not a key tandem lacks (those warn as 'key').
+  EXPECT_TRUE(warned_keys(off).empty());
+
+  // allgather_size, in either order, is the stage-1 all-gather bucket.
+  const Config bucket = load_config_file(config_data("ds_zero_bool_true.json"));
+  EXPECT_EQ(bucket.zero.stage, 1);
+  EXPECT_EQ(bucket.zero.allgather_bucket_size, 200000000);
+  EXPECT_EQ(parse_config_text(R"({"allgather_size": 1000, "zero_optimization": true})", "ds.json")
+                .zero.allgather_bucket_size,
+            1000);
+  EXPECT_TRUE(contains(parse_error(R"({"allgather_size": 0, "zero_optimization": true})",
+                                   "ds.json"),
+                       "allgather_size: expected a positive integer, got 0"));
+}
+
+TEST(DeepSpeedJson, WhatDeepSpeedRefusesOfTheZeroFlagStaysRefused) {
+  // A quoted "true" or a number is not the flag: DeepSpeed fails on it.
+  EXPECT_TRUE(contains(parse_error(R"({"zero_optimization": "true"})", "ds.json"),
+                       "zero_optimization: expected a mapping of keys"));
+  EXPECT_TRUE(contains(parse_error(R"({"zero_optimization": 1})", "ds.json"),
+                       "zero_optimization: expected a mapping of keys"));
+  // allgather_size anywhere else changes nothing in DeepSpeed.
+  for (const char* text : {R"({"allgather_size": 500000000})",
+                           R"({"allgather_size": 500000000, "zero_optimization": false})",
+                           R"({"allgather_size": 5, "zero_optimization": {"stage": 1}})"}) {
+    const std::string message = parse_error(text, "ds.json");
+    EXPECT_TRUE(contains(message, "allgather_size: DeepSpeed reads it only beside the "
+                                  "deprecated \"zero_optimization\": true"))
+        << message;
+    EXPECT_TRUE(contains(message, "allgather_bucket_size")) << message;
+  }
+  // Accelerate's DeepSpeedPlugin fails on the flag in a deepspeed_config_file.
+  const std::string accelerate = testing::load_error("accelerate_ds_file_zero_bool.yaml");
+  EXPECT_TRUE(contains(accelerate, "ds_zero_bool_true.json:1:60: zero_optimization: "
+                                   "Accelerate's DeepSpeedPlugin reads zero_optimization.stage"))
+      << accelerate;
+  // tandem YAML has no deprecated form to keep.
+  EXPECT_TRUE(contains(parse_error("zero_optimization: true\n", "t.yaml"),
+                       "zero_optimization: expected a mapping of keys"));
+}
+
 TEST(DeepSpeedJson, LastBatchIterationMinusOneIsAcceptedSilently) {
   Config c = parse_config_text(
       R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1}}})",

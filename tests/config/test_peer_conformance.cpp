@@ -15,6 +15,7 @@ using testing::config_data_dir;
 using testing::contains;
 using testing::load_error;
 using testing::parse_error;
+using testing::warned_keys;
 
 // DeepSpeed: DeepSpeedFP16Config.min_loss_scale is an int, 0.5 a ValidationError.
 TEST(PeerConformance, FractionalMinLossScaleIsRefusedInDeepSpeedJsonOnly) {
@@ -126,16 +127,30 @@ TEST(PeerConformance, AccelerateMixedPrecisionUnquotedNoIsRefused) {
             MixedPrecision::kNo);
 }
 
-// Accelerate: ClusterConfig.same_network defaults to False, and `accelerate
-// config` writes true for machines on one network. tandem launch treats both
-// alike: true says nothing, false warns that it changes nothing.
-TEST(PeerConformance, AccelerateSameNetworkFalseWarnsThatItChangesNothing) {
+// Accelerate: ClusterConfig.same_network defaults to False (what `accelerate
+// config default` writes), and `accelerate config` writes true for machines
+// on one network. tandem launch treats both alike (every node reaches
+// main_process_ip:main_process_port), so neither says anything.
+TEST(PeerConformance, AccelerateSameNetworkIsQuietAtEitherValue) {
   EXPECT_TRUE(parse_config_text("distributed_type: MULTI_GPU\n", "a.yaml").warnings.empty());
-  EXPECT_TRUE(load_config_file(config_data("accelerate_deepspeed.yaml")).warnings.size() == 1u);
-  const Config c = parse_config_text("distributed_type: MULTI_GPU\nsame_network: false\n", "a.yaml");
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_TRUE(contains(c.warnings[0], "a.yaml:2:1: 'same_network' changes nothing in tandem "
-                                      "launch"));
+  // same_network: true and a dynamo_config, which warns.
+  EXPECT_EQ(warned_keys(load_config_file(config_data("accelerate_deepspeed.yaml"))),
+            std::vector<std::string>{"dynamo_config"});
+  for (const char* value : {"false", "true"}) {
+    const Config c = parse_config_text(
+        std::string("distributed_type: MULTI_GPU\nsame_network: ") + value + "\n", "a.yaml");
+    EXPECT_TRUE(c.warnings.empty()) << value << ": " << c.warnings.front();
+    const Config t = parse_config_text(std::string("same_network: ") + value + "\n", "t.yaml");
+    EXPECT_TRUE(t.warnings.empty()) << value << ": " << t.warnings.front();
+  }
+  // `accelerate config default`'s file, as it writes it (JSON).
+  const Config written = parse_config_text(R"({
+  "compute_environment": "LOCAL_MACHINE", "debug": false, "distributed_type": "NO",
+  "downcast_bf16": false, "enable_cpu_affinity": false, "machine_rank": 0,
+  "main_training_function": "main", "mixed_precision": "no", "num_machines": 1,
+  "num_processes": 1, "rdzv_backend": "static", "same_network": false,
+  "tpu_use_cluster": false, "tpu_use_sudo": false, "use_cpu": true})", "default_config.yaml");
+  EXPECT_TRUE(written.warnings.empty()) << written.warnings.front();
   EXPECT_TRUE(contains(parse_error("distributed_type: MULTI_GPU\nsame_network: maybe\n", "a.yaml"),
                        "same_network: expected true or false"));
 }

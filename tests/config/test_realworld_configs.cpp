@@ -92,7 +92,7 @@ TEST(RealWorldConfigs, MultiNodeAccelerateConfigKeepsTheTotalProcessCount) {
   EXPECT_EQ(c.main_process_port, 29600);
   EXPECT_EQ(c.rdzv_backend, "c10d");
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kFp16);
-  EXPECT_EQ(warned_keys(c), std::vector<std::string>{"same_network"});
+  EXPECT_EQ(warned_keys(c), std::vector<std::string>{});
 }
 
 TEST(RealWorldConfigs, DistributedNoRunsOneProcessWhateverNumProcessesSays) {

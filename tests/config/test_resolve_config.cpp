@@ -197,6 +197,40 @@ TEST(ResolveConfig, StageThreeOnlySettingsBelowStageThreeWarn) {
                   .zero.zero3_init);
 }
 
+// use_cpu trains on the CPU, where the Accelerator refuses fp16: the
+// contradiction is an error when the file is resolved (tandem config check,
+// tandem launch), naming where fp16 came from and the fix.
+TEST(ResolveConfig, Fp16WithUseCpuIsRefusedNamingWhereEachCameFrom) {
+  const Config file = parse_config_text("use_cpu: true\nmixed_precision: fp16\n", "t.yaml");
+  const std::string message = usage_error([&] { resolve(file, 1); });
+  EXPECT_TRUE(contains(message, "t.yaml:2:18: mixed_precision fp16 with use_cpu: true "
+                                "(t.yaml:1:10): fp16 needs a CUDA device"))
+      << message;
+  EXPECT_TRUE(contains(message, "use mixed_precision bf16 (or no) on the CPU, or set use_cpu: "
+                                "false")) << message;
+  // An Accelerate file says the same.
+  EXPECT_TRUE(contains(
+      usage_error([] {
+        resolve(parse_config_text("distributed_type: MULTI_CPU\nuse_cpu: true\n"
+                                  "mixed_precision: fp16\n", "a.yaml"), 2);
+      }),
+      "a.yaml:3:18: mixed_precision fp16 with use_cpu: true"));
+  // The variable or the code may set fp16 too, or fix the file.
+  const Config cpu = parse_config_text("use_cpu: true\n", "t.yaml");
+  const ConfigEnv fp16_env = ConfigEnv::from_map({{"TANDEM_MIXED_PRECISION", "fp16"}});
+  EXPECT_TRUE(contains(usage_error([&] { resolve_config(cpu, fp16_env, {}, 1); }),
+                       "TANDEM_MIXED_PRECISION: mixed_precision fp16 with use_cpu: true"));
+  ConfigOverrides bf16;
+  bf16.mixed_precision = MixedPrecision::kBf16;
+  EXPECT_EQ(resolve_config(file, {}, bf16, 1).mixed_precision, MixedPrecision::kBf16);
+  // fp16 on a GPU config, and bf16 on the CPU, are fine.
+  EXPECT_EQ(resolve(parse_config_text("mixed_precision: fp16\n", "t.yaml"), 1).mixed_precision,
+            MixedPrecision::kFp16);
+  EXPECT_EQ(resolve(parse_config_text("use_cpu: true\nmixed_precision: bf16\n", "t.yaml"), 1)
+                .mixed_precision,
+            MixedPrecision::kBf16);
+}
+
 TEST(ResolveConfig, ResolvedJsonHasTheDocumentedKeys) {
   Config file = load_config_file(config_data("ds_zero2_offload.json"));
   Config r = resolve(file, 4);

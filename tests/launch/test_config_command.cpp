@@ -202,6 +202,37 @@ TEST(ConfigDefault, FallsBackToHomeCacheAndHonoursConfigFile) {
   EXPECT_FALSE(file_exists(home.path() + "/x.yaml"));
 }
 
+// Without a GPU the file is for the CPU (use_cpu: true), where the
+// Accelerator refuses fp16: refused when writing, and when checking a file
+// that says both.
+TEST(ConfigDefault, Fp16WithoutAGpuIsRefusedAndWritesNothing) {
+  TempDir home;
+  const std::string path = home.path() + "/def.yaml";
+  auto r = run_process(tandem_in(home.path(), {"config", "default", "--config-file", path,
+                                               "--mixed-precision", "fp16"},
+                                 {"CUDA_VISIBLE_DEVICES="}),
+                       60);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--mixed-precision fp16 needs a CUDA device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Use --mixed-precision bf16"), std::string::npos) << r.err;
+  EXPECT_FALSE(file_exists(path));
+
+  auto bf16 = run_process(tandem_in(home.path(), {"config", "default", "--config-file", path,
+                                                  "--mixed-precision", "bf16"},
+                                    {"CUDA_VISIBLE_DEVICES="}),
+                          60);
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.err;
+  EXPECT_TRUE(load_config_file(path).use_cpu);
+
+  // The contradiction written by hand: config check exits 2 with the fix.
+  write_text(path, "use_cpu: true\nmixed_precision: fp16\n");
+  auto check = run_process(tandem_in(home.path(), {"config", "check", path}), 60);
+  EXPECT_EQ(check.exit_code, 2) << check.out;
+  EXPECT_NE(check.err.find(path + ":2:18: mixed_precision fp16 with use_cpu: true"),
+            std::string::npos)
+      << check.err;
+}
+
 // The wizard with answers piped in: one line each, no terminal.
 testing::ProcessResult run_wizard(const TempDir& home, const std::string& answers,
                                   const std::string& out_path) {

@@ -51,6 +51,14 @@ std::string fsdp_prerequisites(const std::string& key) {
   return "";
 }
 
+// DeepSpeed top-level keys read only next to another: that one, as an entry
+// to add to the document.
+std::string deepspeed_prerequisites(const std::string& key) {
+  // DeepSpeed reads allgather_size only beside the deprecated flag.
+  if (key == "allgather_size") return ", \"zero_optimization\": true";
+  return "";
+}
+
 // The file text that sets `key` (a dotted path) to `value` in `dialect`.
 std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
   std::string path = key.key;
@@ -81,7 +89,9 @@ std::string file_with(const ConfigKeyInfo& key, const std::string& value) {
     }
     inner = "{" + entry + "}";
   }
-  if (key.dialect == "deepspeed_json") return "{\"" + parts[0] + "\": " + inner + "}";
+  if (key.dialect == "deepspeed_json") {
+    return "{\"" + parts[0] + "\": " + inner + deepspeed_prerequisites(parts[0]) + "}";
+  }
   std::string text = "\"" + parts[0] + "\": " + inner + "\n";
   if (key.dialect == "accelerate_yaml" && parts[0] != "distributed_type") {
     // fsdp_config is read under FSDP only (and ignored with a warning else).

@@ -8,6 +8,7 @@
 
 #include "config/config_wizard.h"
 #include "config/menu_keys.h"
+#include "tandem/core/error.h"
 
 namespace tandem::cli {
 namespace {
@@ -117,8 +118,9 @@ TEST(ConfigWizard, BadAnswersAreRefusedWithAReasonAndAskedAgain) {
   refuse({"3", "cannot be split evenly over 2 machines"});
   answer_all(wizard, {"4"});
   refuse({"fp32", "not one of the choices"});
-  refuse({"3", "not one of the choices"});
-  answer_all(wizard, {"fp16", "0"});
+  refuse({"2", "not one of the choices"});  // fp16 is not offered on CPUs
+  refuse({"fp16", "fp16 needs a CUDA device, and a multi-CPU config trains on the CPU"});
+  answer_all(wizard, {"bf16", "0"});
   refuse({"0", "out of range"});
   answer_all(wizard, {"2"});
   refuse({"-1", "negative"});
@@ -151,6 +153,29 @@ TEST(ConfigWizard, ClusterSkipsTheMachineQuestionsWithANote) {
   EXPECT_EQ(wizard.current().key, "num_processes");
   answer_all(wizard, {"16"});
   EXPECT_EQ(wizard.current().key, "mixed_precision");
+}
+
+// A file for the CPU (use_cpu) must not ask for fp16, which the Accelerator
+// refuses there; a GPU machine's file may.
+TEST(ConfigWizard, Fp16IsNotOfferedForTheCpu) {
+  ConfigWizard cpu;
+  answer_all(cpu, {"", "multi-cpu", "", "2"});
+  ASSERT_EQ(cpu.current().key, "mixed_precision");
+  EXPECT_EQ(cpu.current().choices.size(), 2u);
+  EXPECT_FALSE(cpu.answer("fp16").accepted);
+  ConfigWizard gpu;
+  answer_all(gpu, {"", "multi-gpu", "", "2", ""});
+  ASSERT_EQ(gpu.current().key, "mixed_precision");
+  answer_all(gpu, {"fp16"});
+  EXPECT_EQ(gpu.answers().at("mixed_precision"), "fp16");
+
+  EXPECT_EQ(basic_config(1, MixedPrecision::kFp16).mixed_precision, MixedPrecision::kFp16);
+  try {
+    basic_config(0, MixedPrecision::kFp16);
+    ADD_FAILURE() << "fp16 without a GPU was written";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a CUDA device"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ConfigWizard, BasicConfigFollowsTheLocalGpus) {

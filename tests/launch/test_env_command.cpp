@@ -116,9 +116,48 @@ TEST(EnvCommand, FindsTheDefaultConfigFile) {
   (void)!std::system(("mkdir -p " + cache.path() + "/tandem && touch " + cache.path() +
                       "/tandem/default_config.yaml")
                          .c_str());
-  auto report = env_json({"XDG_CACHE_HOME=" + cache.path()});
+  auto report = env_json({"XDG_CACHE_HOME=" + cache.path(), "HF_HOME="});
   EXPECT_EQ(report["config"]["source"], "tandem");
   EXPECT_EQ(report["config"]["file"], cache.path() + "/tandem/default_config.yaml");
+  EXPECT_EQ(report["config"]["searched"],
+            nlohmann::json::array({cache.path() + "/tandem/default_config.yaml",
+                                   cache.path() + "/huggingface/accelerate/default_config.yaml"}));
+}
+
+// TANDEM_CONFIG_FILE comes before the default files, as select_config_file()
+// has it for tandem launch and its workers' Accelerator.
+TEST(EnvCommand, ReportsTheFileTandemConfigFileNamesBeforeTheDefaults) {
+  TempDir cache;
+  const std::string chosen = cache.path() + "/chosen.yaml";
+  (void)!std::system(("mkdir -p " + cache.path() + "/tandem && touch " + cache.path() +
+                      "/tandem/default_config.yaml " + chosen)
+                         .c_str());
+  auto report = env_json({"XDG_CACHE_HOME=" + cache.path(), "TANDEM_CONFIG_FILE=" + chosen});
+  EXPECT_EQ(report["config"]["source"], "TANDEM_CONFIG_FILE");
+  EXPECT_EQ(report["config"]["file"], chosen);
+  EXPECT_EQ(report["config"]["searched"], nlohmann::json::array({chosen}));
+  EXPECT_EQ(report["warnings"].dump().find("TANDEM_CONFIG_FILE"), std::string::npos)
+      << report["warnings"];
+
+  auto text = run_process({bin("tandem"), "env"}, 60,
+                          {"XDG_CACHE_HOME=" + cache.path(), "TANDEM_CONFIG_FILE=" + chosen});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find(chosen + " (TANDEM_CONFIG_FILE)"), std::string::npos) << text.out;
+
+  // A path that is not a file is still the one in effect, with a warning.
+  const std::string missing = cache.path() + "/nope.yaml";
+  auto gone = env_json({"XDG_CACHE_HOME=" + cache.path(), "TANDEM_CONFIG_FILE=" + missing});
+  EXPECT_EQ(gone["config"]["file"], missing);
+  EXPECT_NE(gone["warnings"].dump().find("TANDEM_CONFIG_FILE=" + missing + " is not a file"),
+            std::string::npos)
+      << gone["warnings"];
+
+  // Another malformed TANDEM_* variable is reported, not fatal.
+  auto bad = env_json({"XDG_CACHE_HOME=" + cache.path(), "TANDEM_CONFIG_FILE=" + chosen,
+                       "TANDEM_MIXED_PRECISION=fp32"});
+  EXPECT_EQ(bad["config"]["file"], chosen);
+  EXPECT_NE(bad["warnings"].dump().find("TANDEM_MIXED_PRECISION"), std::string::npos)
+      << bad["warnings"];
 }
 
 TEST(EnvCommand, TextReportNamesTheBlasAndUnknownFlagsAreUsageErrors) {

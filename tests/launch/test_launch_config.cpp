@@ -23,6 +23,8 @@ using testing::tandem_in;
 using testing::TempDir;
 using testing::write_text;
 
+// fp16 gives --mixed-precision something to beat. Not use_cpu: true, which
+// with fp16 is refused (the Accelerator refuses fp16 on the CPU).
 std::string accelerate_yaml(int num_processes, const std::string& extra = "") {
   return "compute_environment: LOCAL_MACHINE\n"
          "distributed_type: MULTI_CPU\n"
@@ -31,8 +33,7 @@ std::string accelerate_yaml(int num_processes, const std::string& extra = "") {
          "\n"
          "num_machines: 1\n"
          "machine_rank: 0\n"
-         "mixed_precision: fp16\n"
-         "use_cpu: true\n" +
+         "mixed_precision: fp16\n" +
          extra;
 }
 
@@ -172,6 +173,38 @@ TEST(LaunchConfig, GpuIdsBecomeCudaVisibleDevices) {
                        60);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(r.out, "gpus=1,3\n"), 2) << r.out;
+}
+
+TEST(LaunchConfig, Fp16WithUseCpuExitsTwoBeforeAnyWorkerStartsUnlessTheFlagFixesIt) {
+  TempDir home;
+  const std::string path = home.path() + "/accelerate.yaml";
+  write_text(path, accelerate_yaml(2, "use_cpu: true\n"));
+  auto r = run_process(tandem_in(home.path(), launch({"--config-file", path}, echo_env())), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(r.out.find("2 2"), std::string::npos) << "no worker may start: " << r.out;
+  EXPECT_NE(r.err.find("mixed_precision fp16 with use_cpu: true"), std::string::npos) << r.err;
+
+  auto fixed = run_process(tandem_in(home.path(), launch({"--config-file", path,
+                                                          "--mixed-precision", "bf16"},
+                                                         echo_env())),
+                           60);
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.err;
+  EXPECT_EQ(count(fixed.out, "2 2 [" + path + "] [bf16]\n"), 2) << fixed.out;
+}
+
+TEST(LaunchConfig, ARdzvBackendTandemRefusesExitsTwoAsConfigCheckDoes) {
+  TempDir home;
+  const std::string path = home.path() + "/accelerate.yaml";
+  write_text(path, accelerate_yaml(2, "rdzv_backend: etcd\n"));
+  auto launched = run_process(tandem_in(home.path(), launch({"--config-file", path}, echo_env())), 60);
+  auto checked = run_process(tandem_in(home.path(), {"config", "check", path}), 60);
+  EXPECT_EQ(launched.exit_code, 2) << launched.out;
+  EXPECT_EQ(checked.exit_code, 2) << checked.out;
+  for (const auto* r : {&launched, &checked}) {
+    EXPECT_NE(r->err.find(":15: rdzv_backend: etcd is not supported by tandem"),
+              std::string::npos)
+        << r->err;
+  }
 }
 
 TEST(LaunchConfig, ABadFileExitsTwoBeforeAnyWorkerStarts) {

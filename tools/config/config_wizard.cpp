@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "tandem/core/error.h"
+
 namespace tandem::cli {
 namespace {
 
@@ -166,6 +168,13 @@ std::optional<Question> ConfigWizard::next_question() const {
                  AnswerKind::kGpuIds, "all");
   }
   if (missing("mixed_precision")) {
+    // A multi-CPU file trains on the CPU (use_cpu), where the Accelerator
+    // refuses fp16: not offered (validate() says why when it is typed).
+    if (type == "multi-cpu") {
+      return choice("mixed_precision",
+                    "Do you wish to use mixed precision (bf16 on CPUs; fp16 needs a GPU)?",
+                    {{"no", "no"}, {"bf16", "bf16"}}, "no");
+    }
     return choice("mixed_precision", "Do you wish to use mixed precision?",
                   {{"no", "no"}, {"bf16", "bf16"}, {"fp16", "fp16"}}, "no");
   }
@@ -206,6 +215,10 @@ std::string ConfigWizard::validate(const Question& question, const std::string& 
   switch (question.kind) {
     case AnswerKind::kChoice: {
       int index = match_choice(question, text);
+      if (index < 0 && question.key == "mixed_precision" && fold(text) == "fp16") {
+        return "fp16 needs a CUDA device, and a multi-CPU config trains on the CPU, where the "
+               "Accelerator refuses it: answer bf16 (or no)";
+      }
       if (index < 0) {
         std::string names;
         for (size_t i = 0; i < question.choices.size(); ++i) {
@@ -359,6 +372,13 @@ Config ConfigWizard::config() const {
 }
 
 Config basic_config(int local_gpus, MixedPrecision mixed_precision) {
+  // Without a GPU the file says use_cpu: true, and the Accelerator refuses
+  // fp16 on the CPU: the file would start every worker only to stop it.
+  TANDEM_CHECK_ARG(local_gpus > 0 || mixed_precision != MixedPrecision::kFp16,
+                   "--mixed-precision fp16 needs a CUDA device, and this machine has none, so "
+                   "the file would train on the CPU (use_cpu: true), where the Accelerator "
+                   "refuses fp16; nothing was written. Use --mixed-precision bf16 (or no) on a "
+                   "CPU machine, or write the file on the machine with the GPUs");
   Config config;
   config.format = ConfigFormat::kTandemYaml;
   config.mixed_precision = mixed_precision;

@@ -100,6 +100,8 @@ class ConfigWizard {
 // machine with `local_gpus` GPUs: two or more GPUs: multi-GPU with one
 // process per GPU; one GPU: no distributed training; none: no distributed
 // training on the CPU (use_cpu), as Accelerate's write_basic_config does.
+// Throws UsageError for fp16 without a GPU: the Accelerator refuses fp16 on
+// the CPU.
 Config basic_config(int local_gpus, MixedPrecision mixed_precision);
 
 }  // namespace tandem::cli

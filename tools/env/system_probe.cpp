@@ -32,6 +32,8 @@
 #endif
 
 #include "tandem/amp/cross_entropy.h"
+#include "tandem/config/config.h"
+#include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
 #include "tandem/core/version.h"
 
@@ -293,24 +295,39 @@ void probe_blas(SystemReport& report) {
 
 // Mirrors Accelerate's lookup (HF_HOME, else $XDG_CACHE_HOME/huggingface)
 // so an existing `accelerate config` is found until tandem has its own.
+// The file `tandem launch` takes without --config-file, and that its
+// workers' Accelerator then reads: select_config_file() itself, so this
+// report cannot drift from what they do (TANDEM_CONFIG_FILE first, then the
+// default files).
 void probe_config(SystemReport& report) {
-  const std::string home = env_or_empty("HOME");
-  std::string cache = env_or_empty("XDG_CACHE_HOME");
-  if (cache.empty() && !home.empty()) cache = home + "/.cache";
-  std::string hf_home = env_or_empty("HF_HOME");
-  if (hf_home.empty() && !cache.empty()) hf_home = cache + "/huggingface";
-
-  std::vector<std::pair<std::string, std::string>> candidates;
-  if (!cache.empty()) candidates.emplace_back("tandem", cache + "/tandem/default_config.yaml");
-  if (!hf_home.empty()) {
-    candidates.emplace_back("accelerate", hf_home + "/accelerate/default_config.yaml");
+  tandem::ConfigEnv env;
+  try {
+    env = tandem::ConfigEnv::from_environment();
+  } catch (const tandem::UsageError& e) {
+    // Another TANDEM_* variable is malformed; the Accelerator would refuse
+    // to start, which is worth reporting rather than failing on.
+    report.config_warning = e.what();
+    env = tandem::ConfigEnv::from_map({{"TANDEM_CONFIG_FILE", env_or_empty("TANDEM_CONFIG_FILE")},
+                                       {"XDG_CACHE_HOME", env_or_empty("XDG_CACHE_HOME")},
+                                       {"HOME", env_or_empty("HOME")},
+                                       {"HF_HOME", env_or_empty("HF_HOME")}});
   }
-  for (const auto& [source, path] : candidates) {
-    report.config_searched.push_back(path);
-    if (report.config_file.empty() && fs::is_regular_file(path)) {
-      report.config_file = path;
-      report.config_source = source;
+  report.config_file = tandem::select_config_file("", env);
+  if (!env.config_file.empty()) {
+    report.config_source = "TANDEM_CONFIG_FILE";
+    report.config_searched = {env.config_file};
+    if (!fs::is_regular_file(env.config_file) && report.config_warning.empty()) {
+      report.config_warning = fmt::format(
+          "TANDEM_CONFIG_FILE={} is not a file: tandem launch and the Accelerator will fail to "
+          "read it; fix the path or unset the variable",
+          env.config_file);
     }
+    return;
+  }
+  report.config_searched = tandem::default_config_candidates(env);
+  if (!report.config_file.empty()) {
+    report.config_source =
+        report.config_file == tandem::default_config_path(env) ? "tandem" : "accelerate";
   }
 }
 
@@ -340,6 +357,7 @@ std::vector<std::string> report_warnings(const SystemReport& report) {
   if (!report.rank_env_error.empty()) {
     warnings.push_back("the rank environment is malformed: " + report.rank_env_error);
   }
+  if (!report.config_warning.empty()) warnings.push_back(report.config_warning);
   return warnings;
 }
 

@@ -97,22 +97,30 @@ struct SystemReport {
   // defaults and the renderers show this text instead.
   std::string rank_env_error;
 
-  // Default config file in effect, empty when none exists.
+  // The config file in effect: what select_config_file() picks without a
+  // --config-file flag (TANDEM_CONFIG_FILE, else the first default file
+  // that exists); empty when none.
   std::string config_file;
-  std::string config_source = "none";        // "tandem", "accelerate" or "none"
-  std::vector<std::string> config_searched;  // candidates, in search order
+  // "TANDEM_CONFIG_FILE", "tandem", "accelerate" or "none".
+  std::string config_source = "none";
+  // What was looked at, in order: the variable's path, else the defaults.
+  std::vector<std::string> config_searched;
+  // Why the config in effect would fail (a TANDEM_CONFIG_FILE that is not a
+  // file, a malformed TANDEM_* variable); empty when none.
+  std::string config_warning;
 };
 
 // Gathers the report for this process and machine, copying `env` in. Reads
-// /proc, a few environment variables (OMP_NUM_THREADS, HOME, XDG_CACHE_HOME,
-// HF_HOME) and runs a few small matrix products to load and time the BLAS,
+// /proc, a few environment variables (OMP_NUM_THREADS, TANDEM_CONFIG_FILE and
+// the other TANDEM_* config variables, HOME, XDG_CACHE_HOME, HF_HOME) and runs a few small matrix products to load and time the BLAS,
 // so it takes tens of milliseconds. Never throws for a missing probe: fields
 // it cannot fill keep their defaults. Not thread-safe with code that changes
 // the environment.
 SystemReport probe_system(const tandem::RankEnv& env);
 
 // The problems the report found (reference BLAS, malformed rank
-// environment), one sentence each; empty when all is well.
+// environment, a config variable that would fail), one sentence each; empty
+// when all is well.
 std::vector<std::string> report_warnings(const SystemReport& report);
 
 // The report as one JSON object (keys listed in docs and tests).

@@ -70,14 +70,8 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     if (!opts.master_port_given && config.main_process_port) {
       opts.master_port = *config.main_process_port;
     }
-    if (!opts.rdzv_backend_given && opts.hostfile.empty()) {
-      TANDEM_CHECK_ARG(config.rdzv_backend == "static" || config.rdzv_backend == "c10d",
-                       "{}: rdzv_backend {} is not supported: the nodes meet at tandem's own "
-                       "store. Use c10d (the nodes agree on node ranks there) or static (each "
-                       "node gives its machine_rank)",
-                       config.source_path, config.rdzv_backend);
-      opts.rdzv_backend = config.rdzv_backend;
-    }
+    // The reader has refused any rdzv_backend but static and c10d.
+    if (!opts.rdzv_backend_given && opts.hostfile.empty()) opts.rdzv_backend = config.rdzv_backend;
   }
   const bool filtered = !opts.include.empty() || !opts.exclude.empty();
   if (!opts.nproc_given && !filtered && config.num_processes) {

@@ -380,8 +380,8 @@ struct ConfigOverrides {
 // the rest stays empty until the program supplies the micro batch.
 // num_processes becomes `world_size`: the launch's world is the real one.
 // Throws UsageError printing all four numbers when the triple is
-// inconsistent, and for other contradictions (e.g. fp16 with zero stage on
-// a CPU-only run is allowed; fp16 and bf16 both set is not).
+// inconsistent, and for other contradictions: fp16 with use_cpu (the
+// Accelerator refuses fp16 on the CPU), naming where each came from.
 Config resolve_config(Config file, const ConfigEnv& env, const ConfigOverrides& overrides,
                       int world_size);
 
@@ -422,6 +422,11 @@ std::string default_config_path(const ConfigEnv& env);
 // empty when neither exists. Like Accelerate, $HF_HOME/accelerate/ replaces
 // the huggingface folder when HF_HOME is set.
 std::string find_default_config(const ConfigEnv& env);
+// The files find_default_config() looks for, in its order: tandem's
+// default_config_path(), then Accelerate's; a path that cannot be formed
+// (neither XDG_CACHE_HOME nor HOME set) is left out. For reports such as
+// `tandem env`.
+std::vector<std::string> default_config_candidates(const ConfigEnv& env);
 
 // The config file to load: `flag_path` (a --config_file flag) when given,
 // else TANDEM_CONFIG_FILE, else find_default_config(); empty for none.
