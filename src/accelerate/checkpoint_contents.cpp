@@ -101,6 +101,33 @@ int64_t shard_step_count(const nlohmann::json& saved) {
   return step;
 }
 
+// The training loader's position, saved at `saved_world` ranks as batches of
+// each rank, in batches of this run's ranks. Every sharding hands out the
+// epoch's order from its start, world x batch samples per step, so
+// `position` steps consumed position x saved_world x saved batch samples of
+// it; this run skips as many whole steps of its own. When that is not a
+// step boundary here it resumes at the one before, and the samples in
+// between are trained twice (said on the main process).
+int64_t batches_at_this_world(const nlohmann::json& loader, const LoaderCursor& cursor,
+                              int saved_world, int world, bool tell) {
+  const int64_t position = loader.at("position").get<int64_t>();
+  const int64_t saved_batch = loader.value("batch_size", cursor.batch_size);
+  const int64_t consumed = position * saved_world * saved_batch;
+  const int64_t per_step = cursor.batch_size * world;
+  if (per_step <= 0) return position;
+  const int64_t batches = consumed / per_step;
+  if (tell && consumed % per_step != 0) {
+    log_warn("load_state: the checkpoint's training loader had handed out {} samples of its "
+             "epoch ({} batches of {} on each of {} ranks); here a step takes {} ({} on each "
+             "of {} ranks), so the epoch resumes after {} steps ({} samples) and its next {} "
+             "samples are trained a second time. Resume at the same world size, or save on a "
+             "step that both layouts share, to avoid it",
+             consumed, position, saved_batch, saved_world, per_step, cursor.batch_size, world,
+             batches, batches * per_step, consumed - batches * per_step);
+  }
+  return batches;
+}
+
 std::size_t saved_optimizer_count(const nlohmann::json& meta) {
   if (meta.contains("optimizers")) return meta["optimizers"].size();
   return meta.contains("optimizer") ? 1 : 0;
@@ -185,7 +212,7 @@ nlohmann::json Checkpointer::state_meta(const SaveStateOptions& options) const {
     meta["loader"] = {{"epoch", c.epoch},         {"position", c.position},
                       {"in_pass", c.in_pass},     {"completed_passes", c.completed_passes},
                       {"epoch_set", c.epoch_set}, {"skip", c.skip},
-                      {"size", c.size}};
+                      {"size", c.size},           {"batch_size", c.batch_size}};
   }
   meta["gradient_state"] = {
       {"optimizer_steps", prepared_.controller()->state().optimizer_steps}};
@@ -356,7 +383,7 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
   if (data_.train_cursor() && meta.contains("loader")) {
     const nlohmann::json& l = meta["loader"];
     auto& c = *data_.train_cursor();
-    const int64_t position = l.at("position").get<int64_t>();
+    int64_t position = l.at("position").get<int64_t>();
     const bool in_pass = l.at("in_pass").get<bool>();
     c.epoch = l.at("epoch").get<int64_t>();
     c.completed_passes = l.at("completed_passes").get<int64_t>();
@@ -368,6 +395,10 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
     const bool same_world = checkpoint.world_size() == group_->world_size();
     const int64_t size =
         same_world && l.contains("size") ? l.at("size").get<int64_t>() : c.size;
+    if (!same_world && in_pass && size >= 0) {
+      position = batches_at_this_world(l, c, checkpoint.world_size(), group_->world_size(),
+                                       main_process());
+    }
     // A streaming loader's pass has no known size (< 0): it goes on.
     if (in_pass && (size < 0 || position < size)) {
       c.skip = position;  // continue this epoch after the last batch handed out

@@ -70,6 +70,11 @@ Checkpointer::Checkpointer(std::shared_ptr<ProcessGroup> group, const Config& co
 bool Checkpointer::main_process() const { return group_->rank() == 0; }
 
 void Checkpointer::save_state(const std::string& dir, const SaveStateOptions& options) {
+  TANDEM_CHECK_ARG(!prepared_.models().empty(),
+                   "save_state({}): no model is prepared. A checkpoint holds the models' "
+                   "weights with the optimizer, scheduler and data position; prepare the "
+                   "model(s) with prepare_model() (or prepare()) before saving",
+                   dir);
   TANDEM_CHECK_ARG(!prepared_.controller()->gradients_pending(),
                    "save_state() was called in the middle of gradient accumulation (after "
                    "backward(), before the optimizer step that consumes the gradients). A "

@@ -56,6 +56,7 @@ std::shared_ptr<PreparedLoader> DataPreparation::prepare(DistributedLoader::Fetc
 
 std::shared_ptr<LoaderCursor> DataPreparation::new_cursor(int64_t batch_size) {
   auto cursor = std::make_shared<LoaderCursor>();
+  cursor->batch_size = batch_size;
   // The first loader is the training data: its batch is the micro batch of
   // the config's batch triple, and checkpoints keep its position
   // (evaluation loaders restart every pass anyway).

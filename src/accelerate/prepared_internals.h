@@ -167,6 +167,7 @@ struct LoaderCursor {
   bool epoch_set = false;        // set_epoch() was called since the last pass
   int64_t epoch = 0;             // the loader's epoch, mirrored
   int64_t size = 0;              // batches per pass
+  int64_t batch_size = 0;        // samples per batch on each rank
   // load_state() rewrote the fields above: apply them to the loader before
   // the next batch.
   bool restore_pending = false;

@@ -11,6 +11,7 @@
 
 #include "support/checkpoint_testing.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 
@@ -146,6 +147,20 @@ TEST(ExactResume, SaveInTheMiddleOfAccumulationIsRefused) {
     accelerator.backward(model->forward(torch::ones({2, r.in})).sum());
     optimizer->step();  // micro-step 1 of 2: no step
     EXPECT_THROW(accelerator.save_state(dir.path()), UsageError);
+    EXPECT_FALSE(Accelerator::has_checkpoint(dir.path()));
+  });
+}
+
+// Without a prepared model there are no weights to save: a clear refusal
+// (it was a crash), and nothing written.
+TEST(ExactResume, SaveWithoutAPreparedModelIsRefused) {
+  TempDir dir;
+  testing::run_ranks(1, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    auto loader = accelerator.prepare_data_loader({torch::arange(4, torch::kLong)}, 2);
+    const std::string message =
+        testing::usage_error_message([&] { accelerator.save_state(dir.path()); });
+    EXPECT_NE(message.find("no model is prepared"), std::string::npos) << message;
     EXPECT_FALSE(Accelerator::has_checkpoint(dir.path()));
   });
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 
@@ -164,6 +165,58 @@ INSTANTIATE_TEST_SUITE_P(
       return name + "Stage" + std::to_string(std::get<1>(info.param)) + "SavedAtWorld" +
              std::to_string(std::get<2>(info.param));
     });
+
+// The samples of one epoch of 24 ids (shuffled) each rank's loader hands
+// out, after loading `load_from` when given and stopping after `stop`
+// batches when given; saves to `save_to` when given.
+std::vector<int64_t> epoch_samples(int world, int stop, const std::string& load_from,
+                                   const std::string& save_to) {
+  std::mutex mutex;
+  std::vector<int64_t> seen;
+  testing::run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    torch::nn::Linear model(2, 2);  // a checkpoint holds a model
+    accelerator.prepare_model(model);
+    DistributedLoaderOptions options;
+    options.batch_size = 2;
+    options.seed = 5;
+    auto loader = accelerator.prepare_data_loader({torch::arange(24, torch::kLong)}, options);
+    if (!load_from.empty()) accelerator.load_state(load_from);
+    int done = 0;
+    for (auto& batch : *loader) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int64_t i = 0; i < batch[0].size(0); ++i) seen.push_back(batch[0][i].item<int64_t>());
+      }
+      if (++done == stop) break;
+    }
+    if (!save_to.empty()) accelerator.save_state(save_to);
+  });
+  std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+// A loader position saved at world 2 resumes at worlds 1, 3 and 4 after the
+// same samples of the epoch's order: every sample of the epoch once when
+// that falls on a step boundary there; otherwise from the boundary before,
+// the samples in between twice and none lost.
+TEST(Reshard, TheDataPositionCarriesOverToAnotherWorldSize) {
+  TempDir saved;
+  std::vector<int64_t> before = epoch_samples(2, 3, "", saved.path());  // 12 of 24
+  ASSERT_EQ(before.size(), 12u);
+  for (int world : {1, 3, 4}) {
+    std::vector<int64_t> after = epoch_samples(world, 0, saved.path(), "");
+    std::vector<int64_t> all = before;
+    all.insert(all.end(), after.begin(), after.end());
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> unique = all;
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    EXPECT_EQ(unique.size(), 24u) << "world " << world << ": a sample was lost";
+    // 12 samples are 6, 2 and 1.5 steps at worlds 1, 3 and 4 (batch 2).
+    const size_t repeated = world == 4 ? 4 : 0;
+    EXPECT_EQ(all.size(), 24u + repeated) << "world " << world;
+  }
+}
 
 TEST(Reshard, TrainingContinuesAfterAReshardedLoad) {
   // World 4 -> 2 and on: the step count carries over and training stays
