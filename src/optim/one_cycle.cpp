@@ -43,7 +43,8 @@ OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const OneCycleOptions& op
   TANDEM_CHECK_ARG(options.cycle_first_step_size > 0,
                    "OneCycle: cycle_first_step_size must be positive, got {}",
                    options.cycle_first_step_size);
-  TANDEM_CHECK_ARG(second_step_size_ > 0, "OneCycle: cycle_second_step_size must be positive, got {}",
+  // DeepSpeed allows an empty second half: the cycle only rises.
+  TANDEM_CHECK_ARG(second_step_size_ >= 0, "OneCycle: cycle_second_step_size must be >= 0, got {}",
                    second_step_size_);
   TANDEM_CHECK_ARG(first_stair_count_ >= 0 && second_stair_count_ >= 0,
                    "OneCycle: stair counts must be >= 0 (0: no stairs), got "

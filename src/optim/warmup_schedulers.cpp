@@ -47,8 +47,8 @@ int64_t required_total_steps(const std::optional<int64_t>& total, const char* sc
                    "scheduler.params.total_num_steps in the config (a number, or \"auto\" to "
                    "take the program's max steps) or {}Options::total_num_steps",
                    scheduler, scheduler);
-  TANDEM_CHECK_ARG(*total > 0, "{}: total_num_steps must be positive, got {}", scheduler,
-                   *total);
+  // 0 is DeepSpeed's too: the decay is over when the warmup ends.
+  TANDEM_CHECK_ARG(*total >= 0, "{}: total_num_steps must be >= 0, got {}", scheduler, *total);
   return *total;
 }
 

@@ -89,6 +89,22 @@ TEST(OneCycle, AsymmetricCycleUsesTheSecondStepSizeOnTheWayDown) {
   }
 }
 
+// cycle_second_step_size 0, which DeepSpeed allows: the cycle only rises,
+// then the decay phase starts at the minimum (values from DeepSpeed 0.19.8's
+// OneCycle with these settings).
+TEST(OneCycle, AnEmptySecondHalfOnlyRises) {
+  auto optimizer = make_adamw();
+  OneCycleOptions options = cycle(0.0, 1.0, 4);
+  options.cycle_second_step_size = 0;
+  options.cycle_momentum = false;
+  OneCycle scheduler(*optimizer, options);
+  const std::vector<double> expected = {0.25, 0.5, 0.75, 0.0, 0.0};
+  for (size_t t = 0; t < expected.size(); ++t) {
+    scheduler.step();
+    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 0), expected[t]) << "t=" << t;
+  }
+}
+
 TEST(OneCycle, StairsHoldTheLrFlatForEachStairOfTheCycle) {
   auto optimizer = make_adamw();
   OneCycleOptions options = cycle(0.0, 0.9, 6);

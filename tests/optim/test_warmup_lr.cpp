@@ -243,8 +243,26 @@ TEST(WarmupDecayLR, RequiresAPositiveTotalNumSteps) {
         << e.what();
   }
   EXPECT_EQ(group_lr(*optimizer, 0), 0.3) << "a rejected scheduler must not touch the optimizer";
-  options.total_num_steps = 0;
+  options.total_num_steps = -1;
   EXPECT_THROW(WarmupDecayLR(*optimizer, options), UsageError);
+}
+
+// total_num_steps 0, which DeepSpeed takes: the decay is over as the warmup
+// ends, so after it the lr is the minimum.
+TEST(WarmupDecayLR, ZeroTotalStepsDecaysToTheMinimumAfterTheWarmup) {
+  auto optimizer = make_adamw({0.3});
+  WarmupDecayLROptions options;
+  options.total_num_steps = 0;
+  options.warmup_min_lr = 0.01;
+  options.warmup_max_lr = 0.1;
+  options.warmup_num_steps = 2;
+  options.warmup_type = WarmupType::kLinear;
+  WarmupDecayLR scheduler(*optimizer, options);
+  const std::vector<double> expected = {0.01, 0.055, 0.01, 0.01};
+  for (size_t t = 0; t < expected.size(); ++t) {
+    scheduler.step();
+    EXPECT_DOUBLE_EQ(group_lr(*optimizer, 0), expected[t]) << "t=" << t;
+  }
 }
 
 }  // namespace
