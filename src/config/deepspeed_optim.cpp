@@ -298,8 +298,9 @@ void read_scheduler(const Value& block, Config& config) {
 
   // The whole-number parameters and their minimum.
   static const std::map<std::string, int64_t> counts = {
-      {"warmup_num_steps", 1},        {"total_num_steps", 1},
-      {"cycle_first_step_size", 1},   {"cycle_second_step_size", 1},
+      // total_num_steps and cycle_second_step_size may be 0, as in DeepSpeed.
+      {"warmup_num_steps", 1},        {"total_num_steps", 0},
+      {"cycle_first_step_size", 1},   {"cycle_second_step_size", 0},
       {"cycle_first_stair_count", 0}, {"cycle_second_stair_count", 0},
       {"decay_step_size", 0}};
   // Fractions of the learning rate or momentum.

@@ -46,6 +46,8 @@ REFUSED = {
     "accelerate_ds_file_without_zero.yaml": "which Accelerate requires of a deepspeed_config_file",
     "accelerate_fsdp2_local_state_dict.yaml": "Accelerate refuses it under fsdp_version 2",
     "accelerate_fsdp2_strategy_name.yaml": "under fsdp_version 2 this is true or false",
+    "accelerate_ds_file_zero_bool.yaml": "Accelerate's DeepSpeedPlugin reads zero_optimization.stage",
+    "accelerate_rdzv_etcd.yaml": "etcd is not supported by tandem",
 }
 
 
