@@ -41,6 +41,8 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, ProcessGroup& pg, CommQueue
     : layout_(layout), pg_(pg), queue_(queue), clock_(clock), options_(options) {
   const auto& groups = layout_.groups();
   units_.resize(groups.size());
+  held_count_.assign(groups.size(), 0);
+  kept_.resize(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) {
     // The layout released each unit's buffer once its shard was kept.
     if (groups[g].partitioned_params) units_[g].state = State::kReleased;
@@ -197,6 +199,12 @@ void UnitGatherer::write_back_shard(std::size_t g) {
   // Keep what the caller changed while the parameters were whole.
   const FlatGroup& group = layout_.groups()[g];
   at::Tensor slice = group.full.narrow(0, group.shard_begin, group.shard_numel);
+  if (!group.partitioned_params) {
+    // Always whole: only a separate fp32 master has to follow.
+    torch::NoGradGuard no_grad;
+    if (!group.master_is_param) group.master.copy_(slice);
+    return;
+  }
   at::Tensor current = group.param_shard.device() == slice.device()
                            ? group.param_shard
                            : group.param_shard.to(slice.device());
@@ -209,56 +217,65 @@ void UnitGatherer::write_back_shard(std::size_t g) {
 void UnitGatherer::gather_all() {
   std::vector<std::size_t> all(units_.size());
   for (std::size_t g = 0; g < all.size(); ++g) all[g] = g;
-  gather_groups(all);
+  hold(std::move(all), /*every=*/true);
 }
+
+void UnitGatherer::release_all() { release_hold(std::nullopt); }
 
 void UnitGatherer::gather_groups(const std::vector<std::size_t>& groups) {
+  hold(groups, /*every=*/false);
+}
+
+void UnitGatherer::release_held(std::optional<int> modifier_rank) { release_hold(modifier_rank); }
+
+void UnitGatherer::hold(std::vector<std::size_t> groups, bool every) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!layout_.plan().partition_parameters) return;
-  TANDEM_CHECK(!hold_gathered_, "ZeroOptimizer: GatheredParameters guards do not nest");
   queue_.drain();
-  held_.assign(units_.size(), 0);
-  for (std::size_t g : groups) held_[g] = 1;
+  for (std::size_t g : groups) {
+    // A group outside the partitioned units is always whole: its values as
+    // the outermost guard found them, to put back if that guard discards.
+    if (held_count_[g]++ == 0 && !layout_.groups()[g].partitioned_params && !every) {
+      kept_[g] = layout_.groups()[g].full.clone();
+    }
+  }
   for (std::size_t g : groups) gather(g, /*wait=*/false);
   for (std::size_t g : groups) gather(g, /*wait=*/true);
-  hold_gathered_ = true;
+  holds_.push_back({std::move(groups), every});
 }
 
-void UnitGatherer::release_all() {
+void UnitGatherer::release_hold(std::optional<int> modifier_rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!layout_.plan().partition_parameters) return;
-  hold_gathered_ = false;
-  for (std::size_t g = 0; g < units_.size(); ++g) {
-    if (!layout_.groups()[g].partitioned_params || units_[g].state == State::kReleased) continue;
-    gather(g, /*wait=*/true);
-    write_back_shard(g);
-    release_locked(g);
-  }
-}
-
-void UnitGatherer::release_held(std::optional<int> modifier_rank) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!layout_.plan().partition_parameters || !hold_gathered_) return;
-  hold_gathered_ = false;
-  for (std::size_t g = 0; g < units_.size(); ++g) {
-    if (!held_[g] || !layout_.groups()[g].partitioned_params ||
-        units_[g].state == State::kReleased) {
-      continue;
-    }
-    gather(g, /*wait=*/true);
+  if (!layout_.plan().partition_parameters || holds_.empty()) return;
+  const Hold frame = std::move(holds_.back());  // guards are scoped: the innermost ends first
+  holds_.pop_back();
+  for (std::size_t g : frame.groups) {
+    const FlatGroup& group = layout_.groups()[g];
+    gather(g, /*wait=*/true);  // whole already; waits for a gather still in flight
     if (modifier_rank) {
       // DeepSpeed's modifier_rank: that rank's values, on every rank.
-      at::Tensor full = layout_.groups()[g].full;
+      at::Tensor full = group.full;
       pg_.broadcast(full, *modifier_rank);
       write_back_shard(g);
+    } else if (frame.every) {
+      write_back_shard(g);  // GatheredParameters(zero): each rank keeps its changes
     }
-    release_locked(g);  // without a modifier: the shards were never touched
+    if (--held_count_[g] > 0) continue;  // an outer guard still holds it
+    if (group.partitioned_params) {
+      release_locked(g);  // without a write-back the shards were never touched
+    } else {
+      if (kept_[g].defined() && !modifier_rank && !frame.every) {
+        torch::NoGradGuard no_grad;
+        group.full.copy_(kept_[g]);  // discarded, as the units' changes are
+      }
+      kept_[g] = at::Tensor();
+    }
   }
 }
 
 bool UnitGatherer::holding() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return hold_gathered_;
+  return !holds_.empty();
 }
 
 void UnitGatherer::for_each_whole_parameter(

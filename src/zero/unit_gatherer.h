@@ -48,13 +48,16 @@ class UnitGatherer {
   UnitGatherer& operator=(const UnitGatherer&) = delete;
 
   // GatheredParameters: every unit whole until release_all(), which keeps
-  // what the caller changed in them. Do not nest. Both do nothing unless
-  // the plan partitions parameters.
+  // what the caller changed in them (each rank its own). Do nothing unless
+  // the plan partitions parameters (stage 3).
   void gather_all();
   void release_all();
   // GatheredParameters over some units: `groups` whole until release_held(),
   // which keeps what rank `modifier_rank` holds in them (broadcast to every
-  // rank first), or with none discards every change. Do not nest.
+  // rank first), or with none discards every change. The groups outside
+  // the units (always whole) are treated alike.
+  // Guards nest: each release ends the innermost open one, and a group
+  // stays whole until no open guard holds it.
   void gather_groups(const std::vector<std::size_t>& groups);
   void release_held(std::optional<int> modifier_rank);
   bool holding() const;
@@ -109,8 +112,16 @@ class UnitGatherer {
   void prefetch_from(std::size_t group, int direction);
   void release_locked(std::size_t group);
   void write_back_shard(std::size_t group);
+  // One GatheredParameters guard: its groups, and whether it is the
+  // whole-model form.
+  struct Hold {
+    std::vector<std::size_t> groups;
+    bool every = false;
+  };
+  void hold(std::vector<std::size_t> groups, bool every);
+  void release_hold(std::optional<int> modifier_rank);
   // Whether the units of group `group` stay whole (GatheredParameters).
-  bool held(std::size_t group) const { return hold_gathered_ && held_[group]; }
+  bool held(std::size_t group) const { return held_count_[group] > 0; }
 
   const ZeroLayout& layout_;
   ProcessGroup& pg_;
@@ -123,8 +134,9 @@ class UnitGatherer {
   std::vector<Unit> units_;  // per group of the layout
   std::vector<std::size_t> forward_order_;
   bool forward_order_fixed_ = false;
-  bool hold_gathered_ = false;
-  std::vector<char> held_;  // per group, while hold_gathered_
+  std::vector<Hold> holds_;       // open guards, innermost last
+  std::vector<int> held_count_;   // per group: the open guards holding it
+  std::vector<at::Tensor> kept_;  // per group outside the units: values to put back
   int64_t live_bytes_ = 0;
   int64_t peak_live_bytes_ = 0;
 };

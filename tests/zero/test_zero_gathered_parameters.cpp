@@ -60,6 +60,81 @@ TEST_P(GatheredParameterList, GathersOnlyTheirUnitsAndKeepsTheModifierRanksValue
   });
 }
 
+// Parameters ZeRO-3 keeps whole (outside every unit, or under
+// stage3_param_persistence_threshold) follow the same rules: the modifier
+// rank's values reach every rank and its fp32 master shards (a step at lr 0
+// leaves them), and without a modifier every change is discarded. Before,
+// they kept each rank's own change and the next step mixed the ranks'
+// masters into every rank's copy.
+TEST_P(GatheredParameterList, ParametersKeptWholeFollowTheModifierRankToo) {
+  const Recipe r = odd_model();
+  const Params initial = snapshot(*make_model(r));
+  for (const int64_t persistence : {int64_t{0}, int64_t{1} << 20}) {
+    run_ranks(GetParam(), [&](ProcessGroup& pg) {
+      Stack model = make_model(r);
+      auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                     torch::optim::SGDOptions(0.0));
+      ZeroOptions options = stage3();
+      options.param_persistence_threshold = persistence;  // 2^20: every unit whole
+      ZeroOptimizer zero(model, *sgd, pg.shared_from_this(), options);
+      const int last = GetParam() - 1;
+      {
+        ZeroOptimizer::GatheredParameters some(
+            zero, {model->input->weight, model->blocks[0]->fc->weight}, last);
+        torch::NoGradGuard no_grad;
+        model->input->weight.fill_(pg.rank() == last ? 3.0 : -1.0);
+        model->blocks[0]->fc->weight.fill_(pg.rank() == last ? 7.0 : -1.0);
+      }
+      {
+        ZeroOptimizer::GatheredParameters discarded(zero, {model->output->bias});
+        torch::NoGradGuard no_grad;
+        model->output->bias.fill_(static_cast<double>(pg.rank()) - 5.0);
+      }
+      // A step at lr 0 writes the masters back into the parameters.
+      sgd->zero_grad();
+      auto x = torch::ones({2, r.in});
+      model->forward(x).sum().backward();
+      zero.step();
+      Params now;
+      {
+        ZeroOptimizer::GatheredParameters whole(zero);
+        now = snapshot(*model);
+      }
+      EXPECT_TRUE(torch::equal(now.at("input.weight"), torch::full({r.width, r.in}, 3.0)))
+          << "persistence " << persistence << " rank " << pg.rank();
+      EXPECT_TRUE(torch::equal(now.at("block0.fc.weight"), torch::full({r.width, r.width}, 7.0)))
+          << "persistence " << persistence << " rank " << pg.rank();
+      EXPECT_TRUE(torch::equal(now.at("output.bias"), initial.at("output.bias")))
+          << "persistence " << persistence << " rank " << pg.rank();
+    });
+  }
+}
+
+// Guards nest, as DeepSpeed's do: an inner guard's modifier rank reaches
+// every rank, and what the outer guard holds stays whole until it ends.
+TEST_P(GatheredParameterList, GuardsNest) {
+  const Recipe r = odd_model();
+  run_ranks(GetParam(), [&](ProcessGroup& pg) {
+    Stack model = make_model(r);
+    auto adam = make_optimizer(Opt::kAdam, model->parameters());
+    ZeroOptimizer zero(model, *adam, pg.shared_from_this(), stage3());
+    const at::Tensor bias = model->blocks[1]->fc->bias;
+    {
+      ZeroOptimizer::GatheredParameters outer(zero);
+      {
+        ZeroOptimizer::GatheredParameters inner(zero, {bias}, /*modifier_rank=*/0);
+        torch::NoGradGuard no_grad;
+        bias.fill_(pg.rank() == 0 ? 2.0 : -2.0);
+      }
+      EXPECT_TRUE(holds_memory(bias)) << "the outer guard still holds it";
+      EXPECT_TRUE(torch::equal(bias, torch::full({r.width}, 2.0)));
+    }
+    EXPECT_FALSE(holds_memory(bias));
+    ZeroOptimizer::GatheredParameters again(zero);
+    EXPECT_TRUE(torch::equal(bias, torch::full({r.width}, 2.0)));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, GatheredParameterList, ::testing::Values(2, 3));
 
 }  // namespace
