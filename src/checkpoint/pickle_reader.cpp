@@ -479,6 +479,12 @@ class Machine {
           g.module = module->text;
           g.name = name->text;
         }
+        if (g.module == "torch._utils" && g.name == "_rebuild_tensor_v3") {
+          fail(at, "the pickle holds a tensor of a dtype torch.save writes through "
+               "torch._utils._rebuild_tensor_v3 (float8, uint16, uint32 or uint64), which "
+               "tandem's reader does not build yet; save such tensors with "
+               "safetensors.torch.save_file, which tandem reads in every dtype");
+        }
         if (!allowed_global(g.module, g.name)) {
           fail(at, "the pickle refers to {}.{}, which a weights-only read does not build "
                "(only tensors, containers and numbers); nothing was executed",

@@ -118,6 +118,10 @@ TEST(PickleReader, RefusesGlobalsOutsideTheWeightsOnlySetByName) {
   // Allowed globals build only what they stand for.
   EXPECT_EQ(pickle_error("ccollections\nOrderedDict\n)R."), "");
   EXPECT_NE(pickle_error("ctorch\nFloatStorage\n)R.").find("does not call"), std::string::npos);
+  // float8 and uint16-64 tensors: named, with the way around it.
+  const std::string v3 = pickle_error("ctorch._utils\n_rebuild_tensor_v3\n.");
+  EXPECT_NE(v3.find("float8, uint16, uint32 or uint64"), std::string::npos) << v3;
+  EXPECT_NE(v3.find("safetensors.torch.save_file"), std::string::npos) << v3;
 }
 
 TEST(PickleReader, MalformedInputGetsAClearErrorNotACrash) {
