@@ -36,6 +36,14 @@ namespace accelerator_memory_detail {
 // What one attempt did on this rank, as the agreement sends it.
 constexpr const char* kOutOfMemory = "oom";
 
+// LibTorch's CPU allocator reports running out of memory as a plain
+// c10::Error (an enforce failure in alloc_cpu.cpp), not an OutOfMemoryError;
+// Accelerate's should_reduce_batch_size recognises it by this message too.
+bool cpu_allocator_out_of_memory(const c10::Error& e) {
+  return std::string(e.what()).find("DefaultCPUAllocator: can't allocate memory") !=
+         std::string::npos;
+}
+
 }  // namespace accelerator_memory_detail
 
 int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t)>& fn,
@@ -63,6 +71,13 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
       outcome = accelerator_memory_detail::kOutOfMemory;
     } catch (const std::bad_alloc&) {
       outcome = accelerator_memory_detail::kOutOfMemory;
+    } catch (const c10::Error& e) {
+      if (accelerator_memory_detail::cpu_allocator_out_of_memory(e)) {
+        outcome = accelerator_memory_detail::kOutOfMemory;
+      } else {
+        outcome = std::string("error: ") + e.what();
+        error = std::current_exception();
+      }
     } catch (const std::exception& e) {
       outcome = std::string("error: ") + e.what();
       error = std::current_exception();

@@ -77,8 +77,10 @@ std::map<std::string, double> GradScaler::rule_state() const {
 
 void GradScaler::load_rule_state(const std::map<std::string, double>& state) {
   const double scale = state.at("scale");
-  TANDEM_CHECK_ARG(is_positive_float(scale),
-                   "GradScaler state_dict: scale is {}; expected a positive, finite float32",
+  // 0 too: a run of overflows with the collapse check off underflows the
+  // float32 scale to 0, as torch's does, and its own state must load back.
+  TANDEM_CHECK_ARG(scale == 0.0 || is_positive_float(scale),
+                   "GradScaler state_dict: scale is {}; expected a finite float32, 0 or more",
                    scale);
   GradScalerOptions loaded = options_;
   loaded.growth_factor = state.at("growth_factor");

@@ -164,12 +164,27 @@ TEST(DeepSpeedMonitors, CsvMonitorWritesTrainSamplesEventsAtGlobalSamples) {
     }
     accelerator.end_training();
   });
-  // Global batch 3 x 2 = 6 samples per step; rank 0's loss is 1.
-  EXPECT_EQ(read_text(dir.path() + "/job/Train_Samples_lr.csv"), "step,lr\n6,0.5\n12,0.5\n");
+  // Global batch 3 x 2 = 6 samples per step; rank 0's loss is 1. Lines end
+  // in \r\n, as Python's csv.writer ends them.
+  EXPECT_EQ(read_text(dir.path() + "/job/Train_Samples_lr.csv"),
+            "step,lr\r\n6,0.5\r\n12,0.5\r\n");
   EXPECT_EQ(read_text(dir.path() + "/job/Train_Samples_train_loss.csv"),
-            "step,train_loss\n6,1.0\n12,1.0\n");
-  EXPECT_EQ(read_text(dir.path() + "/job/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
-  EXPECT_EQ(read_text(dir.path() + "/eval_accuracy.csv"), "step,accuracy\n2,0.75\n");
+            "step,train_loss\r\n6,1.0\r\n12,1.0\r\n");
+  EXPECT_EQ(read_text(dir.path() + "/job/eval_accuracy.csv"), "step,accuracy\r\n2,0.75\r\n");
+  EXPECT_EQ(read_text(dir.path() + "/eval_accuracy.csv"), "step,accuracy\r\n2,0.75\r\n");
+}
+
+// A tag with a comma, a quote or a line break is quoted as csv.writer
+// quotes it (the header stays two columns).
+TEST(CsvWriter, QuotesTagsAsPythonsCsvWriter) {
+  testing::TempDir dir;
+  {
+    CsvWriter writer(dir.path());
+    writer.add_scalar("eval/x,y", 1.5, 3);
+    writer.add_scalar("q\"t", 2.0, 4);
+  }
+  EXPECT_EQ(read_text(dir.path() + "/eval_x,y.csv"), "step,\"x,y\"\r\n3,1.5\r\n");
+  EXPECT_EQ(read_text(dir.path() + "/q\"t.csv"), "step,\"q\"\"t\"\r\n4,2.0\r\n");
 }
 
 // A model and an optimizer, prepared: what save_state() needs.

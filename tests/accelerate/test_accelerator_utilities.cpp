@@ -119,6 +119,29 @@ TEST_P(Worlds, BatchSizeSearchAgreesWhenOnlyOneRankRunsOutOfMemory) {
   });
 }
 
+// LibTorch's CPU allocator reports running out of memory as a plain
+// c10::Error ("DefaultCPUAllocator: can't allocate memory"): the search
+// halves on it, as Accelerate's does, and still rethrows other c10::Errors.
+TEST_P(Worlds, BatchSizeSearchHalvesOnTheCpuAllocatorsOutOfMemory) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    std::vector<int64_t> tried;
+    const int64_t found = accelerator.find_executable_batch_size(
+        [&](int64_t batch_size) {
+          tried.push_back(batch_size);
+          // Petabytes above 8: a real allocation the allocator refuses.
+          if (batch_size > 8) (void)torch::empty({batch_size << 47}, torch::kByte);
+        },
+        64);
+    EXPECT_EQ(found, 8);
+    EXPECT_EQ(tried, (std::vector<int64_t>{64, 32, 16, 8}));
+    EXPECT_THROW(accelerator.find_executable_batch_size(
+                     [](int64_t) { TORCH_CHECK(false, "a shape mismatch"); }, 4),
+                 c10::Error);
+  });
+}
+
 TEST_P(Worlds, BatchSizeSearchRethrowsOtherErrorsAndStopsAtZero) {
   const int world = GetParam();
   run_ranks(world, [&](ProcessGroup& pg) {

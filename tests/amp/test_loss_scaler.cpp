@@ -402,6 +402,17 @@ TEST(ScalerStateDictTest, LoadingAnotherRulesStateNamesBothRules) {
   EXPECT_EQ(torch.scale(), 65536.0);
 }
 
+// A scale that underflowed to 0 (a run of overflows with the collapse
+// check off, as torch's underflows) is the scaler's own state: it loads.
+TEST(ScalerStateDictTest, AScaleThatUnderflowedToZeroLoadsBack) {
+  GradScaler scaler(torch_options(8.0, 2.0, 0.5, 3));
+  auto state = scaler.state_dict();
+  state["scale"] = 0.0;
+  GradScaler fresh(torch_options(8.0, 2.0, 0.5, 3));
+  fresh.load_state_dict(state);
+  EXPECT_EQ(fresh.scale(), 0.0);
+}
+
 TEST(ScalerStateDictTest, BadStateChangesNothing) {
   GradScaler scaler(torch_options(8.0, 2.0, 0.5, 3));
   run(scaler, {C, I});

@@ -188,11 +188,13 @@ class GradScaler : public LossScaler {
 //             consecutive_hysteresis).
 //   cur_iter += 1 after every update (last_overflow_iter starts at -1).
 // So the scale doubles after loss_scale_window clean steps in a row, from
-// the start or from the last overflow. This is the rule DeepSpeed's
-// DynamicLossScaler (the ZeRO path) has had through its releases. DeepSpeed's
-// FP16_Optimizer, and the newest DynamicLossScaler, grow only when
-// cur_iter - last_overflow_iter - 1 is a positive multiple of the window: one
-// clean step later, and never on the first clean step after an overflow.
+// the start or from the last overflow: the rule of DeepSpeed's earlier
+// DynamicLossScaler. DeepSpeed's FP16_Optimizer, and the DynamicLossScaler of
+// DeepSpeed 0.19.8 (the one its ZeRO path builds, and the peer tandem's
+// tests run), grow only when cur_iter - last_overflow_iter - 1 is a positive
+// multiple of the window: one clean step later, and never on the first clean
+// step after an overflow. A run compared with 0.19.8 step for step sees its
+// scale double one step later than tandem's.
 // State keys: "cur_iter", "last_overflow_iter", "cur_hysteresis".
 class DeepSpeedLossScaler : public LossScaler {
  public:
