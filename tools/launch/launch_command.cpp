@@ -223,8 +223,10 @@ int run_launch_command(int argc, char** argv) {
     config = load_config_file(opts.config_file);
     // What the file asks for and tandem does otherwise, for every program
     // (a Python one has no Accelerator to say it); a tandem program's
-    // Accelerator then leaves these out (TANDEM_CONFIG_WARNINGS_SHOWN).
-    for (const auto& warning : config->warnings) {
+    // Accelerator then leaves these out (TANDEM_CONFIG_WARNINGS_SHOWN). A
+    // --hostfile job's head has said them for every host.
+    for (const auto& warning : opts.env_from_stdin ? std::vector<std::string>{}
+                                                   : config->warnings) {
       std::fprintf(stderr, "tandem launch: %s\n", warning.c_str());
     }
     ::setenv("TANDEM_CONFIG_WARNINGS_SHOWN", opts.config_file.c_str(), 1);
