@@ -7,10 +7,10 @@
 
 namespace tandem::detail {
 
-// Makes `grad` (a parameter's .grad) the alias `view` of its slot in a flat
-// gradient buffer. When the optimizer set .grad to None or autograd stole a
-// fresh tensor, one copy brings the gradient (or zeros) into the slot.
-inline void adopt_into(at::Tensor& grad, const at::Tensor& view) {
+// Fills `view`, a parameter's slot in a flat gradient buffer, with the
+// gradient the parameter holds (nothing to do when .grad is that slot
+// already), or zeros when it holds none. .grad itself is left as it is.
+inline void copy_into_slot(const at::Tensor& grad, const at::Tensor& view) {
   if (grad.defined() && grad.data_ptr() == view.data_ptr()) return;
   at::NoGradGuard no_grad;
   if (grad.defined()) {
@@ -18,6 +18,13 @@ inline void adopt_into(at::Tensor& grad, const at::Tensor& view) {
   } else {
     view.zero_();
   }
+}
+
+// Makes `grad` (a parameter's .grad) the alias `view` of its slot in a flat
+// gradient buffer. When the optimizer set .grad to None or autograd stole a
+// fresh tensor, one copy brings the gradient (or zeros) into the slot.
+inline void adopt_into(at::Tensor& grad, const at::Tensor& view) {
+  copy_into_slot(grad, view);
   grad = view;
 }
 

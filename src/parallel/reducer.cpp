@@ -340,22 +340,13 @@ void Reducer::finalize_backward() {
     abandon_launched();
     throw_unused(unused);
   }
-  {
-    // What this backward did not reach contributes the gradient the
-    // parameter holds (from micro-steps under no_sync, say), as PyTorch's
-    // reducer copies a defined .grad into the bucket, or else zeros. .grad
-    // itself is left as it is until the average is known.
-    torch::NoGradGuard no_grad;
-    for (std::size_t i : unused) {
-      const at::Tensor& held = params_[i].grad();
-      at::Tensor view = grad_view(i);
-      if (!held.defined()) {
-        view.zero_();
-      } else if (held.data_ptr() != view.data_ptr()) {
-        view.copy_(held);
-      }
-      readiness_.arrive(i);
-    }
+  // What this backward did not reach contributes the gradient the parameter
+  // holds (from micro-steps under no_sync, say), as PyTorch's reducer copies
+  // a defined .grad into the bucket, or else zeros. .grad itself is left as
+  // it is until the average is known.
+  for (std::size_t i : unused) {
+    copy_into_slot(params_[i].grad(), grad_view(i));
+    readiness_.arrive(i);
   }
   // Which parameters some rank used: only those get a (reduced) gradient.
   // With static_graph the first backward finds out for all that follow.
