@@ -43,23 +43,6 @@
 namespace tandem::cli {
 namespace {
 
-// True when `program` names an executable, directly or through PATH.
-bool is_executable(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return true;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  return false;
-}
-
 // The dotted IPv4 address of `address` (AF_INET), or "" when it has none.
 std::string ipv4_text(const sockaddr* address) {
   char text[INET_ADDRSTRLEN] = {0};
@@ -263,7 +246,7 @@ int run_launch_command(int argc, char** argv) {
     if (opts.module) interpreter.push_back("-m");
     opts.program.insert(opts.program.begin(), interpreter.begin(), interpreter.end());
   }
-  TANDEM_CHECK_ARG(is_executable(opts.program[0]),
+  TANDEM_CHECK_ARG(!executable_path(opts.program[0]).empty(),
                    "program '{}' was not found or is not executable; give a path such as "
                    "./build/bin/{} or put it on PATH",
                    opts.program[0], opts.program[0]);

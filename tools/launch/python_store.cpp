@@ -21,24 +21,10 @@ bool is_python_interpreter(const std::string& name) {
   return base.find_first_not_of("0123456789.", 6) == std::string::npos;
 }
 
-// Where execvp would find `exe`: itself when it names a path, else the
-// first executable of that name on PATH; empty when there is none.
-std::string resolve(const std::string& exe) {
-  if (exe.find('/') != std::string::npos) return exe;
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + exe;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 // Whether the file's "#!" line runs a Python interpreter (directly or
 // through env).
 bool has_python_shebang(const std::string& exe) {
-  const std::string path = resolve(exe);
+  const std::string path = executable_path(exe);
   if (path.empty()) return false;
   std::ifstream in(path, std::ios::binary);
   std::string line;
@@ -53,6 +39,25 @@ bool has_python_shebang(const std::string& exe) {
 }
 
 }  // namespace
+
+std::string executable_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    return ::access(program.c_str(), X_OK) == 0 ? program : "";
+  }
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  // Every entry, an empty one (the working directory) at either end too.
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t colon = dirs.find(':', start);
+    const std::string dir =
+        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return "";
+}
 
 bool is_python_program(const std::vector<std::string>& program) {
   std::size_t first = 0;

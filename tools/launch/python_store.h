@@ -19,4 +19,9 @@ namespace tandem::cli {
 // --c10d-store` says so.
 bool is_python_program(const std::vector<std::string>& program);
 
+// Where execvp finds `program`: itself when it names a path and is
+// executable, else the first executable of that name on PATH (/usr/bin:/bin
+// when PATH is unset); empty when there is none.
+std::string executable_path(const std::string& program);
+
 }  // namespace tandem::cli
