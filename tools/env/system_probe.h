@@ -112,8 +112,9 @@ struct SystemReport {
 
 // Gathers the report for this process and machine, copying `env` in. Reads
 // /proc, a few environment variables (OMP_NUM_THREADS, TANDEM_CONFIG_FILE and
-// the other TANDEM_* config variables, HOME, XDG_CACHE_HOME, HF_HOME) and runs a few small matrix products to load and time the BLAS,
-// so it takes tens of milliseconds. Never throws for a missing probe: fields
+// the other TANDEM_* config variables, HOME, XDG_CACHE_HOME, HF_HOME) and
+// runs a few small matrix products to load and time the BLAS, so it takes
+// tens of milliseconds. Never throws for a missing probe: fields
 // it cannot fill keep their defaults. Not thread-safe with code that changes
 // the environment.
 SystemReport probe_system(const tandem::RankEnv& env);
