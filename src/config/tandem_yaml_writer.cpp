@@ -147,11 +147,20 @@ void write_zero(Writer& w, const Config& c) {
   w.line(2, "device", to_string(z.offload_param));
   w.line(2, "pin_memory", flag(z.offload_pin_memory));
   w.line(1, "reduce_bucket_size", w.size(p + "reduce_bucket_size", z.reduce_bucket_size));
-  w.line(1, "stage3_prefetch_bucket_size",
-         w.size(p + "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size));
-  w.line(1, "stage3_param_persistence_threshold",
-         w.size(p + "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold));
-  w.line(1, "stage3_max_live_parameters", fmt::format("{}", z.stage3_max_live_parameters));
+  // The stage-3 limits: below stage 3 they do nothing, and reading them
+  // there warns, so they are written only where they were set.
+  const ZeroConfig defaults;
+  const auto limit = [&](const char* key, int64_t value, int64_t fallback) {
+    if (z.stage >= 3 || value != fallback || c.auto_keys.count(p + key)) {
+      w.line(1, key, w.size(p + key, value));
+    }
+  };
+  limit("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size,
+        defaults.stage3_prefetch_bucket_size);
+  limit("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold,
+        defaults.stage3_param_persistence_threshold);
+  limit("stage3_max_live_parameters", z.stage3_max_live_parameters,
+        defaults.stage3_max_live_parameters);
   w.line(1, "zero3_init", flag(z.zero3_init));
   // Stage-3 units by policy (Accelerate's fsdp_auto_wrap_policy), when set.
   if (!z.auto_wrap_policy.empty()) w.line(1, "auto_wrap_policy", z.auto_wrap_policy);

@@ -31,6 +31,39 @@ TEST(AccelerateYaml, ReadsMultiCpuLaunchKeysAndIgnoresKeysMeaninglessHere) {
   EXPECT_EQ(warned_keys(c), std::vector<std::string>{});
 }
 
+// main_process_ip must be an address: one with its port pasted on, or an
+// impossible one, would only show as a rendezvous that never meets.
+TEST(AccelerateYaml, AMainProcessIpThatIsNoAddressIsRefusedWhereItIsWritten) {
+  const std::string head = "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n";
+  const std::string with_port = parse_error(head + "main_process_ip: 10.0.0.1:29500\n", "a.yaml");
+  EXPECT_TRUE(contains(with_port, "a.yaml:3:18: main_process_ip: '10.0.0.1:29500' is an address "
+                                  "with a port; give the address alone ('10.0.0.1')"))
+      << with_port;
+  EXPECT_TRUE(contains(parse_error(head + "main_process_ip: 10.0.0.256\n", "a.yaml"),
+                       "not an IPv4 address"));
+  EXPECT_TRUE(contains(parse_error(head + "main_process_ip: -node1\n", "a.yaml"),
+                       "cannot begin or end with '-'"));
+  for (const std::string ok : {"10.0.0.1", "node001", "n1.cluster.example", "fd00::1", "::1"}) {
+    EXPECT_EQ(parse_config_text(head + "main_process_ip: " + (ok.find(':') != std::string::npos
+                                                                  ? "'" + ok + "'"
+                                                                  : ok) +
+                                    "\n",
+                                "a.yaml")
+                  .main_process_ip,
+              ok);
+  }
+}
+
+TEST(HostAddressProblem, NamesWhatIsWrong) {
+  EXPECT_EQ(host_address_problem("10.0.0.1"), "");
+  EXPECT_EQ(host_address_problem("node1."), "");
+  EXPECT_NE(host_address_problem(""), "");
+  EXPECT_TRUE(contains(host_address_problem("10.1"), "four numbers"));
+  EXPECT_TRUE(contains(host_address_problem("a_b.c-d:x"), "not an IPv6 address"));
+  EXPECT_TRUE(contains(host_address_problem(std::string(64, 'a')), "at most 63"));
+  EXPECT_TRUE(contains(host_address_problem("node 1"), "' ' cannot be part of one"));
+}
+
 TEST(AccelerateYaml, ReadsTheDeepSpeedSection) {
   Config c = load_config_file(config_data("accelerate_deepspeed.yaml"));
   EXPECT_EQ(c.distributed_type, DistributedType::kDeepSpeed);

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "config_testing.h"
 
 namespace tandem {
@@ -103,6 +106,35 @@ TEST(TandemYaml, DefaultsRoundTrip) {
   Config back = round_trip(defaults);
   EXPECT_EQ(back.format, ConfigFormat::kTandemYaml);
   EXPECT_TRUE(same_settings(back, defaults)) << to_tandem_yaml(defaults);
+}
+
+// What tandem writes must read back clean: a config that `tandem config`
+// wrote and that then warns about its own keys on every launch teaches
+// users to ignore warnings.
+TEST(TandemYaml, WhatItWritesResolvesWithoutWarningsAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const auto type : {DistributedType::kNo, DistributedType::kMultiCpu,
+                            DistributedType::kMultiGpu, DistributedType::kDeepSpeed}) {
+      Config c;
+      c.distributed_type = type;
+      c.zero.stage = stage;
+      const std::string yaml = to_tandem_yaml(c);
+      const Config back = round_trip(c);
+      EXPECT_TRUE(same_settings(back, c)) << yaml;
+      const Config resolved = resolve_config(back, {}, {}, 2);
+      EXPECT_TRUE(resolved.warnings.empty())
+          << "stage " << stage << ": " << fmt::format("{}", fmt::join(resolved.warnings, "\n"))
+          << "\n" << yaml;
+    }
+  }
+  // A stage-3 limit set below stage 3 is still written, and still warned
+  // about: it has no effect there.
+  Config set;
+  set.zero.stage = 1;
+  set.zero.stage3_max_live_parameters = 17;
+  const Config back = round_trip(set);
+  EXPECT_EQ(back.zero.stage3_max_live_parameters, 17);
+  EXPECT_EQ(resolve_config(back, {}, {}, 2).warnings.size(), 1u);
 }
 
 TEST(TandemYaml, EveryFieldRoundTrips) {

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <sstream>
 #include <string>
 #include <vector>
@@ -182,6 +185,38 @@ TEST(ConfigDefault, WritesABasicConfigToTheXdgCachePathAndNeverOverwrites) {
                             60);
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_EQ(load_config_file(path).mixed_precision, MixedPrecision::kNo);
+}
+
+// The file tandem writes checks clean, and writing it keeps what the user
+// set up: a link is written through (Accelerate opens the path for
+// writing), the file keeps its mode, and a failure names the config.
+TEST(ConfigDefault, WritesThroughALinkKeepsTheModeAndChecksClean) {
+  TempDir home;
+  const std::string real = home.path() + "/dot/real.yaml";
+  const std::string link = home.path() + "/link.yaml";
+  write_text(real, "distributed: MULTI_CPU\n");
+  ASSERT_EQ(::chmod(real.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("dot/real.yaml", link.c_str()), 0);
+  auto r = run_process(
+      tandem_in(home.path(), {"config", "default", "--config-file", link, "--force"}), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  struct stat link_stat {}, real_stat {};
+  ASSERT_EQ(::lstat(link.c_str(), &link_stat), 0);
+  EXPECT_TRUE(S_ISLNK(link_stat.st_mode)) << "the link was replaced by a file";
+  ASSERT_EQ(::stat(real.c_str(), &real_stat), 0);
+  EXPECT_EQ(real_stat.st_mode & 0777, 0600u);
+  EXPECT_NE(read_file(real).find("zero_optimization"), std::string::npos) << read_file(real);
+
+  auto check = run_process(tandem_in(home.path(), {"config", "check", link}), 60);
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_EQ(check.err.find("warning"), std::string::npos) << check.err;
+
+  auto failed = run_process(
+      tandem_in(home.path(), {"config", "default", "--config-file", "/proc/tandem.yaml"}), 60);
+  EXPECT_EQ(failed.exit_code, 2) << failed.err;
+  EXPECT_NE(failed.err.find("cannot write the config /proc/tandem.yaml: "), std::string::npos)
+      << failed.err;
+  EXPECT_EQ(failed.err.find(".tmp"), std::string::npos) << failed.err;
 }
 
 TEST(ConfigDefault, FallsBackToHomeCacheAndHonoursConfigFile) {

@@ -110,6 +110,10 @@ TEST(ConfigWizard, BadAnswersAreRefusedWithAReasonAndAskedAgain) {
   answer_all(wizard, {"0"});
   refuse({"", "an address is needed"});
   refuse({"10.0.0.1; rm", "not a host name"});
+  refuse({"10.0.0.1:29500", "an address with a port"});
+  refuse({"999.999.999.999", "not an IPv4 address"});
+  refuse({":::", "not an IPv6 address"});
+  refuse({"node..7", "empty part"});
   answer_all(wizard, {"node001"});
   refuse({"70000", "out of range"});
   refuse({"0", "out of range"});

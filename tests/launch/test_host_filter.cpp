@@ -158,6 +158,32 @@ TEST(LaunchOptions, StandaloneAndRdzvEndpoint) {
   EXPECT_THROW(parse({"--tee", "3", "prog"}, &help), UsageError);
 }
 
+// An address that cannot be one is refused where it is given, not found
+// out as a rendezvous that never meets on the other nodes.
+TEST(LaunchOptions, AMainProcessAddressThatCannotBeOneIsRefused) {
+  for (const auto& [flags, reason] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--main_process_ip", "10.0.0.1:29500"}, "give the address alone ('10.0.0.1')"},
+           {{"--master-addr", "300.1.1.1"}, "not an IPv4 address"},
+           {{"--rdzv-endpoint", "bad host:29400"}, "' ' cannot be part of one"}}) {
+    std::vector<std::string> args{"--nnodes", "2", "--node-rank", "1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back("prog");
+    const std::string message = refusal(args);
+    EXPECT_NE(message.find(reason), std::string::npos) << message;
+  }
+  bool help = false;
+  for (const std::string host : {"10.0.0.1", "node-7.cluster", "fd00::1", "gpu_node3"}) {
+    EXPECT_EQ(parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", host, "prog"}, &help)
+                  .master_addr,
+              host);
+  }
+  EXPECT_EQ(parse({"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "[fd00::1]:29400",
+                   "prog"},
+                  &help)
+                .master_addr,
+            "fd00::1");
+}
+
 TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   bool help = false;
   auto c10d = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "run7",

@@ -2,12 +2,16 @@
 
 #include "config/config_command.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -26,27 +30,66 @@
 namespace tandem::cli {
 namespace {
 
+// The file `path` stands for: a symbolic link is written through, as
+// Accelerate's open(path, "w") does, dangling or not.
+std::string written_path(const std::string& path) {
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) return path;
+  if (char* real = ::realpath(path.c_str(), nullptr)) {
+    std::string resolved(real);
+    std::free(real);
+    return resolved;
+  }
+  std::string target(static_cast<size_t>(link.st_size) + 1, '\0');
+  const ssize_t size = ::readlink(path.c_str(), target.data(), target.size());
+  if (size <= 0) return path;
+  target.resize(static_cast<size_t>(size));
+  const std::filesystem::path link_path(path);
+  if (target.front() == '/' || !link_path.has_parent_path()) return target;
+  return (link_path.parent_path() / target).string();
+}
+
 // Writes through a temporary file and a rename, so a reader never sees half
-// a config and a failure leaves any old file as it was.
+// a config and a failure leaves any old file as it was. An existing file
+// keeps its permissions.
 void write_config_file(const std::string& path, const std::string& text) {
-  const std::filesystem::path target(path);
+  const std::string file = written_path(path);
+  const std::filesystem::path target(file);
   std::error_code error;
   if (target.has_parent_path()) fs::create_directories(target.parent_path().string(), error);
-  TANDEM_CHECK_ARG(!error, "cannot create the folder {}: {}", target.parent_path().string(),
-                   error.message());
-  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.close();
-    TANDEM_CHECK_ARG(out.good(), "cannot write {}", temporary);
+  TANDEM_CHECK_ARG(!error, "cannot create the folder {} for {}: {}", target.parent_path().string(),
+                   path, error.message());
+  struct stat existing {};
+  const bool replaces = ::stat(file.c_str(), &existing) == 0;
+  const std::string temporary = file + ".tmp" + std::to_string(::getpid());
+  const auto fail = [&](int code) {
+    ::unlink(temporary.c_str());
+    TANDEM_THROW(UsageError, "cannot write the config {}{}: {}; choose another path with "
+                 "--config-file",
+                 path, file == path ? "" : " (a link to " + file + ")", std::strerror(code));
+  };
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                        replaces ? (existing.st_mode & 07777) : 0666);
+  if (fd < 0) fail(errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int code = n < 0 ? errno : EIO;
+      ::close(fd);
+      fail(code);
+    }
+    done += static_cast<size_t>(n);
   }
-  fs::rename(temporary, path, error);
-  if (error) {
-    std::error_code ignored;
-    fs::remove_all(temporary, ignored);
-    TANDEM_THROW(UsageError, "cannot write {}: {}", path, error.message());
+  // open() applies the umask; an existing file's own mode is put back.
+  if (replaces && ::fchmod(fd, existing.st_mode & 07777) != 0) {
+    const int code = errno;
+    ::close(fd);
+    fail(code);
   }
+  if (::close(fd) != 0) fail(errno);
+  if (::rename(temporary.c_str(), file.c_str()) != 0) fail(errno);
 }
 
 int local_gpu_count() { return static_cast<int>(torch::cuda::device_count()); }

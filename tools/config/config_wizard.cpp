@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "tandem/config/config.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -268,12 +269,8 @@ std::string ConfigWizard::validate(const Question& question, const std::string& 
         return "an address is needed: the other machines connect to it (e.g. 10.0.0.1 or "
                "node001)";
       }
-      for (char c : text) {
-        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != ':' &&
-            c != '_') {
-          return fmt::format("'{}' is not a host name or IP address", text);
-        }
-      }
+      const std::string problem = host_address_problem(text);
+      if (!problem.empty()) return problem;
       *canonical = text;
       return "";
     }

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_parse.h"
 #include "env/system_probe.h"
 #include "tandem/core/error.h"
 #include "tandem/core/rank_env.h"
@@ -18,14 +19,7 @@ int run_env_command(int argc, char** argv) {
       "tandem env"};
   bool json = false;
   app.add_flag("--json", json, "print one JSON object instead of text");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help prints and returns 0; a bad flag prints the reason and returns
-    // non-zero, which we map to 2 like every other usage error.
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
+  if (auto done = parse_cli(app, argc, argv)) return *done;
 
   // A malformed rank environment is exactly what people run `tandem env` to
   // diagnose, so report it rather than fail.

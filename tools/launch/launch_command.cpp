@@ -271,13 +271,20 @@ int run_launch_command(int argc, char** argv) {
       ::setenv("TANDEM_STORE_TOKEN", store_token.c_str(), 1);
     }
   } else {
+    // A multi-node count read from a config nobody named on the command
+    // line (the default one) is said, so that the user sees why.
+    const std::string from_config =
+        config && !opts.nnodes_given && opts.hostfile.empty()
+            ? fmt::format(" (num_machines: {} in the config {})", opts.nnodes, opts.config_file)
+            : std::string();
     TANDEM_CHECK_ARG(!store_token.empty(),
-                     "a multi-node launch needs TANDEM_STORE_TOKEN, the rendezvous store's "
+                     "a multi-node launch{} needs TANDEM_STORE_TOKEN, the rendezvous store's "
                      "shared secret, set to the same value for every node's `tandem launch`. "
                      "Make one with `export TANDEM_STORE_TOKEN=$(head -c 32 /dev/urandom | od "
                      "-An -tx1 | tr -d ' \\n')` and export that value on every node (under "
                      "Slurm: before srun, which passes it to every task), or set "
-                     "TANDEM_STORE_TOKEN_FILE to a path on a file system every node shares");
+                     "TANDEM_STORE_TOKEN_FILE to a path on a file system every node shares",
+                     from_config);
   }
   if (opts.monitor_interval_given && !rendezvous_at_store(opts)) {
     std::fprintf(stderr,

@@ -230,6 +230,11 @@ void validate_launch_options(LaunchOptions& opts) {
                      "processes (local ranks 0..{})",
                      local, opts.nproc_per_node, opts.nproc_per_node - 1);
   }
+  if (opts.master_addr_given) {
+    const std::string problem = host_address_problem(opts.master_addr);
+    TANDEM_CHECK_ARG(problem.empty(), "--master-addr (--main_process_ip, --rdzv-endpoint): {}",
+                     problem);
+  }
   TANDEM_CHECK_ARG(!opts.zero_stage || (*opts.zero_stage >= 0 && *opts.zero_stage <= 3),
                    "--zero_stage {} is not a ZeRO stage; give 0, 1, 2 or 3", *opts.zero_stage);
   TANDEM_CHECK_ARG(!opts.gradient_accumulation_steps || *opts.gradient_accumulation_steps >= 1,

@@ -309,6 +309,14 @@ struct Config {
   std::map<std::string, std::string> key_locations;
 };
 
+// Why `text` cannot name the main process's host (main_process_ip,
+// --master-addr, the wizard's answer): empty when it is a host name, a dotted
+// IPv4 address or an IPv6 address. Otherwise what is wrong and how to fix
+// it: an address with a port pasted on ("10.0.0.1:29500"; the port is
+// main_process_port), an IPv4 address with a part over 255, a name with
+// characters no host name has. Says nothing of whether the host exists.
+std::string host_address_problem(const std::string& text);
+
 // True when `a` and `b` hold the same settings: every field except format,
 // source_path, warnings, auto_keys and key_locations. Doubles compare
 // exactly.
