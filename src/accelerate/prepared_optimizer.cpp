@@ -55,7 +55,10 @@ double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, doubl
   const double total =
       max_norm_type ? local.item<double>() : std::pow(local.item<double>(), 1.0 / norm_type);
   const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
+  // torch clamps the coefficient at 1: a NaN norm makes every gradient NaN
+  // (the step is then visibly broken, or skipped by a loss scaler), never a
+  // step with the gradients unclipped.
+  if (!(coef >= 1.0)) {
     for (auto& g : grads) g.mul_(coef);
   }
   return total;

@@ -47,7 +47,9 @@ std::optional<ZeroOptions> zero_options(const ZeroConfig& zero) {
   options.stage = zero.stage;
   options.reduce_bucket_size = zero.reduce_bucket_size;
   options.offload_optimizer = zero.offload_optimizer == OffloadDevice::kCpu;
-  options.offload_param = zero.offload_param == OffloadDevice::kCpu;
+  // Below stage 3 there are no parameter shards to offload: the config
+  // warned that the key does nothing there, and so it does nothing.
+  options.offload_param = zero.offload_param == OffloadDevice::kCpu && zero.stage == 3;
   options.pin_memory = zero.offload_pin_memory;
   options.prefetch_bucket_size = zero.stage3_prefetch_bucket_size;
   options.max_live_parameters = zero.stage3_max_live_parameters;

@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <vector>
+
+#include <fmt/ranges.h>
 
 #include "config/readers.h"
 #include "tandem/core/error.h"
@@ -191,8 +195,21 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
       config.distributed_type = DistributedType::kDeepSpeed;
     }
   }
-  if (env.offload_optimizer) config.zero.offload_optimizer = *env.offload_optimizer;
-  if (env.offload_param) config.zero.offload_param = *env.offload_param;
+  // Where a value came from, for the warnings below: an environment
+  // variable beats the file's key.
+  std::map<std::string, std::string> env_origin;
+  if (env.offload_optimizer) {
+    config.zero.offload_optimizer = *env.offload_optimizer;
+    env_origin["zero_optimization.offload_optimizer"] = "TANDEM_OFFLOAD_OPTIMIZER_DEVICE";
+  }
+  if (env.offload_param) {
+    config.zero.offload_param = *env.offload_param;
+    env_origin["zero_optimization.offload_param"] = "TANDEM_OFFLOAD_PARAM_DEVICE";
+  }
+  const auto origin_of = [&](const std::string& path) {
+    const auto it = env_origin.find(path);
+    return it != env_origin.end() ? it->second : file_origin(config, path);
+  };
   if (env.gradient_clipping) config.gradient_clipping = *env.gradient_clipping;
 
   if (overrides.mixed_precision) {
@@ -237,8 +254,41 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
   if (config.zero.offload_param == OffloadDevice::kCpu && config.zero.stage < 3) {
     add_warning_once(config, fmt::format("{}: 'zero_optimization.offload_param' applies to ZeRO "
                                          "stage 3 only; it has no effect at stage {}",
-                                         file_origin(config, "zero_optimization.offload_param"),
+                                         origin_of("zero_optimization.offload_param"),
                                          config.zero.stage));
+  }
+  // Stage 0 is DDP: no optimizer shard to offload (the FSDP reader says the
+  // same of fsdp_offload_params under NO_SHARD).
+  if (config.zero.offload_optimizer == OffloadDevice::kCpu && config.zero.stage == 0) {
+    add_warning_once(config, fmt::format("{}: 'zero_optimization.offload_optimizer' applies to "
+                                         "ZeRO stages 1-3; at stage 0 (DDP) the optimizer state "
+                                         "stays with the model. Set stage to 1 or more to "
+                                         "offload it",
+                                         origin_of("zero_optimization.offload_optimizer")));
+  }
+  // The ddp block configures DDP, which is ZeRO stage 0: under stages 1-3
+  // the ZeroOptimizer reduces the gradients, with none of it.
+  if (config.zero.stage > 0) {
+    const DdpConfig plain;
+    std::vector<std::string> set;
+    if (config.ddp.comm_hook != plain.comm_hook) set.push_back("comm_hook " + config.ddp.comm_hook);
+    if (config.ddp.bucket_cap_mb != plain.bucket_cap_mb) set.push_back("bucket_cap_mb");
+    if (config.ddp.first_bucket_cap_mb != plain.first_bucket_cap_mb) {
+      set.push_back("first_bucket_cap_mb");
+    }
+    if (config.ddp.static_graph != plain.static_graph) set.push_back("static_graph");
+    if (config.ddp.find_unused_parameters != plain.find_unused_parameters) {
+      set.push_back("find_unused_parameters");
+    }
+    if (!set.empty()) {
+      add_warning_once(config, fmt::format("{}: the ddp block ({}) configures DDP (ZeRO stage 0); "
+                                           "at stage {} the ZeroOptimizer reduces the gradients "
+                                           "and it has no effect (ZeRO's sizes are "
+                                           "zero_optimization.reduce_bucket_size and "
+                                           "allgather_bucket_size)",
+                                           file_origin(config, "ddp"), fmt::join(set, ", "),
+                                           config.zero.stage));
+    }
   }
   // zero3_init (Accelerate's zero3_init_flag) builds Sharded units as
   // shards, which exist at stage 3 only: off below it, as Accelerate turns

@@ -153,6 +153,7 @@ std::vector<at::Tensor> checkpoint_tensors(CheckpointFunction fn, std::vector<at
                                            const CheckpointOptions& options) {
   TANDEM_CHECK_ARG(static_cast<bool>(fn), "tandem::checkpoint_tensors: fn is empty");
   if (!c10::GradMode::is_enabled()) return fn(inputs);
+  detail::count_checkpointed_forward();
 
   auto state = c10::make_intrusive<detail::CheckpointState>();
   state->fn = std::move(fn);

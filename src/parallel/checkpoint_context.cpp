@@ -4,6 +4,7 @@
 
 #include "parallel/checkpoint_context.h"
 
+#include <atomic>
 #include <exception>
 #include <mutex>
 
@@ -28,6 +29,11 @@ struct CheckpointThreadState {
 CheckpointThreadState& checkpoint_thread_state() {
   thread_local CheckpointThreadState state;
   return state;
+}
+
+std::atomic<std::uint64_t>& checkpointed_forward_count() {
+  static std::atomic<std::uint64_t> count{0};
+  return count;
 }
 
 // Generator states are read and written under the generator's own mutex, as
@@ -142,6 +148,14 @@ NestedBackwardScope::~NestedBackwardScope() {
                 e.what());
     }
   }
+}
+
+std::uint64_t checkpointed_forwards() {
+  return checkpointed_forward_count().load(std::memory_order_relaxed);
+}
+
+void count_checkpointed_forward() {
+  checkpointed_forward_count().fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace tandem::detail

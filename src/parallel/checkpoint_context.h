@@ -4,6 +4,7 @@
 // a scope that puts it in place and restores what was there. Private to
 // src/parallel.
 
+#include <cstdint>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -13,6 +14,14 @@
 #include <c10/core/ScalarType.h>
 
 namespace tandem::detail {
+
+// How many checkpointed blocks ran forward with grad mode on, in this
+// process, so far. Each one's backward is a pass of its own, so a parameter
+// it uses may get its gradient more than once in one backward; ZeRO's
+// reducer counts them when this moved (zero/gradient_reducer.h).
+std::uint64_t checkpointed_forwards();
+// Counts one (checkpoint_tensors with grad mode on).
+void count_checkpointed_forward();
 
 // The default CPU generator's state and that of the given CUDA devices.
 struct RngSnapshot {

@@ -25,6 +25,9 @@ class FlatAllReduce final : public ReductionPolicy {
   void gradient_ready(std::size_t index) override;
   // The gradients already sit in the flat buffer: nothing to do.
   void group_complete(std::size_t /*group*/) override {}
+  // Autograd accumulated into the slot, or, where it made a new tensor,
+  // that tensor is brought in as gradient_ready() does.
+  void add_late_gradient(std::size_t index) override { gradient_ready(index); }
   void launch(std::size_t group) override;
   void end_backward() override {}
   // Zeroes the flat buffers and the shards that are not views of them; the

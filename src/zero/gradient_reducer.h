@@ -20,6 +20,7 @@
 // CommClock's. Neither of those calls back into the reducer.
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -60,7 +61,11 @@ class GradientReducer {
 
  private:
   void on_grad_ready(std::size_t index);
+  // A firing of parameter `index` after its gradient counted as complete
+  // this backward (see arrivals_).
+  void on_late_gradient(std::size_t index);
   void finalize_backward();
+  [[noreturn]] void throw_late_gradients() const;
   void launch_ready_groups();
 
   const ZeroLayout& layout_;
@@ -74,6 +79,21 @@ class GradientReducer {
   mutable std::mutex mutex_;
   bool sync_enabled_ = true;
   GradReadiness readiness_;  // which gradients of this backward arrived
+  // A parameter a checkpointed block uses gets one gradient per pass of the
+  // block (a block run twice per forward, a weight tied across blocks): its
+  // hook fires that many times in one backward. The first backward after
+  // checkpointed blocks ran counts the firings (`counting_`) and launches
+  // its groups only at its end, adding a firing that comes after its group
+  // was packed into the pack; every later backward takes a parameter's
+  // gradient as complete at that count (`expected_`). One that fires again
+  // after its group was launched is an error (`late_`), never a silent loss.
+  std::vector<int> arrivals_;  // this backward, per parameter
+  std::vector<int> expected_;  // per parameter, 1 until counted
+  std::vector<bool> packed_;   // per group, this backward: group_complete() ran
+  std::vector<std::size_t> late_;
+  bool counting_ = false;
+  bool counted_ = false;
+  std::uint64_t checkpointed_seen_ = 0;  // checkpointed_forwards() at the last count
 };
 
 }  // namespace tandem::detail

@@ -40,6 +40,10 @@ class ReductionPolicy {
   virtual void gradient_ready(std::size_t index) = 0;
   // Every gradient of group `group` is in: make it ready to launch.
   virtual void group_complete(std::size_t group) = 0;
+  // Parameter `index` got another gradient after gradient_ready() (a
+  // checkpointed block's second pass): add it to what its group sends.
+  // Its group is not launched yet.
+  virtual void add_late_gradient(std::size_t index) = 0;
   // Queues group `group`'s reduction; the reducer calls it in group order
   // on every rank, after group_complete(group).
   virtual void launch(std::size_t group) = 0;

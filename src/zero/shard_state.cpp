@@ -156,7 +156,10 @@ double ShardState::clip_grad_norm(double max_norm) {
   const double norm = grad_norm();
   // torch::nn::utils::clip_grad_norm_'s rule.
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
+  // torch clamps the coefficient at 1: a NaN norm makes every gradient NaN
+  // (the step is then visibly broken, or skipped by a loss scaler), never a
+  // step with the gradients unclipped.
+  if (!(coef >= 1.0)) {
     torch::NoGradGuard no_grad;
     for (const auto& group : layout_.groups()) group.grad_shard.mul_(coef);
   }

@@ -50,6 +50,19 @@ void ShardedReduceScatter::group_complete(std::size_t g) {
   if (group.partitioned_params) gatherer_.release(g);
 }
 
+void ShardedReduceScatter::add_late_gradient(std::size_t index) {
+  const std::size_t g = layout_.group_of()[index];
+  const FlatGroup& group = layout_.groups()[g];
+  at::Tensor& grad = layout_.params()[index].mutable_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < group.members.size(); ++k) {
+    if (group.members[k] != index) continue;
+    wire_[g].narrow(0, group.offsets[k], grad.numel()).add_(grad.reshape({-1}));
+  }
+  grad = at::Tensor();
+}
+
 void ShardedReduceScatter::launch(std::size_t index) {
   // The task holds what it uses, not the policy: the queue may still run it
   // while the engine is being destroyed (the layout outlives the queue).

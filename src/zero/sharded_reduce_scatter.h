@@ -39,6 +39,8 @@ class ShardedReduceScatter final : public ReductionPolicy {
   // Packs the group's gradients into its wire and drops them (a stage-3
   // unit's gathered parameters are taken or released here).
   void group_complete(std::size_t group) override;
+  // Adds the gradient into the group's packed wire and drops it.
+  void add_late_gradient(std::size_t index) override;
   // Hands the group's wire to a queued reduce-scatter.
   void launch(std::size_t group) override;
   // Releases the stage-3 units (a no-op for the gatherer otherwise).

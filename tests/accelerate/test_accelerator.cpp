@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "support/accelerator_testing.h"
@@ -262,6 +264,35 @@ TEST(Accelerator, ClipGradNormUsesTheGlobalNormAndSkipsPartialSums) {
     ASSERT_FALSE(accelerator.sync_gradients());
     EXPECT_TRUE(std::isnan(accelerator.clip_grad_norm(1e-3)));
   });
+}
+
+// torch::nn::utils::clip_grad_norm_ multiplies by the coefficient clamped
+// at 1: a NaN norm makes every gradient NaN. Skipping the multiplication
+// would step the finite gradients unclipped, silently.
+TEST(Accelerator, ANanNormMakesEveryGradientNanAsTorchsClipDoes) {
+  const Mlp init = reference_init();
+  const auto data = make_dataset(8);
+  for (int stage : {0, 2}) {
+    run_ranks(2, [&](ProcessGroup& pg) {
+      Config config = config_with_accumulation(1);
+      config.zero.stage = stage;
+      Accelerator accelerator(pg.shared_from_this(), config);
+      Mlp model(kIn, kHidden, kOut);
+      copy_state(*model, *init);
+      auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                     torch::optim::SGDOptions(0.1));
+      accelerator.prepare_model(model);
+      auto optimizer = accelerator.prepare_optimizer(sgd);
+      const auto params = model->parameters();
+      const torch::Tensor poison = params.back().sum() * std::nan("");
+      accelerator.backward(torch::mse_loss(model(data.x), data.y) + poison);
+      EXPECT_TRUE(std::isnan(accelerator.clip_grad_norm(0.4))) << "stage " << stage;
+      optimizer->step();
+      for (const auto& p : params) {
+        EXPECT_TRUE(p.isnan().all().item<bool>()) << "stage " << stage << ": " << p.sizes();
+      }
+    });
+  }
 }
 
 TEST(Accelerator, ConfigGradientClippingIsAppliedByTheOptimizerStep) {

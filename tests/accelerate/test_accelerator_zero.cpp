@@ -30,6 +30,7 @@ struct Variant {
   bool bf16_params = false;
   int inf_loss_on_rank1_at_step = -1;  // an overflow on one rank only
   bool zero3_init = false;  // config zero3_init: build under accelerator.zero_init()
+  bool offload_param = false;  // config offload_param.device cpu
 };
 
 struct Result {
@@ -46,6 +47,7 @@ Result train(int world, int stage, Variant v = {}) {
   config.zero.stage3_param_persistence_threshold = 0;  // tiny models: shard all
   config.zero.reduce_bucket_size = 200;
   config.zero.zero3_init = v.zero3_init;
+  if (v.offload_param) config.zero.offload_param = OffloadDevice::kCpu;
   if (v.optimizer_from_config) {
     config.optimizer.type = v.config_optimizer;
     // RMSprop divides by the root of the gradient's running square, so an
@@ -126,6 +128,18 @@ TEST(AcceleratorZero, EveryStageTrainsLikeDdpWithAccumulationAndClipping) {
   const Params ddp = train(2, 0).params;
   for (int stage = 1; stage <= 3; ++stage) {
     EXPECT_LT(testing::max_relative_diff(train(2, stage).params, ddp), 1e-5) << "stage " << stage;
+  }
+}
+
+// offload_param below stage 3 warns that it does nothing (as DeepSpeed
+// ignores it there), and then does nothing: the run trains.
+TEST(AcceleratorZero, ParamOffloadBelowStage3TrainsAsWithout) {
+  const Params ddp = train(2, 0).params;
+  Variant offload;
+  offload.offload_param = true;
+  for (int stage = 1; stage <= 3; ++stage) {
+    EXPECT_LT(testing::max_relative_diff(train(2, stage, offload).params, ddp), 1e-5)
+        << "stage " << stage;
   }
 }
 

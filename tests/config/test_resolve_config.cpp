@@ -169,6 +169,40 @@ TEST(ResolveConfig, ParamOffloadBelowStage3AddsOneWarning) {
                                       "only; it has no effect at stage 2"));
 }
 
+// The offload a stage cannot do, and the ddp block under ZeRO, are said,
+// naming where the value came from (the environment beats the file).
+TEST(ResolveConfig, OffloadAStageCannotDoAndTheDdpBlockUnderZeroWarn) {
+  Config st0 = parse_config_text(
+      R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})", "ds.json");
+  Config r = resolve(st0, 2);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_TRUE(contains(r.warnings[0], "ds.json:1:57: 'zero_optimization.offload_optimizer' "
+                                      "applies to ZeRO stages 1-3"))
+      << r.warnings[0];
+
+  ConfigEnv env;
+  env.offload_param = OffloadDevice::kCpu;
+  Config from_env = resolve_config(
+      parse_config_text(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "none"}}})",
+                        "ds.json"),
+      env, {}, 2);
+  ASSERT_EQ(from_env.warnings.size(), 1u);
+  EXPECT_TRUE(contains(from_env.warnings[0], "TANDEM_OFFLOAD_PARAM_DEVICE: "
+                                             "'zero_optimization.offload_param' applies"))
+      << from_env.warnings[0];
+
+  Config ddp = parse_config_text(
+      "zero_optimization:\n  stage: 2\nddp:\n  comm_hook: powersgd\n  bucket_cap_mb: 5\n",
+      "t.yaml");
+  Config warned = resolve(ddp, 2);
+  ASSERT_EQ(warned.warnings.size(), 1u);
+  EXPECT_TRUE(contains(warned.warnings[0], "the ddp block (comm_hook powersgd, bucket_cap_mb) "
+                                           "configures DDP (ZeRO stage 0); at stage 2"))
+      << warned.warnings[0];
+  ddp.zero.stage = 0;
+  EXPECT_TRUE(resolve(ddp, 2).warnings.empty());
+}
+
 // Settings that mean something at ZeRO stage 3 only are said to change
 // nothing below it: zero3_init is turned off (as Accelerate turns
 // zero3_init_flag off), and the stage-3 limits DeepSpeed takes silently warn.

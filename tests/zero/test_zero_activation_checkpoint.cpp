@@ -21,6 +21,7 @@
 #include "core/torch_internals.h"
 #include "parallel/backward_callbacks.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "support/zero_test_models.h"
 #include "tandem/parallel/activation_checkpoint.h"
 
@@ -138,6 +139,120 @@ INSTANTIATE_TEST_SUITE_P(
                                                                          : "AroundUnit") +
              "World" + std::to_string(std::get<1>(info.param));
     });
+
+// --- Parameters with several gradients in one backward ----------------------
+
+// A checkpointed block's backward is a pass of its own, so a parameter gets
+// one gradient per pass: a block called twice per forward, or a weight tied
+// across two checkpointed blocks. Each must reach the reduction, whatever
+// the stage and however early the groups would launch.
+template <typename Block>
+struct ReuseImpl : torch::nn::Module {
+  // `tie`: a parameter outside every block, used by two checkpointed calls.
+  ReuseImpl(int width, int calls, bool tie) : calls(calls) {
+    input = register_module("input", torch::nn::Linear(6, width));
+    first = register_module("first", Block(width));
+    if (tie) shared = register_parameter("shared", torch::randn({width, width}) * 0.3);
+    output = register_module("output", torch::nn::Linear(width, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = input(x);
+    for (int c = 0; c < calls; ++c) x = first->forward(x);
+    if (shared.defined()) {
+      const auto mix = [this](const torch::Tensor& h) { return h + torch::tanh(h.matmul(shared)); };
+      for (int c = 0; c < 2; ++c) x = checkpointing ? tandem::checkpoint(mix, x) : mix(x);
+    }
+    return output(x);
+  }
+  int calls;
+  bool checkpointing = false;
+  torch::nn::Linear input{nullptr}, output{nullptr};
+  Block first{nullptr};
+  torch::Tensor shared;
+};
+
+// `calls(step)`: how often the first block runs in that step's forward.
+template <typename Block>
+CkptParams train_reuse(int world, int stage, bool checkpointing, bool tie,
+                       const std::function<int(int)>& calls = [](int) { return 2; }) {
+  using Model = torch::nn::ModuleHolder<ReuseImpl<Block>>;
+  std::vector<Model> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(7);
+    models.emplace_back(8, 2, tie);
+    set_activation_checkpointing(*models.back(), checkpointing);
+    models.back()->checkpointing = checkpointing;
+  }
+  testing::Recipe recipe;
+  std::vector<CkptParams> out(world);
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Model& model = models[pg.rank()];
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5));
+    ZeroOptions options;
+    options.stage = stage;
+    options.reduce_bucket_size = 1;  // every parameter its own group: they launch at once
+    ZeroOptimizer zero(model, sgd, pg.shared_from_this(), options);
+    for (int step = 0; step < 3; ++step) {
+      model->calls = calls(step);
+      zero.zero_grad();
+      auto [x, y] = testing::micro_batch(recipe, step, 0, pg.rank(), pg.world_size());
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      zero.step();
+    }
+    ZeroOptimizer::GatheredParameters whole(zero);
+    for (const auto& item : model->named_parameters()) {
+      out[pg.rank()][item.key()] = item.value().detach().clone();
+    }
+  });
+  return out[0];
+}
+
+class CheckpointedReuse : public ::testing::TestWithParam<std::tuple<int, int, bool>> {};
+
+TEST_P(CheckpointedReuse, EveryPassesGradientIsReduced) {
+  const auto [stage, world, tie] = GetParam();
+  const auto run = [&](bool checkpointing) {
+    return stage == 3
+               ? train_reuse<Sharded<CheckpointedImpl<BlockImpl>>>(world, 3, checkpointing, tie)
+               : train_reuse<Checkpointed<BlockImpl>>(world, stage, checkpointing, tie);
+  };
+  const CkptParams plain = run(false);
+  const CkptParams got = run(true);
+  ASSERT_EQ(got.size(), plain.size());
+  for (const auto& [name, value] : plain) {
+    EXPECT_TRUE(torch::allclose(got.at(name), value, 1e-6, 1e-7))
+        << name << " off by " << (got.at(name) - value).abs().max().item<float>();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StagesWorldsTies, CheckpointedReuse,
+    ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 3),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<int, int, bool>>& info) {
+      return "Stage" + std::to_string(std::get<0>(info.param)) + "World" +
+             std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "Tied" : "");
+    });
+
+// Fewer passes than counted reduce what came; more, after the group was
+// reduced, is an error naming the parameter rather than a silent loss.
+TEST(CheckpointedReuse, MorePassesThanCountedAreRefusedFewerAreReduced) {
+  const auto calls = [](int step) { return step == 1 ? 1 : 2; };
+  const CkptParams fewer_plain =
+      train_reuse<Checkpointed<BlockImpl>>(2, 2, false, false, calls);
+  const CkptParams fewer = train_reuse<Checkpointed<BlockImpl>>(2, 2, true, false, calls);
+  for (const auto& [name, value] : fewer_plain) {
+    EXPECT_TRUE(torch::allclose(fewer.at(name), value, 1e-6, 1e-7)) << name;
+  }
+  const std::string error = testing::usage_error_message([&] {
+    train_reuse<Checkpointed<BlockImpl>>(1, 2, true, false,
+                                         [](int step) { return step == 0 ? 2 : 3; });
+  });
+  EXPECT_NE(error.find("first.fc.weight (3 gradients, 2 counted)"), std::string::npos) << error;
+  EXPECT_NE(error.find("call each checkpointed block the same number of times"),
+            std::string::npos)
+      << error;
+}
 
 // --- End-of-backward callbacks ---------------------------------------------
 

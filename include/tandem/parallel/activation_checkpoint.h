@@ -26,8 +26,10 @@
 // recompute runs under the autocast state of the forward, not the one around
 // backward. Parameters receive their gradients through their own
 // AccumulateGrad nodes, so DDP's bucket hooks and ZeRO's reduce-scatter see
-// them as usual; ZeRO-3 units inside or around a checkpointed block are
-// gathered for the recompute and released after it.
+// them as usual (a block run twice per forward gives its parameters two, one
+// per pass: DDP needs static_graph for that, ZeRO counts them, zero.md);
+// ZeRO-3 units inside or around a checkpointed block are gathered for the
+// recompute and released after it.
 //
 // Limits, as torch's reentrant checkpoint: backward must be a plain
 // loss.backward() (torch::autograd::grad(), backward with `inputs` or
