@@ -51,6 +51,7 @@ std::optional<ZeroOptions> zero_options(const ZeroConfig& zero) {
   // warned that the key does nothing there, and so it does nothing.
   options.offload_param = zero.offload_param == OffloadDevice::kCpu && zero.stage == 3;
   options.pin_memory = zero.offload_pin_memory;
+  options.pin_param_memory = zero.offload_param_pin_memory;
   options.prefetch_bucket_size = zero.stage3_prefetch_bucket_size;
   options.max_live_parameters = zero.stage3_max_live_parameters;
   options.param_persistence_threshold = zero.stage3_param_persistence_threshold;

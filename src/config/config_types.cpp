@@ -118,6 +118,7 @@ bool same(const LossScaleConfig& a, const LossScaleConfig& b) {
 bool same(const ZeroConfig& a, const ZeroConfig& b) {
   return a.stage == b.stage && a.offload_optimizer == b.offload_optimizer &&
          a.offload_param == b.offload_param && a.offload_pin_memory == b.offload_pin_memory &&
+         a.offload_param_pin_memory == b.offload_param_pin_memory &&
          a.reduce_bucket_size == b.reduce_bucket_size &&
          a.stage3_prefetch_bucket_size == b.stage3_prefetch_bucket_size &&
          a.stage3_param_persistence_threshold == b.stage3_param_persistence_threshold &&

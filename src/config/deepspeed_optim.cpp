@@ -101,10 +101,25 @@ const KeyTable& optimizer_params_keys(const std::string& type) {
                         "gradient_clipping at the config's top level instead"}};
   static const KeyTable adam_params{
       {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
-      {{"amsgrad", "is not implemented: tandem's Adam keeps no max of the second moments; "
-                   "ignored", {"false"}},
-       {"bias_correction", "is not implemented: tandem's Adam always corrects the moments' "
-                           "bias; ignored", {"true"}},
+      // Each would train something else than the file asks for: refused
+      // when set away from the default (DeepSpeed's FusedAdam and CPU Adam
+      // refuse amsgrad too; both apply bias_correction false).
+      {{"amsgrad", "false is the default", {"false"},
+        [](const Value& v) {
+          if (v.as_bool()) {
+            v.fail("is not implemented: tandem's Adam keeps no max of the second moments "
+                   "(DeepSpeed's FusedAdam and CPU Adam refuse it too)",
+                   "remove amsgrad, or set it to false");
+          }
+        }},
+       {"bias_correction", "true is the default", {"true"},
+        [](const Value& v) {
+          if (!v.as_bool()) {
+            v.fail("false is not implemented: tandem's Adam always corrects the moments' bias, "
+                   "so it would train differently from DeepSpeed's",
+                   "remove bias_correction, or set it to true");
+          }
+        }},
        {"fused", implementation, {"null"}},
        {"foreach", implementation, {"null"}},
        maximize,

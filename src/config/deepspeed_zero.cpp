@@ -23,7 +23,10 @@ OffloadDevice read_device(const Value& v) {
 void read_offload(const Value& block, bool optimizer, OffloadDevice& device, Config& config) {
   for_each_key(block, offload_keys(optimizer), [&](const std::string& key, const Value& v) {
     if (key == "device") device = read_device(v);
-    if (key == "pin_memory") config.zero.offload_pin_memory = v.as_bool();
+    if (key == "pin_memory") {
+      (optimizer ? config.zero.offload_pin_memory : config.zero.offload_param_pin_memory) =
+          v.as_bool();
+    }
   });
 }
 
@@ -49,9 +52,18 @@ const KeyTable& offload_keys(bool optimizer) {
   static const KeyTable optimizer_table{
       {"device", "pin_memory"},
       [] {
-        auto keys = notes_for({"nvme_path", "buffer_count", "pipeline_read", "pipeline_write",
-                               "fast_init", "ratio"},
-                              tunes, {"null", "false"});
+        // Quiet at DeepSpeed's defaults (DeepSpeedZeroOffloadOptimizerConfig):
+        // ratio 1.0 is what tandem does, offloading all of the state.
+        std::vector<KeyNote> keys;
+        for (const auto& [key, quiet] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+                 {"nvme_path", {"null"}},
+                 {"buffer_count", {"4"}},
+                 {"pipeline_read", {"false"}},
+                 {"pipeline_write", {"false"}},
+                 {"fast_init", {"false"}},
+                 {"ratio", {"1", "1.0"}}}) {
+          for (auto& n : notes_for({key}, tunes, quiet)) keys.push_back(std::move(n));
+        }
         for (auto& n : notes_for({"super_offload", "cpuadam_cores_perc"},
                                  "tunes DeepSpeed's SuperOffload CPU optimizer: tandem's CPU Adam "
                                  "uses the intra-op threads; ignored",
@@ -66,7 +78,18 @@ const KeyTable& offload_keys(bool optimizer) {
                 "remove it")};
   static const KeyTable param_table{
       {"device", "pin_memory"},
-      notes_for({"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}, tunes, {"null"}),
+      [] {
+        // Quiet at DeepSpeed's defaults (DeepSpeedZeroOffloadParamConfig).
+        std::vector<KeyNote> keys;
+        for (const auto& [key, quiet] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+                 {"nvme_path", {"null"}},
+                 {"buffer_count", {"5"}},
+                 {"buffer_size", {"1e8", "100000000", "1.0e8"}},
+                 {"max_in_cpu", {"1e9", "1000000000", "1.0e9"}}}) {
+          for (auto& n : notes_for({key}, tunes, quiet)) keys.push_back(std::move(n));
+        }
+        return keys;
+      }(),
       notes_for({"pipeline_read", "pipeline_write", "pipeline", "fast_init", "ratio",
                  "super_offload", "cpuadam_cores_perc"},
                 "is not a key of offload_param (DeepSpeed refuses it too; it belongs to "
@@ -217,7 +240,8 @@ void read_zero_optimization(const Value& block, Config& config, Dialect dialect)
     } else if (key == "cpu_offload_param") {
       if (v.as_bool()) zero.offload_param = OffloadDevice::kCpu;
     } else if (key == "cpu_offload_use_pin_memory") {
-      zero.offload_pin_memory = v.as_bool();
+      zero.offload_pin_memory = v.as_bool();  // the deprecated key is both blocks'
+      zero.offload_param_pin_memory = zero.offload_pin_memory;
     } else if (key == "zero_hpz_partition_size") {
       // Whether it divides the world is known at resolve_config(). tandem
       // YAML also says `ranks_per_host` (what FSDP's HYBRID_SHARD maps to).

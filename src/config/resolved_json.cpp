@@ -22,7 +22,7 @@ ResolvedJson zero_json(const ZeroConfig& z) {
   out["offload_optimizer"] = {{"device", to_string(z.offload_optimizer)},
                               {"pin_memory", z.offload_pin_memory}};
   out["offload_param"] = {{"device", to_string(z.offload_param)},
-                          {"pin_memory", z.offload_pin_memory}};
+                          {"pin_memory", z.offload_param_pin_memory}};
   out["reduce_bucket_size"] = z.reduce_bucket_size;
   out["stage3_prefetch_bucket_size"] = z.stage3_prefetch_bucket_size;
   out["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;

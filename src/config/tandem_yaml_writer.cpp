@@ -145,7 +145,7 @@ void write_zero(Writer& w, const Config& c) {
   w.line(2, "pin_memory", flag(z.offload_pin_memory));
   w.line(1, "offload_param", "");
   w.line(2, "device", to_string(z.offload_param));
-  w.line(2, "pin_memory", flag(z.offload_pin_memory));
+  w.line(2, "pin_memory", flag(z.offload_param_pin_memory));
   w.line(1, "reduce_bucket_size", w.size(p + "reduce_bucket_size", z.reduce_bucket_size));
   // The stage-3 limits: below stage 3 they do nothing, and reading them
   // there warns, so they are written only where they were set.

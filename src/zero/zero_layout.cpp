@@ -240,7 +240,9 @@ void ZeroLayout::finish_group(FlatGroup& group, ProcessGroup& pg, ProcessGroup* 
   const bool fp32_params = dtype == at::kFloat;
   if (group.partitioned_params) {
     group.param_shard = adopted ? my_slice : my_slice.clone();
-    if (options_.offload_param) group.param_shard = to_state_device(group.param_shard);
+    if (options_.offload_param) {
+      group.param_shard = to_state_device(group.param_shard, options_.pin_param_memory);
+    }
     group.master_is_param = fp32_params && group.param_shard.device() == state_device_;
     internals::release_storage(group.full);  // the UnitGatherer's until the first forward
   } else {
@@ -289,9 +291,13 @@ at::Tensor ZeroLayout::empty_state(int64_t n) const {
 }
 
 at::Tensor ZeroLayout::to_state_device(const at::Tensor& t) const {
+  return to_state_device(t, options_.pin_memory);
+}
+
+at::Tensor ZeroLayout::to_state_device(const at::Tensor& t, bool pin) const {
   if (t.device() == state_device_) return t;
   at::Tensor out = at::empty(t.sizes(), t.options().device(state_device_).pinned_memory(
-                                            state_device_.is_cpu() && options_.pin_memory));
+                                            state_device_.is_cpu() && device_.is_cuda() && pin));
   out.copy_(t);
   return out;
 }

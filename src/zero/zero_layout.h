@@ -73,6 +73,8 @@ class ZeroLayout {
   // `t` copied to where the optimizer state lives (pinned host memory when
   // it is offloaded from a GPU), or `t` itself when it is already there.
   at::Tensor to_state_device(const at::Tensor& t) const;
+  // The same, pinned as `pin` says (offload_param's pin_memory).
+  at::Tensor to_state_device(const at::Tensor& t, bool pin) const;
   std::vector<std::vector<std::string>> group_names() const;
 
  private:

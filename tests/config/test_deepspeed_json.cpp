@@ -93,11 +93,11 @@ TEST(DeepSpeedJson, ReadsZeroStage3WithParamOffloadOneCycleBf16AndComments) {
   EXPECT_TRUE(c.activation_checkpointing.enabled);
 
   // One line per recognised key asking for what tandem does not do; the
-  // default sub_group_size (1e9) and overlap_comm: true ask for nothing.
+  // default sub_group_size (1e9), overlap_comm: true and offload_param's
+  // buffer_count 5 ask for nothing.
   EXPECT_EQ(warned_keys(c),
             (std::vector<std::string>{
                 "activation_checkpointing.partition_activations",
-                "zero_optimization.offload_param.buffer_count",
                 "zero_optimization.stage3_max_reuse_distance"}));
   // The tensorboard block is read (off here), with DeepSpeed's job name.
   EXPECT_FALSE(c.tensorboard.enabled);
@@ -229,6 +229,70 @@ TEST(DeepSpeedJson, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {
   Config c = parse_config_text(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})",
                                "ds.json");
   EXPECT_EQ(c.zero.offload_optimizer, OffloadDevice::kCpu);
+}
+
+// Each offload block has its own pin_memory, as in DeepSpeed's models: a
+// template's offload_param {device: none, pin_memory: false} must not turn
+// pinning off for the optimizer's offload. The deprecated key sets both.
+TEST(DeepSpeedJson, EachOffloadBlockKeepsItsOwnPinMemory) {
+  for (const char* order :
+       {R"({"zero_optimization": {"stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": true},
+            "offload_param": {"device": "none", "pin_memory": false}}})",
+        R"({"zero_optimization": {"stage": 3,
+            "offload_param": {"device": "none", "pin_memory": false},
+            "offload_optimizer": {"device": "cpu", "pin_memory": true}}})"}) {
+    Config c = parse_config_text(order, "ds.json");
+    EXPECT_TRUE(c.zero.offload_pin_memory) << order;
+    EXPECT_FALSE(c.zero.offload_param_pin_memory) << order;
+    Config back = parse_config_text(to_tandem_yaml(c), "back.yaml");
+    EXPECT_TRUE(back.zero.offload_pin_memory);
+    EXPECT_FALSE(back.zero.offload_param_pin_memory);
+  }
+  Config old = parse_config_text(
+      R"({"zero_optimization": {"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": false}})",
+      "ds.json");
+  EXPECT_FALSE(old.zero.offload_pin_memory);
+  EXPECT_FALSE(old.zero.offload_param_pin_memory);
+}
+
+// DeepSpeed's offload tuning keys say nothing at its defaults (ratio 1.0 is
+// what tandem does) and warn away from them.
+TEST(DeepSpeedJson, OffloadTuningKeysAreQuietAtDeepSpeedsDefaults) {
+  Config quiet = parse_config_text(
+      R"({"zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "cpu", "buffer_count": 4, "ratio": 1.0,
+                                "fast_init": false, "pipeline_read": false},
+          "offload_param": {"device": "cpu", "buffer_count": 5, "buffer_size": 1e8,
+                            "max_in_cpu": 1e9}}})",
+      "ds.json");
+  EXPECT_EQ(warned_keys(quiet), std::vector<std::string>{});
+  Config loud = parse_config_text(
+      R"({"zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "cpu", "ratio": 0.3},
+          "offload_param": {"device": "cpu", "buffer_count": 8}}})",
+      "ds.json");
+  EXPECT_EQ(warned_keys(loud), (std::vector<std::string>{
+                                   "zero_optimization.offload_optimizer.ratio",
+                                   "zero_optimization.offload_param.buffer_count"}));
+}
+
+// Adam settings tandem's Adam cannot follow would train something else:
+// refused away from their defaults, quiet at them.
+TEST(DeepSpeedJson, AdamsAmsgradAndUncorrectedBiasAreRefused) {
+  for (const char* type : {"Adam", "AdamW"}) {
+    const std::string head = std::string(R"({"optimizer": {"type": ")") + type +
+                             R"(", "params": {"lr": 0.001, )";
+    EXPECT_TRUE(contains(parse_error(head + R"("amsgrad": true}}})", "ds.json"),
+                         "amsgrad: is not implemented"))
+        << type;
+    EXPECT_TRUE(contains(parse_error(head + R"("bias_correction": false}}})", "ds.json"),
+                         "bias_correction: false is not implemented"))
+        << type;
+    EXPECT_EQ(warned_keys(parse_config_text(
+                  head + R"("amsgrad": false, "bias_correction": true}}})", "ds.json")),
+              std::vector<std::string>{});
+  }
 }
 
 // DeepSpeed 0.19.8's keys: accepted (warned, or quiet at their defaults);

@@ -71,7 +71,8 @@ struct ZeroConfig {
   int stage = 0;  // 0: plain data parallel (DDP)
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
   OffloadDevice offload_param = OffloadDevice::kNone;
-  bool offload_pin_memory = true;
+  bool offload_pin_memory = true;        // offload_optimizer.pin_memory
+  bool offload_param_pin_memory = true;  // offload_param.pin_memory
   int64_t reduce_bucket_size = 500'000'000;  // elements, as DeepSpeed counts
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;

@@ -27,7 +27,7 @@
 // backward. Parameters receive their gradients through their own
 // AccumulateGrad nodes, so DDP's bucket hooks and ZeRO's reduce-scatter see
 // them as usual (a block run twice per forward gives its parameters two, one
-// per pass: DDP needs static_graph for that, ZeRO counts them, zero.md);
+// per pass: DDP needs static_graph for that, ZeRO counts them, docs/zero.md);
 // ZeRO-3 units inside or around a checkpointed block are gathered for the
 // recompute and released after it.
 //

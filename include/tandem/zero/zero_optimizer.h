@@ -104,6 +104,7 @@ struct ZeroOptions {
   bool offload_optimizer = false;  // master weights + optimizer state on the host
   bool offload_param = false;      // stage 3: parameter shards on the host
   bool pin_memory = true;          // host buffers pinned when the model is on CUDA
+  bool pin_param_memory = true;    // the same for offload_param's parameter shards
   // Threads for the CPU Adam update; 0: LibTorch's intra-op thread count.
   int cpu_adam_threads = 0;
   // DeepSpeed's allgather_bucket_size, in elements: the all-gather that
