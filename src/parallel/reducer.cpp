@@ -383,12 +383,36 @@ void Reducer::finalize_backward() {
   for (std::size_t i : unused) {
     if (used_somewhere[i]) params_[i].mutable_grad() = grad_view(i);
   }
+  if (search || options_.static_graph) drop_gradients_nobody_made(used_somewhere);
   ++sync_count_;
   if (!rebuilt_) rebuild_from_ready_order();
   if (after_sync_) after_sync_();
   if (time_waits_) {
     wait_seconds_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  }
+}
+
+void Reducer::drop_gradients_nobody_made(const std::vector<bool>& used_somewhere) {
+  // PyTorch's reducer leaves a parameter no rank used without a gradient
+  // when zero_grad() set it to None, and the optimizer then skips it (no
+  // momentum, no weight decay), as one process would. tandem's zero_grad
+  // zeroes the bucket views in place instead, so a view that is still all
+  // zeros here stands for None; one holding a gradient the user kept (no
+  // zero_grad) stays, as PyTorch keeps it. One sync for all of them.
+  std::vector<std::size_t> candidates;
+  std::vector<at::Tensor> grads;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (used_somewhere[i] || !params_[i].grad().defined()) continue;
+    candidates.push_back(i);
+    grads.push_back(params_[i].grad());
+  }
+  if (candidates.empty()) return;
+  torch::NoGradGuard no_grad;
+  const at::Tensor zero = at::stack(at::_foreach_norm(grads)).eq(0).cpu();
+  const auto* is_zero = zero.data_ptr<bool>();
+  for (std::size_t k = 0; k < candidates.size(); ++k) {
+    if (is_zero[k]) params_[candidates[k]].mutable_grad() = at::Tensor();
   }
 }
 

@@ -72,6 +72,9 @@ class Reducer {
   void launch_ready_buckets();
   void finish_launched();
   void abandon_launched();
+  // After a synchronised backward that searched for unused parameters: a
+  // parameter no rank used whose .grad holds nothing but zeros gets none.
+  void drop_gradients_nobody_made(const std::vector<bool>& used_somewhere);
   void rebuild_from_ready_order();
   [[noreturn]] void throw_unused(const std::vector<std::size_t>& unused);
   [[noreturn]] void throw_fired_again();
