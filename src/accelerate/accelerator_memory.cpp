@@ -47,19 +47,31 @@ bool cpu_allocator_out_of_memory(const c10::Error& e) {
 }  // namespace accelerator_memory_detail
 
 int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t)>& fn,
-                                                int64_t starting_batch_size) {
+                                                int64_t starting_batch_size,
+                                                const std::function<int64_t(int64_t)>& reduce) {
   TANDEM_CHECK_ARG(fn != nullptr, "Accelerator::find_executable_batch_size: fn is empty");
   TANDEM_CHECK_ARG(starting_batch_size >= 1,
                    "Accelerator::find_executable_batch_size: starting_batch_size must be >= 1, "
                    "got {}",
                    starting_batch_size);
   const int world = num_processes();
-  for (int64_t batch_size = starting_batch_size;; batch_size /= 2) {
+  // Accelerate's reduce_batch_size_fn default: int(batch_size * 0.9), in
+  // the same double arithmetic, so the sizes tried are Accelerate's.
+  const auto next_size = [&](int64_t batch_size) {
+    if (!reduce) return static_cast<int64_t>(static_cast<double>(batch_size) * 0.9);
+    const int64_t smaller = reduce(batch_size);
+    TANDEM_CHECK_ARG(smaller < batch_size,
+                     "Accelerator::find_executable_batch_size: reduce({}) returned {}, which is "
+                     "not smaller; the search would never end. Return a smaller size",
+                     batch_size, smaller);
+    return smaller;
+  };
+  for (int64_t batch_size = starting_batch_size;; batch_size = next_size(batch_size)) {
     // Every rank reaches this with the same batch_size (decided below from
     // what all ranks reported), so every rank throws here alike.
     TANDEM_CHECK_ARG(batch_size >= 1,
                      "Accelerator::find_executable_batch_size: no executable batch size found: "
-                     "every size from {} down to 1 ran out of memory on some rank. Free memory "
+                     "every size tried from {} down ran out of memory on some rank. Free memory "
                      "(a smaller model, mixed precision, ZeRO, activation checkpointing) or "
                      "check that fn releases what an attempt allocated",
                      starting_batch_size);
@@ -102,10 +114,10 @@ int64_t Accelerator::find_executable_batch_size(const std::function<void(int64_t
       }
     }
     if (out_of_memory.empty()) return batch_size;
-    if (is_main_process() && batch_size > 1) {
+    if (is_main_process()) {
       log_warn("find_executable_batch_size: batch size {} ran out of memory on rank(s) {}; "
-               "retrying with {}",
-               batch_size, fmt::join(out_of_memory, ", "), batch_size / 2);
+               "trying a smaller one",
+               batch_size, fmt::join(out_of_memory, ", "));
     }
     compat::empty_cuda_cache();
   }

@@ -13,6 +13,7 @@
 #include "support/accelerator_testing.h"
 #include "support/ddp_test_models.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/core/error.h"
 
@@ -97,6 +98,43 @@ TEST_P(Worlds, FreeMemoryDropsThePreparedObjectsAndAFreshPrepareTrains) {
   });
 }
 
+// Accelerate's reduce_batch_size_fn, passed where a test pins halving.
+int64_t halve(int64_t batch_size) { return batch_size / 2; }
+
+// By default each retry takes int(batch_size * 0.9), as Accelerate 1.x's
+// find_executable_batch_size does, down to its "reached zero" error; a
+// reduce function that does not shrink is refused rather than looping.
+TEST_P(Worlds, BatchSizeSearchShrinksByAccelerates0Point9ByDefault) {
+  const int world = GetParam();
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    std::vector<int64_t> tried;
+    const int64_t found = accelerator.find_executable_batch_size(
+        [&](int64_t batch_size) {
+          tried.push_back(batch_size);
+          if (pg.rank() == 0 && batch_size > 20) throw std::bad_alloc();
+        },
+        40);
+    EXPECT_EQ(found, 19);
+    EXPECT_EQ(tried, (std::vector<int64_t>{40, 36, 32, 28, 25, 22, 19}));
+    tried.clear();
+    EXPECT_THROW(accelerator.find_executable_batch_size(
+                     [&](int64_t batch_size) {
+                       tried.push_back(batch_size);
+                       throw std::bad_alloc();
+                     },
+                     3),
+                 UsageError);
+    EXPECT_EQ(tried, (std::vector<int64_t>{3, 2, 1}));
+    const std::string stuck = testing::usage_error_message([&] {
+      accelerator.find_executable_batch_size([](int64_t) { throw std::bad_alloc(); }, 8,
+                                             [](int64_t b) { return b; });
+    });
+    EXPECT_NE(stuck.find("reduce(8) returned 8, which is not smaller"), std::string::npos)
+        << stuck;
+  });
+}
+
 TEST_P(Worlds, BatchSizeSearchAgreesWhenOnlyOneRankRunsOutOfMemory) {
   const int world = GetParam();
   run_ranks(world, [&](ProcessGroup& pg) {
@@ -113,7 +151,7 @@ TEST_P(Worlds, BatchSizeSearchAgreesWhenOnlyOneRankRunsOutOfMemory) {
             TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (simulated)");
           }
         },
-        40);
+        40, halve);
     EXPECT_EQ(found, 5) << "rank " << r;
     EXPECT_EQ(tried, (std::vector<int64_t>{40, 20, 10, 5})) << "rank " << r;
   });
@@ -133,7 +171,7 @@ TEST_P(Worlds, BatchSizeSearchHalvesOnTheCpuAllocatorsOutOfMemory) {
           // Petabytes above 8: a real allocation the allocator refuses.
           if (batch_size > 8) (void)torch::empty({batch_size << 47}, torch::kByte);
         },
-        64);
+        64, halve);
     EXPECT_EQ(found, 8);
     EXPECT_EQ(tried, (std::vector<int64_t>{64, 32, 16, 8}));
     EXPECT_THROW(accelerator.find_executable_batch_size(
@@ -155,7 +193,7 @@ TEST_P(Worlds, BatchSizeSearchRethrowsOtherErrorsAndStopsAtZero) {
             if (batch_size > 4) throw std::bad_alloc();
             if (r == 1) throw std::runtime_error("disk full");
           },
-          16);
+          16, halve);
       ADD_FAILURE() << "no error on rank " << r;
     } catch (const Error& e) {
       EXPECT_NE(r, 1) << "rank 1 should get its own std::runtime_error";
@@ -172,7 +210,7 @@ TEST_P(Worlds, BatchSizeSearchRethrowsOtherErrorsAndStopsAtZero) {
             ++calls;
             if (r == 0) throw std::bad_alloc();
           },
-          6);
+          6, halve);
       ADD_FAILURE() << "reached zero without an error";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("no executable batch size"), std::string::npos);

@@ -278,9 +278,11 @@ class Accelerator {
   bool check_trigger();
   // Drops everything prepared, step count back to 0. Between steps.
   void free_memory();
-  // fn(batch_size), halving after an OOM on any rank. Collective.
+  // fn(batch_size), and after an OOM on any rank fn(reduce(batch_size)):
+  // by default int(batch_size * 0.9), as Accelerate's. Collective.
   int64_t find_executable_batch_size(const std::function<void(int64_t)>& fn,
-                                     int64_t starting_batch_size);
+                                     int64_t starting_batch_size,
+                                     const std::function<int64_t(int64_t)>& reduce = {});
   // The bare first prepared model (null before any).
   std::shared_ptr<torch::nn::Module> unwrap_model() const;
   // The ZeroOptimizer sharding the first model (or `model`), else nullptr.
