@@ -129,5 +129,28 @@ TEST(PythonUnderLaunch, PythonBehindEnvAShebangOrAWrapperGetsItsStore) {
   EXPECT_NE(refused.err.find("add --c10d-store"), std::string::npos) << refused.err;
 }
 
+// A tandem YAML's training settings reach tandem programs only: a Python
+// script is told which it will not see (they come to Accelerate as
+// ACCELERATE_* variables, from an Accelerate config); a tandem program is not.
+TEST(PythonUnderLaunch, IsToldWhichTandemYamlSettingsItDoesNotSee) {
+  testing::TempDir dir;
+  const std::string yaml = dir.path() + "/tandem.yaml";
+  testing::write_text(yaml, "mixed_precision: bf16\ngradient_accumulation_steps: 4\n");
+  const std::string py = dir.path() + "/show.py";
+  testing::write_text(py, "import os\nprint('mp', os.environ.get('ACCELERATE_MIXED_PRECISION'))\n");
+  auto r = run_process(launch({"--nproc-per-node", "1", "--config-file", yaml, TANDEM_PEER_PYTHON,
+                               py}),
+                       120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("mp None"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("a Python program gets its launch settings (processes, ranks, addresses) "
+                       "but not mixed_precision bf16, gradient_accumulation_steps 4"),
+            std::string::npos)
+      << r.err;
+  auto plain = run_process(launch({"--nproc-per-node", "1", "--config-file", yaml, "true"}), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("a Python program"), std::string::npos) << plain.err;
+}
+
 }  // namespace python_programs_test
 }  // namespace tandem

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/cuda.h>
 
@@ -181,6 +182,30 @@ bool run_under_python(const LaunchOptions& opts) {
          ::access(exe.c_str(), F_OK) == 0 && ::access(exe.c_str(), X_OK) != 0;
 }
 
+// A Python script built on HF Accelerate takes its training settings from
+// the ACCELERATE_* variables, which only an Accelerate config gives
+// (accelerate_env.h); a tandem YAML's reach tandem programs alone. Said, so
+// that a bf16 config does not train in fp32 without a word.
+void warn_python_misses_training_settings(const Config& config, const std::string& file) {
+  std::vector<std::string> unseen;
+  if (config.mixed_precision != MixedPrecision::kNo) {
+    unseen.push_back(fmt::format("mixed_precision {}", to_string(config.mixed_precision)));
+  }
+  if (config.gradient_accumulation_steps.value_or(1) != 1) {
+    unseen.push_back(
+        fmt::format("gradient_accumulation_steps {}", *config.gradient_accumulation_steps));
+  }
+  if (config.zero.stage > 0) unseen.push_back(fmt::format("ZeRO stage {}", config.zero.stage));
+  if (unseen.empty()) return;
+  std::fprintf(stderr,
+               "tandem launch: %s is a tandem YAML file; a Python program gets its launch "
+               "settings (processes, ranks, addresses) but not %s: HF Accelerate reads those "
+               "from ACCELERATE_* variables, which only an Accelerate config file sets. Give "
+               "the script an Accelerate config (`accelerate config`), or set them in its "
+               "code\n",
+               file.c_str(), fmt::format("{}", fmt::join(unseen, ", ")).c_str());
+}
+
 }  // namespace
 
 int run_launch_command(int argc, char** argv) {
@@ -300,6 +325,9 @@ int run_launch_command(int argc, char** argv) {
                  "--nnodes above 1, no --node-rank); this launch gives each node its rank\n");
   }
   const bool python = opts.c10d_store || runs_under_python || is_python_program(opts.program);
+  if (python && config && config->format == ConfigFormat::kTandemYaml && !opts.env_from_stdin) {
+    warn_python_misses_training_settings(*config, opts.config_file);
+  }
   std::unique_ptr<StoreServer> store;
   auto host_store = [&] {
     StoreServerOptions store_options;
