@@ -148,6 +148,23 @@ TEST(ConfigWizard, GpuIdsMustBeDistinctAndCoverEveryProcess) {
   EXPECT_EQ(wizard.answers().at("gpu_ids"), "1,3");
 }
 
+// As Accelerate's wizard: multi-GPU with one process on one machine is no
+// distributed training, refused and never offered as the default.
+TEST(ConfigWizard, OneGpuProcessOnOneMachineIsRefused) {
+  ConfigWizard wizard(WizardContext{1});
+  answer_all(wizard, {"", "multi-gpu", "1"});
+  ASSERT_EQ(wizard.current().key, "num_processes");
+  EXPECT_EQ(wizard.current().default_answer, "2");
+  auto one = wizard.answer("1");
+  EXPECT_FALSE(one.accepted);
+  EXPECT_NE(one.message.find("choose 'no' distributed training"), std::string::npos)
+      << one.message;
+  ConfigWizard two_machines;
+  answer_all(two_machines, {"", "multi-gpu", "2", "0", "10.0.0.1", ""});
+  ASSERT_EQ(two_machines.current().key, "num_processes");
+  EXPECT_TRUE(two_machines.answer("2").accepted);
+}
+
 TEST(ConfigWizard, ClusterSkipsTheMachineQuestionsWithANote) {
   ConfigWizard wizard;
   auto outcome = wizard.answer("cluster");

@@ -157,10 +157,13 @@ std::optional<Question> ConfigWizard::next_question() const {
     const int64_t machines = get_int("num_machines", 1);
     const bool gpu = type == "multi-gpu";
     const int64_t per_machine = gpu ? std::max(1, context_.local_gpus) : 1;
+    // One GPU process on one machine is refused (validate()): not offered.
+    const int64_t total = gpu && machines == 1 ? std::max<int64_t>(2, per_machine)
+                                               : machines * per_machine;
     return value("num_processes",
                  gpu ? "How many processes in total, across all machines (one per GPU)?"
                      : "How many CPU processes in total, across all machines?",
-                 AnswerKind::kInteger, std::to_string(machines * per_machine), 1, kMaxCount);
+                 AnswerKind::kInteger, std::to_string(total), 1, kMaxCount);
   }
   // On a cluster the scheduler picks the GPUs (CUDA_VISIBLE_DEVICES).
   if (type == "multi-gpu" && local && missing("gpu_ids")) {
@@ -240,6 +243,12 @@ std::string ConfigWizard::validate(const Question& question, const std::string& 
       }
       if (question.key == "num_processes") {
         const int64_t machines = get_int("num_machines", 1);
+        // Accelerate's wizard refuses this too: one GPU on one machine is
+        // no distributed training.
+        if (*number == 1 && machines == 1 && get("distributed_type") == "multi-gpu") {
+          return "multi-GPU with 1 process on 1 machine is no distributed training: answer 2 or "
+                 "more, or start again and choose 'no' distributed training";
+        }
         if (*number % machines != 0) {
           return fmt::format(
               "{} processes cannot be split evenly over {} machines; every machine runs the "
