@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
       // overflow, are not optimizer steps.
       if (!accelerator.sync_gradients() || optimizer->step_was_skipped()) continue;
       const int64_t step = accelerator.step();
-      if (step % args.log_every == 0 || step == args.max_steps) {
+      if (step % args.log_every == 0 || step >= last_step) {
         loss_value = accelerator.reduce(loss.detach(), tandem::ReduceOp::kAvg).item<double>();
         lap();
         const double rate = static_cast<double>(tokens) / train_seconds;

@@ -5,7 +5,7 @@
 //
 //   tandem::ZeroOptions options;
 //   options.stage = 3;
-//   options.auto_wrap.policy = tandem::AutoWrapPolicy::kTransformerLayer;
+//   options.auto_wrap.policy = tandem::AutoWrapOptions::kTransformerLayer;
 //   options.auto_wrap.layer_types = {"Block"};   // BlockImpl, ns::BlockImpl
 //   tandem::ZeroOptimizer zero(model, adamw, pg, options);
 //
