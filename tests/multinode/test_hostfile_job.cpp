@@ -48,6 +48,31 @@ TEST(HostfileJob, ThreeHostsTrainTheQuickstartModelLikeOneProcess) {
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
 }
 
+// Accelerate's way to the same job: deepspeed_hostfile and its inclusion
+// filter in the config's deepspeed_config block. The head hands the config
+// on to every host's launcher, which must not read those keys again.
+TEST(HostfileJob, AnAccelerateConfigsDeepSpeedHostfileStartsEveryHost) {
+  SshCluster c(2);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string config = c.dir.path() + "/accelerate.yaml";
+  std::ofstream(config) << "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                           "use_cpu: true\nnum_machines: 2\nmixed_precision: 'no'\n"
+                           "deepspeed_config:\n  zero_stage: 1\n"
+                           "  deepspeed_hostfile: " << c.hostfile << "\n"
+                           "  deepspeed_inclusion_filter: " << c.cluster.address(0) << ":0@"
+                        << c.cluster.address(1) << "\n"
+                           "  deepspeed_multinode_launcher: pdsh\n";
+  BackgroundProcess head(
+      c.launch(29693, {"--config-file", config}, {bin("launch_test_worker"), "allreduce"}));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("tandem launch: 2 host(s) from " + c.hostfile + ", 3 process(es)"),
+            std::string::npos)
+      << r.err;
+  testing::expect_all_reduced(r.out, 3);
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
 TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
