@@ -1,5 +1,6 @@
 // A worker program for the launcher tests. Usage: launch_test_worker MODE [ARGS]
-//   allreduce           join the group, all-reduce rank+1, check the sum
+//   allreduce           join the group, all-reduce rank+1, check the sum (and
+//                       print TORCHELASTIC_MAX_RESTARTS)
 //   exit CODE RANK      rank RANK exits with CODE after joining; others hang
 //   hang                join the group, then hang until killed
 //   exit-on-first-attempt CODE RANK   restart 0 (TANDEM_RESTART_COUNT): rank RANK
@@ -107,10 +108,12 @@ int main(int argc, char** argv) {
       pg->all_reduce(t);
       const float want = pg->world_size() * (pg->world_size() + 1) / 2.0f;
       const bool ok = t.eq(want).all().item<bool>();
-      std::printf("rank %d/%d allreduce %s sum=%g source=%s local=%d/%d threads=%d\n",
+      const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+      std::printf("rank %d/%d allreduce %s sum=%g source=%s local=%d/%d threads=%d "
+                  "max_restarts=%s\n",
                   pg->rank(), pg->world_size(), ok ? "ok" : "WRONG", t[0].item<float>(),
                   tandem::to_string(env.source), env.local_rank, env.local_world_size,
-                  at::get_num_threads());
+                  at::get_num_threads(), max_restarts != nullptr ? max_restarts : "-");
       pg->barrier();
       return ok ? 0 : 1;
     }

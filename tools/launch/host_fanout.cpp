@@ -141,7 +141,10 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
       self, "launch", "--env-from-stdin", "--nnodes", std::to_string(hosts.size()),
       "--node-rank", std::to_string(node), "--nproc-per-node", std::to_string(hosts[node].pool),
       "--include", include_filter(hosts), "--master-addr", master, "--master-port",
-      std::to_string(opts.master_port), "--max-restarts", "0",  // the head restarts them
+      // The job's budget, for the workers' TORCHELASTIC_MAX_RESTARTS: an
+      // --env-from-stdin launcher never restarts its workers itself; the
+      // head restarts every host.
+      std::to_string(opts.master_port), "--max-restarts", std::to_string(opts.max_restarts),
       "--grace-period", std::to_string(opts.grace_period_s)};
   if (opts.mixed_precision) {
     args.insert(args.end(), {"--mixed-precision", to_string(*opts.mixed_precision)});

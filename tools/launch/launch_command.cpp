@@ -136,6 +136,12 @@ int report_failure(const GroupResult& result, const LaunchOptions& opts,
       run_dir.kept() ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
                      : "";
   const std::string what = render_failure_report(report, logs);
+  // A --hostfile job's host: its --max-restarts is the job's, which the
+  // head spends by restarting every host; this launcher only reports.
+  if (opts.env_from_stdin) {
+    std::fprintf(stderr, "tandem launch: job failed. %s\n", what.c_str());
+    return 1;
+  }
   if (attempt < opts.max_restarts) {
     std::fprintf(stderr,
                  "tandem launch: attempt %d failed. %s\ntandem launch: restarting all %zu "
