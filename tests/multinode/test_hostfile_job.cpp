@@ -94,6 +94,34 @@ TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
 }
 
+// The last line of `text` that is not empty.
+std::string last_line(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
+}
+
+TEST(HostfileJob, TheHostWhoseRankFailedIsNamedNotTheFirstToExit) {
+  SshCluster c(2);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  // Rank 2 (host 1) exits with 7 mid-training, leaving a child that holds
+  // host 1's launcher for 1 s more; host 0's ranks fail at once with
+  // communication errors, so host 0's launcher ends first.
+  BackgroundProcess head(c.head(29695, {bin("launch_test_worker"), "exit-in-loop", "7", "2"}));
+  auto r = head.wait(120);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string host0 = c.cluster.address(0), host1 = c.cluster.address(1);
+  EXPECT_NE(r.err.find("[" + host0 + "]: tandem launch: job failed. Root cause: rank "),
+            std::string::npos)
+      << "host 0's ranks did not fail with the communication error first: " << r.err;
+  EXPECT_NE(r.err.find("[" + host1 + "]: tandem launch: job failed. Root cause: rank 2 (pid "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(last_line(r.err), "tandem launch: host " + host1 + " (node 1, ranks 2-3) failed with "
+                              "exit code 1; stopped the other hosts")
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
 // A job of six ranks of launch_test_worker's `mode` (each writes its pid
 // into `pids` once all have met); returns when all six have.
 std::unique_ptr<BackgroundProcess> start_job(const SshCluster& c, int port,

@@ -12,6 +12,11 @@
 //   allreduce-then-hang join, all-reduce and barrier, then write the pid file
 //                       (so it marks a rank past its first collective) and hang
 //   hang-nojoin         hang without joining (no rendezvous needed)
+//   exit-in-loop CODE RANK  as allreduce-loop, but rank RANK exits with CODE
+//                       after 5 all-reduces, leaving a child that ignores
+//                       SIGTERM for 1 s (its launcher takes that long to stop);
+//                       the others record the CommError that follows (error
+//                       file) and exit 1
 //   config              resolve the config as a program would (TANDEM_CONFIG_FILE,
 //                       TANDEM_MIXED_PRECISION, ...) and print it; no rendezvous
 // With TANDEM_TEST_PID_DIR set, each rank writes its pid to DIR/rank<R>.pid
@@ -20,6 +25,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -132,6 +138,32 @@ int main(int argc, char** argv) {
       for (;;) {
         pg->all_reduce(t);
         ::usleep(50 * 1000);
+      }
+    }
+    if (mode == "exit-in-loop" && argc >= 4) {
+      auto t = at::ones({16});
+      pg->all_reduce(t);
+      pg->barrier();
+      write_pid(env);
+      try {
+        for (int i = 0;; ++i) {
+          if (i == 5 && pg->rank() == std::atoi(argv[3])) {
+            if (::fork() == 0) {
+              // Only stdio: the peers must see this rank's connections close.
+              ::close_range(3, ~0U, 0);
+              std::signal(SIGTERM, SIG_IGN);
+              ::sleep(1);
+              ::_exit(0);
+            }
+            return std::atoi(argv[2]);
+          }
+          pg->all_reduce(t);
+          ::usleep(50 * 1000);
+        }
+      } catch (const tandem::CommError& e) {
+        tandem::record_error(e);
+        std::fprintf(stderr, "launch_test_worker: %s\n", e.what());
+        return 1;
       }
     }
     if (mode == "allreduce-then-hang") {

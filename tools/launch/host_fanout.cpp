@@ -211,6 +211,14 @@ int report_host_failure(const WorkerExit& failed, const std::vector<SelectedHost
                  failed.signal);
     return 128 + failed.signal;
   }
+  if (failed.exit_code == kHostCommErrorExitCode) {
+    std::fprintf(stderr,
+                 "tandem launch: %s failed with exit code 1 (its workers lost their peers: "
+                 "communication errors only, and no other host reported a cause within 3 s; "
+                 "look at the network between the hosts); stopped the other hosts\n",
+                 who.c_str());
+    return 1;
+  }
   std::fprintf(stderr, "tandem launch: %s failed with exit code %d%s; stopped the other hosts\n",
                who.c_str(), failed.exit_code,
                failed.exit_code == 255 ? " (ssh could not reach the host, or lost it)" : "");
@@ -303,6 +311,13 @@ int run_hostfile_launch(const LaunchOptions& opts) {
     std::vector<WorkerSpec> specs;
     for (size_t i = 0; i < hosts.size(); ++i) specs.push_back(host_spec(opts, hosts, i, job, attempt));
     WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
+    // A host whose workers only lost their peers names no cause; the host
+    // whose worker failed first may take a moment longer to stop its own.
+    group.wait_for_cause(
+        [](const WorkerExit& exit) {
+          return exit.signal == 0 && exit.exit_code == kHostCommErrorExitCode;
+        },
+        3.0);
     // Without some of its hosts, an elastic job probes them as it runs and,
     // when one answers, stops to start again with it. The check runs in the
     // group's loop, so the probes run in the background (ssh_probe.h).

@@ -138,9 +138,14 @@ int report_failure(const GroupResult& result, const LaunchOptions& opts,
   const std::string what = render_failure_report(report, logs);
   // A --hostfile job's host: its --max-restarts is the job's, which the
   // head spends by restarting every host; this launcher only reports.
+  // Its status tells the head whether the failure started here: workers
+  // that failed with communication errors only usually lost a peer on
+  // another host, whose launcher names the cause.
   if (opts.env_from_stdin) {
     std::fprintf(stderr, "tandem launch: job failed. %s\n", what.c_str());
-    return 1;
+    const bool consequence =
+        report.root_cause.error && report.root_cause.error->type == "tandem::CommError";
+    return consequence ? kHostCommErrorExitCode : 1;
   }
   if (attempt < opts.max_restarts) {
     std::fprintf(stderr,
