@@ -30,6 +30,7 @@
 #include "launch/host_fanout.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "launch/layout_check.h"
 #include "launch/python_store.h"
 #include "launch/slurm_launch.h"
 #include "launch/worker_group.h"
@@ -376,6 +377,17 @@ int run_launch_command(int argc, char** argv) {
   }
   const int master_port =
       store ? store->port() : python_store ? python_store->port() : opts.master_port;
+
+  if (!python && opts.nnodes > 1) {
+    // Static nodes compute their ranks alone: they agree on the job's size
+    // before any worker starts, or every one of them refuses it
+    // (layout_check.h). The wait for the others is the workers' rendezvous's.
+    const char* limit = std::getenv("TANDEM_TIMEOUT_S");
+    const int timeout_s = limit != nullptr && std::atoi(limit) > 0 ? std::atoi(limit) : 600;
+    auto meeting = connect_store(opts.master_addr, master_port, store_token,
+                                 std::chrono::seconds(timeout_s));
+    check_node_layouts(*meeting, plan.layout, opts.nnodes, /*hosts_store=*/store != nullptr);
+  }
 
   // On a failure the whole group stops and, within --max-restarts, starts
   // again with the next TANDEM_RESTART_COUNT: the store stays up, and each
