@@ -4,7 +4,6 @@
 #include "launch/launch_command.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "launch/layout_check.h"
+#include "launch/node_names.h"
 #include "launch/python_store.h"
 #include "launch/slurm_launch.h"
 #include "launch/worker_group.h"
@@ -43,59 +43,6 @@
 
 namespace tandem::cli {
 namespace {
-
-// The dotted IPv4 address of `address` (AF_INET), or "" when it has none.
-std::string ipv4_text(const sockaddr* address) {
-  char text[INET_ADDRSTRLEN] = {0};
-  const auto* in = reinterpret_cast<const sockaddr_in*>(address);
-  return ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr ? text : "";
-}
-
-std::vector<std::string> node_names() {
-  std::vector<std::string> names;
-  // The name a --hostfile job's head gave this host (host_fanout.h).
-  if (const char* given = std::getenv("TANDEM_HOST_NAME"); given != nullptr && *given) {
-    names.emplace_back(given);
-  }
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) == 0) {
-    names.emplace_back(host);
-    std::string short_name(host);
-    auto dot = short_name.find('.');
-    if (dot != std::string::npos) names.push_back(short_name.substr(0, dot));
-  }
-  names.emplace_back("localhost");
-  names.emplace_back("127.0.0.1");
-  // Its addresses too: hostfiles and filters often name hosts by address.
-  ifaddrs* addresses = nullptr;
-  if (::getifaddrs(&addresses) == 0) {
-    for (ifaddrs* a = addresses; a != nullptr; a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-      const std::string text = ipv4_text(a->ifa_addr);
-      if (!text.empty() && std::find(names.begin(), names.end(), text) == names.end()) {
-        names.push_back(text);
-      }
-    }
-    ::freeifaddrs(addresses);
-  }
-  return names;
-}
-
-// Whether `host` (a name or a numeric address) is this machine.
-bool names_this_node(const std::string& host) {
-  const std::vector<std::string> names = node_names();
-  if (std::find(names.begin(), names.end(), host) != names.end()) return true;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
-  bool mine = false;
-  for (addrinfo* a = found; a != nullptr && !mine; a = a->ai_next) {
-    mine = std::find(names.begin(), names.end(), ipv4_text(a->ai_addr)) != names.end();
-  }
-  ::freeaddrinfo(found);
-  return mine;
-}
 
 Plan plan_slots(const LaunchOptions& opts) {
   Plan plan;
