@@ -81,6 +81,23 @@ TEST(MultiNode, StaticNodesWithTheSameProcessCountRunTheJob) {
   }
 }
 
+TEST(MultiNode, Node0WithoutAnAddressIsRefusedAtOnceInsteadOfHidingTheStoreOnLoopback) {
+  testing::ReservedPort reserved(/*shareable=*/true);
+  ASSERT_NE(reserved.port(), 0);
+  // No --master-addr: the store would listen on 127.0.0.1, and node 1 on
+  // another machine would wait for it until its timeout.
+  auto r = run_process({bin("tandem"), "launch", "--nnodes", "2", "--node-rank", "0",
+                        "--master-port", std::to_string(reserved.port()),
+                        bin("launch_test_worker"), "allreduce"},
+                       30, {"TANDEM_STORE_TOKEN=" + std::string(64, 'm')});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("a launch across 2 nodes needs node 0's network address for its "
+                       "rendezvous store: give --master-addr"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 10);
+}
+
 TEST(ForeignLauncher, MpirunStartsAWorkingJob) {
   if (!sh("command -v mpirun")) GTEST_SKIP() << "skipped: mpirun (openmpi-bin) is not installed";
   // Rank 0 hosts the store on MASTER_PORT: a port held free for this test,

@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -158,6 +159,29 @@ TEST(MultiNode, AnIPv6EndpointIsHostedByTheNodeWithThatAddress) {
   EXPECT_NE(all.find("rank 0/2 allreduce ok sum=3"), std::string::npos) << all;
   EXPECT_NE(all.find("rank 1/2 allreduce ok sum=3"), std::string::npos) << all;
   EXPECT_NE(all.find("this node is node 0 of 2"), std::string::npos) << all;
+}
+
+TEST(MultiNode, Node0WhoseNameResolvesToLoopbackIsRefusedAtOnceWithTheFix) {
+  // Debian's /etc/hosts maps the machine's own name to 127.0.1.1: the store
+  // would listen there, where no other node reaches it.
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  ASSERT_TRUE(cluster.set_host_names({"node0", "node1"}));
+  std::ofstream("/etc/netns/" + cluster.name(0) + "/hosts")
+      << "127.0.0.1 localhost\n127.0.1.1 node0\n" << cluster.address(1) << " node1\n";
+  auto r = testing::run_process(cluster.on(0, node_command(0, 2, 1, "node0", "29645")), 30,
+                                {"TANDEM_STORE_TOKEN=" + std::string(64, '5')});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("the rendezvous store's address node0 (127.0.1.1 on this machine) is a "
+                       "loopback address on node 0"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Give node 0's network address: --master-addr / main_process_ip"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("fix /etc/hosts"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("allreduce"), std::string::npos) << "a worker ran: " << r.out;
+  EXPECT_LT(r.seconds, 10) << "refused late";
 }
 
 TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {

@@ -44,6 +44,63 @@
 namespace tandem::cli {
 namespace {
 
+// The first address `host` resolves to, as text ("" when it does not).
+std::string resolved_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return "";
+  std::string out = address_text(found->ai_addr);
+  ::freeaddrinfo(found);
+  return out;
+}
+
+// Node 0 of a launch across several nodes, about to host the store on
+// --master-addr: refuses an address that only this machine reaches, which
+// would leave every other node waiting for the whole timeout. A loopback
+// address written as one (127.0.0.1, ::1, localhost) says that every node
+// runs on this machine, and is let through (tests run nodes that way); no
+// address at all, or a name that happens to resolve to loopback (Debian's
+// `127.0.1.1 HOSTNAME` line in /etc/hosts), is not. A --hostfile job's hosts
+// are other machines, so there any loopback address is refused.
+void check_store_address(const LaunchOptions& opts) {
+  if (opts.nnodes <= 1 || !is_loopback_host(opts.master_addr)) return;
+  const bool given = opts.master_addr_given || opts.master_addr_in_config;
+  in6_addr scratch{};
+  const bool written_as_loopback =
+      opts.master_addr == "localhost" ||
+      ::inet_pton(AF_INET, opts.master_addr.c_str(), &scratch) == 1 ||
+      ::inet_pton(AF_INET6, opts.master_addr.c_str(), &scratch) == 1;
+  if (given && written_as_loopback && !opts.env_from_stdin) {
+    std::fprintf(stderr,
+                 "tandem launch: the rendezvous store listens on %s, a loopback address: every "
+                 "node of this job must run on this machine; for nodes on other machines, give "
+                 "node 0's network address (--master-addr / main_process_ip)\n",
+                 opts.master_addr.c_str());
+    return;
+  }
+  TANDEM_CHECK_ARG(given,
+                   "a launch across {} nodes needs node 0's network address for its rendezvous "
+                   "store: give --master-addr (accelerate: --main_process_ip, or the config's "
+                   "main_process_ip) on every node. Without it the store would listen on "
+                   "127.0.0.1, which no other machine reaches (to run every node on this "
+                   "machine, say --master-addr 127.0.0.1)",
+                   opts.nnodes);
+  const std::string address = resolved_address(opts.master_addr);
+  TANDEM_THROW(UsageError,
+               "the rendezvous store's address {}{} is a loopback address on node 0, which no "
+               "other machine reaches: the other {} node(s) would wait for it until they time "
+               "out. Give node 0's network address: --master-addr / main_process_ip{}, or fix "
+               "/etc/hosts (Debian maps the host name to 127.0.1.1) so that {} names the "
+               "address the other nodes reach",
+               opts.master_addr,
+               address.empty() || address == opts.master_addr
+                   ? ""
+                   : " (" + address + " on this machine)",
+               opts.nnodes - 1, opts.env_from_stdin ? " (or the hostfile's first host)" : "",
+               opts.master_addr);
+}
+
 Plan plan_slots(const LaunchOptions& opts) {
   Plan plan;
   int pool = opts.nproc_per_node;
@@ -261,6 +318,7 @@ int run_launch_command(int argc, char** argv) {
   const bool python = opts.c10d_store || runs_under_python || is_python_program(opts.program);
   std::unique_ptr<StoreServer> store;
   auto host_store = [&] {
+    check_store_address(opts);
     StoreServerOptions store_options;
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
@@ -317,6 +375,7 @@ int run_launch_command(int argc, char** argv) {
   if (python) {
     // torch.distributed speaks c10d's store protocol, not tandem's.
     if (opts.node_rank == 0) {
+      check_store_address(opts);
       python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
     }
   } else if (opts.node_rank == 0 && !store) {

@@ -68,6 +68,7 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     }
     if (!opts.master_addr_given && !config.main_process_ip.empty()) {
       opts.master_addr = config.main_process_ip;
+      opts.master_addr_in_config = true;
     }
     if (!opts.master_port_given && config.main_process_port) {
       opts.master_port = *config.main_process_port;

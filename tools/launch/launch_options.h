@@ -88,6 +88,7 @@ struct LaunchOptions {
   bool nnodes_given = false;
   bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
+  bool master_addr_in_config = false;  // the config's main_process_ip set master_addr
   bool master_port_given = false;
   bool rdzv_backend_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
