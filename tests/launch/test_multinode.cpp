@@ -98,6 +98,35 @@ TEST(MultiNode, Node0WithoutAnAddressIsRefusedAtOnceInsteadOfHidingTheStoreOnLoo
   EXPECT_LT(r.seconds, 10);
 }
 
+// A store port in use: a multi-node job cannot take a free port, so the
+// advice is the flag that chose it, the same on every node.
+TEST(MultiNode, APortInUseOnNode0NamesTheFlagThatChoseIt) {
+  testing::ReservedPort taken(/*shareable=*/false);
+  ASSERT_NE(taken.port(), 0);
+  const std::string port = std::to_string(taken.port());
+  const std::vector<std::string> env = {"TANDEM_STORE_TOKEN=" + std::string(64, 'm')};
+  auto fixed = run_process({bin("tandem"), "launch", "--nnodes", "2", "--node-rank", "0",
+                            "--master-addr", "127.0.0.1", "--master-port", port,
+                            bin("launch_test_worker"), "allreduce"},
+                           30, env);
+  EXPECT_EQ(fixed.exit_code, 1) << fixed.err;
+  EXPECT_NE(fixed.err.find("the port is already in use, probably by another job; pick another "
+                           "with --master-port (main_process_port), the same on every node"),
+            std::string::npos)
+      << fixed.err;
+  EXPECT_EQ(fixed.err.find("--standalone"), std::string::npos) << fixed.err;
+  auto c10d = run_process({bin("tandem"), "launch", "--nnodes", "2", "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", "127.0.0.1:" + port, bin("launch_test_worker"),
+                           "allreduce"},
+                          30, env);
+  EXPECT_EQ(c10d.exit_code, 1) << c10d.err;
+  EXPECT_NE(c10d.err.find("pick another port in --rdzv-endpoint HOST:PORT, the same on every "
+                          "node"),
+            std::string::npos)
+      << c10d.err;
+  EXPECT_EQ(c10d.err.find("--standalone"), std::string::npos) << c10d.err;
+}
+
 TEST(ForeignLauncher, MpirunStartsAWorkingJob) {
   if (!sh("command -v mpirun")) GTEST_SKIP() << "skipped: mpirun (openmpi-bin) is not installed";
   // Rank 0 hosts the store on MASTER_PORT: a port held free for this test,

@@ -101,6 +101,23 @@ void check_store_address(const LaunchOptions& opts) {
                opts.master_addr);
 }
 
+// What to do about a store port in use, in the flags of this launch: a
+// multi-node job cannot take a free port (every node must know it).
+std::string port_in_use_advice(const LaunchOptions& opts) {
+  if (opts.env_from_stdin) {
+    return "pick another with the head's --master-port (every host of the --hostfile job uses "
+           "it)";
+  }
+  if (opts.nnodes > 1 && opts.rdzv_endpoint_given) {
+    return "pick another port in --rdzv-endpoint HOST:PORT, the same on every node";
+  }
+  if (opts.nnodes > 1) {
+    return "pick another with --master-port (main_process_port), the same on every node";
+  }
+  return "pick another with --master-port (MASTER_PORT), or use --standalone / --master-port 0 "
+         "to get a free one";
+}
+
 Plan plan_slots(const LaunchOptions& opts) {
   Plan plan;
   int pool = opts.nproc_per_node;
@@ -323,6 +340,7 @@ int run_launch_command(int argc, char** argv) {
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
+    store_options.port_in_use_advice = port_in_use_advice(opts);
     store = std::make_unique<StoreServer>(store_options);
   };
   if (rendezvous_at_store(opts)) {
@@ -376,14 +394,15 @@ int run_launch_command(int argc, char** argv) {
     // torch.distributed speaks c10d's store protocol, not tandem's.
     if (opts.node_rank == 0) {
       check_store_address(opts);
-      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
+      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port,
+                                                     std::chrono::minutes(30),
+                                                     port_in_use_advice(opts));
     }
   } else if (opts.node_rank == 0 && !store) {
     host_store();
   }
   const int master_port =
       store ? store->port() : python_store ? python_store->port() : opts.master_port;
-
   if (!python && opts.nnodes > 1) {
     // Static nodes compute their ranks alone: they agree on the job's size
     // before any worker starts, or every one of them refuses it

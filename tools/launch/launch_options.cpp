@@ -61,6 +61,7 @@ void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
   if (bracketed(host)) host = host.substr(1, host.size() - 2);
   TANDEM_CHECK_ARG(!host.empty(), "--rdzv-endpoint '{}' has no host; write HOST:PORT", endpoint);
   opts.master_addr_given = true;
+  opts.rdzv_endpoint_given = true;
   opts.master_addr = host;
   if (!port) return;
   const bool digits = !port->empty() && port->size() <= 5 &&

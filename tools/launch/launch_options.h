@@ -90,6 +90,7 @@ struct LaunchOptions {
   bool master_addr_given = false;
   bool master_addr_in_config = false;  // the config's main_process_ip set master_addr
   bool master_port_given = false;
+  bool rdzv_endpoint_given = false;  // --rdzv-endpoint gave master_addr and master_port
   bool rdzv_backend_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
   std::optional<MixedPrecision> mixed_precision;  // --mixed-precision
