@@ -13,7 +13,7 @@
 //                       (so it marks a rank past its first collective) and hang
 //   hang-nojoin         hang without joining (no rendezvous needed)
 //   exit-in-loop CODE RANK  as allreduce-loop, but rank RANK exits with CODE
-//                       after 5 all-reduces, leaving a child that ignores
+//                       (_exit) after 5 all-reduces, leaving a child that ignores
 //                       SIGTERM for 1 s (its launcher takes that long to stop);
 //                       the others record the CommError that follows (error
 //                       file) and exit 1
@@ -155,7 +155,11 @@ int main(int argc, char** argv) {
               ::sleep(1);
               ::_exit(0);
             }
-            return std::atoi(argv[2]);
+            // At once, as a crash would: a return would first close the
+            // group, and its peers on this host could fail (CommError) and
+            // be the first failure its launcher sees.
+            std::fflush(nullptr);
+            ::_exit(std::atoi(argv[2]));
           }
           pg->all_reduce(t);
           ::usleep(50 * 1000);

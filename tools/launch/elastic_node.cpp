@@ -152,11 +152,11 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
     const FailureReport report = make_failure_report(result, attempt_dir);
     // Workers that fail because another node moved the job on (its own
     // workers stopped, so their collectives broke) are no new failure. A
-    // CommError is usually such a consequence: the node whose worker caused
-    // it gets a moment to say so first, so that the job records the cause.
+    // CommError or a SIGPIPE is usually such a consequence: the node whose
+    // worker caused it gets a moment to say so first, so that the job
+    // records the cause.
     std::string moved = rendezvous.check(round);
-    const bool consequence =
-        report.root_cause.error && report.root_cause.error->type == "tandem::CommError";
+    const bool consequence = is_consequence(report.root_cause);
     const auto give_way = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     while (moved.empty() && consequence && std::chrono::steady_clock::now() < give_way) {
       std::this_thread::sleep_for(milliseconds(100));

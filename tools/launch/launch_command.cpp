@@ -161,13 +161,11 @@ int report_failure(const GroupResult& result, const LaunchOptions& opts,
   // A --hostfile job's host: its --max-restarts is the job's, which the
   // head spends by restarting every host; this launcher only reports.
   // Its status tells the head whether the failure started here: workers
-  // that failed with communication errors only usually lost a peer on
-  // another host, whose launcher names the cause.
+  // that failed with communication errors only (CommError, SIGPIPE) usually
+  // lost a peer on another host, whose launcher names the cause.
   if (opts.env_from_stdin) {
     std::fprintf(stderr, "tandem launch: job failed. %s\n", what.c_str());
-    const bool consequence =
-        report.root_cause.error && report.root_cause.error->type == "tandem::CommError";
-    return consequence ? kHostCommErrorExitCode : 1;
+    return is_consequence(report.root_cause) ? kHostCommErrorExitCode : 1;
   }
   if (attempt < opts.max_restarts) {
     std::fprintf(stderr,
