@@ -151,6 +151,24 @@ TEST(HostfileFaults, KillingEveryProcessOfOneHostStopsTheJobAndNamesIt) {
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the surviving hosts";
 }
 
+TEST(HostfileFaults, AHostUnreachableAtTheStartLeavesNoProcessOnTheOthers) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  ASSERT_TRUE(c.cluster.kill_host(2)) << "host 2 did not die";  // its sshd too
+  // The other hosts' launchers start and wait for the world; the head's
+  // ssh to host 2 fails at once, and the head stops them.
+  BackgroundProcess head(c.head(29697, {bin("launch_test_worker"), "allreduce"}));
+  auto r = head.wait(60);
+  EXPECT_EQ(r.exit_code, 255) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(2) + " (node 2, ranks 4-5) failed with exit "
+                       "code 255"),
+            std::string::npos)
+      << r.err;
+  for (pid_t pid : c.leftovers()) {
+    EXPECT_TRUE(testing::wait_for_exit(pid, 20)) << "pid " << pid << " outlived the job";
+  }
+}
+
 TEST(HostfileFaults, AHostWhoseLinkGoesDownStopsTheJobAndNamesIt) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;

@@ -401,10 +401,12 @@ int run_launch_command(int argc, char** argv) {
   }
   const int master_port =
       store ? store->port() : python_store ? python_store->port() : opts.master_port;
-  if (!python && opts.nnodes > 1) {
+  if (!python && opts.nnodes > 1 && !opts.env_from_stdin) {
     // Static nodes compute their ranks alone: they agree on the job's size
     // before any worker starts, or every one of them refuses it
     // (layout_check.h). The wait for the others is the workers' rendezvous's.
+    // A --hostfile job's hosts need no check: the head gave them one
+    // --include, and a host waiting here would not see the head go.
     const char* limit = std::getenv("TANDEM_TIMEOUT_S");
     const int timeout_s = limit != nullptr && std::atoi(limit) > 0 ? std::atoi(limit) : 600;
     auto meeting = connect_store(opts.master_addr, master_port, store_token,

@@ -7,7 +7,8 @@
 // `--nnodes 2`) would hand out the same ranks twice and hang until the
 // rendezvous timeout. Before any worker starts, each node's launcher
 // publishes its count at the store and reads every other node's, so that
-// every node refuses such a job at once, naming both counts.
+// every node refuses such a job at once, naming both counts. A --hostfile
+// job's hosts skip it: the head gives them all one --include.
 
 #include <chrono>
 
