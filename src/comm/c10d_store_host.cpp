@@ -20,7 +20,7 @@ struct C10dStoreHost::Impl {
 namespace {
 
 // A listening TCP socket on host:port; returns the fd and sets `bound_port`.
-int listen_on(const std::string& host, int port, int& bound_port) {
+int listen_on(const std::string& host, int port, int& bound_port, const std::string& advice) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -49,9 +49,9 @@ int listen_on(const std::string& host, int port, int& bound_port) {
   if (fd < 0 && error == EADDRINUSE) {
     TANDEM_THROW(CommError,
                  "cannot host the rendezvous store on {} port {}: the port is already in use, "
-                 "probably by another job; pick another with --master-port (MASTER_PORT), or "
-                 "use --standalone / port 0 to get a free one",
-                 host, port);
+                 "probably by another job; {}",
+                 host, port,
+                 advice.empty() ? "pick another MASTER_PORT, the same for every rank" : advice);
   }
   if (fd < 0) {
     TANDEM_THROW(CommError,
@@ -70,9 +70,10 @@ int listen_on(const std::string& host, int port, int& bound_port) {
 
 }  // namespace
 
-C10dStoreHost::C10dStoreHost(const std::string& host, int port, std::chrono::milliseconds timeout)
+C10dStoreHost::C10dStoreHost(const std::string& host, int port, std::chrono::milliseconds timeout,
+                             const std::string& port_in_use_advice)
     : impl_(std::make_unique<Impl>()) {
-  const int fd = listen_on(host, port, port_);
+  const int fd = listen_on(host, port, port_, port_in_use_advice);
   try {
     impl_->store = compat::make_tcp_store_server(host, port_, fd, timeout);
   } catch (const std::exception& e) {

@@ -117,9 +117,11 @@ StoreServer::StoreServer(const StoreServerOptions& options)
     if (first_errno == EADDRINUSE) {
       TANDEM_THROW(CommError,
                    "cannot host the rendezvous store on {} port {}: the port is already in use, "
-                   "probably by another job; pick another with --master-port (MASTER_PORT), or "
-                   "use --standalone / port 0 to get a free one",
-                   options.host, options.port);
+                   "probably by another job; {}",
+                   options.host, options.port,
+                   options.port_in_use_advice.empty()
+                       ? "pick another MASTER_PORT, the same for every rank"
+                       : options.port_in_use_advice);
     }
     if (first_errno == EADDRNOTAVAIL) {
       TANDEM_THROW(CommError,

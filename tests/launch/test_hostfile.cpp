@@ -151,5 +151,24 @@ TEST(Hostfile, AccelerateDeepSpeedHostfileKeysActAsTheFlags) {
             std::string::npos);
 }
 
+TEST(Hostfile, HostsTheHeadStartsDoNotReadTheConfigsHostfileAgain) {
+  // The head passes its config file on to every host's launcher, with that
+  // host's --node-rank and --include: the hostfile keys are the head's.
+  const Config config = parse_config_text(
+      "distributed_type: DEEPSPEED\nnum_machines: 2\nuse_cpu: true\n"
+      "deepspeed_config:\n  deepspeed_hostfile: /etc/lab_hosts\n"
+      "  deepspeed_inclusion_filter: node-a:0@node-b\n  deepspeed_multinode_launcher: pdsh\n",
+      "accelerate.yaml");
+  const char* argv[] = {"launch", "--env-from-stdin", "--nnodes", "2", "--node-rank", "1",
+                        "--nproc-per-node", "1", "--include", "node-a:0@node-b:0",
+                        "--master-addr", "node-a", "--master-port", "29555", "prog"};
+  bool help = false;
+  LaunchOptions host = parse_launch_flags(15, const_cast<char**>(argv), &help);
+  apply_launch_config(config, 0, host);
+  EXPECT_EQ(host.hostfile, "");
+  EXPECT_EQ(host.include, "node-a:0@node-b:0");
+  EXPECT_EQ(usage_error_message([&] { validate_launch_options(host); }), "");
+}
+
 }  // namespace
 }  // namespace tandem::cli

@@ -152,6 +152,14 @@ TEST(Launch, BadInputExitsWithCodeTwoAndSaysWhy) {
   auto bad_node = run_process(launch({"--nnodes", "2", "--node-rank", "2", "/bin/true"}), 10);
   EXPECT_EQ(bad_node.exit_code, 2);
   EXPECT_NE(bad_node.err.find("--node-rank 2"), std::string::npos) << bad_node.err;
+  // accelerate's spelling is named as given.
+  auto bad_machine = run_process(
+      launch({"--num_machines", "2", "--machine_rank", "5", "--master-port", "0", "/bin/true"}),
+      10);
+  EXPECT_EQ(bad_machine.exit_code, 2);
+  EXPECT_NE(bad_machine.err.find("--machine_rank 5 must be in [0, --nnodes=2)"),
+            std::string::npos)
+      << bad_machine.err;
 
   auto bad_flag = run_process(launch({"--nproc-per-node", "two", "/bin/true"}), 10);
   EXPECT_EQ(bad_flag.exit_code, 2);

@@ -75,6 +75,27 @@ class FakeSsh {
   std::string old_path_;
 };
 
+// The value ssh would use for option `name`: the first one given.
+std::string ssh_option(const std::vector<std::string>& argv, const std::string& name) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "-o" && argv[i + 1].rfind(name + "=", 0) == 0) {
+      return argv[i + 1].substr(name.size() + 1);
+    }
+  }
+  return "";
+}
+
+TEST(SshArgv, TheJobsSshGivesUpOnAHostThatDropsItsPacketsIn10Seconds) {
+  LaunchOptions opts;
+  // Without ConnectTimeout, a host that drops SYNs takes the kernel's
+  // retries, about 2 minutes, to be reported.
+  EXPECT_EQ(ssh_option(ssh_argv(opts, "node2"), "ConnectTimeout"), "10");
+  EXPECT_EQ(ssh_argv(opts, "node2").back(), "node2");
+  // The user's own, in --launcher-args, comes first and so wins.
+  opts.launcher_args = "-i key -o ConnectTimeout=30";
+  EXPECT_EQ(ssh_option(ssh_argv(opts, "node2"), "ConnectTimeout"), "30");
+}
+
 TEST(RejoinProbe, NamesAHostOnlyOnceAProbeOfItAnswers) {
   FakeSsh ssh;
   RejoinProbe probe(LaunchOptions{}, {"node-a", "node-b"}, 0.0);

@@ -37,12 +37,21 @@ struct SshCluster {
   // `tandem launch --hostfile` run on host 0.
   std::vector<std::string> head(int port, const std::vector<std::string>& program,
                                 const std::string& ssh_options = "") const {
-    std::vector<std::string> argv = {
-        bin("tandem"), "launch", "--hostfile", hostfile, "--launcher-args",
+    return launch(port, {"--hostfile", hostfile}, program, ssh_options);
+  }
+
+  // `tandem launch FLAGS` run on host 0 with the ssh options the cluster
+  // needs: a hostfile job whose hostfile `flags` give (a config file's).
+  std::vector<std::string> launch(int port, const std::vector<std::string>& flags,
+                                  const std::vector<std::string>& program,
+                                  const std::string& ssh_options = "") const {
+    std::vector<std::string> argv = {bin("tandem"), "launch"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"--launcher-args",
         ssh_options + " -i " + cluster.ssh_dir() + "/client_key -l root -o "
             "StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o "
             "ConnectTimeout=5",
-        "--master-port", std::to_string(port), "--grace-period", "2"};
+        "--master-port", std::to_string(port), "--grace-period", "2"});
     argv.insert(argv.end(), program.begin(), program.end());
     return cluster.on(0, argv);
   }

@@ -48,6 +48,31 @@ TEST(HostfileJob, ThreeHostsTrainTheQuickstartModelLikeOneProcess) {
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
 }
 
+// Accelerate's way to the same job: deepspeed_hostfile and its inclusion
+// filter in the config's deepspeed_config block. The head hands the config
+// on to every host's launcher, which must not read those keys again.
+TEST(HostfileJob, AnAccelerateConfigsDeepSpeedHostfileStartsEveryHost) {
+  SshCluster c(2);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  const std::string config = c.dir.path() + "/accelerate.yaml";
+  std::ofstream(config) << "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                           "use_cpu: true\nnum_machines: 2\nmixed_precision: 'no'\n"
+                           "deepspeed_config:\n  zero_stage: 1\n"
+                           "  deepspeed_hostfile: " << c.hostfile << "\n"
+                           "  deepspeed_inclusion_filter: " << c.cluster.address(0) << ":0@"
+                        << c.cluster.address(1) << "\n"
+                           "  deepspeed_multinode_launcher: pdsh\n";
+  BackgroundProcess head(
+      c.launch(29693, {"--config-file", config}, {bin("launch_test_worker"), "allreduce"}));
+  auto r = head.wait(120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("tandem launch: 2 host(s) from " + c.hostfile + ", 3 process(es)"),
+            std::string::npos)
+      << r.err;
+  testing::expect_all_reduced(r.out, 3);
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
 TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
   SshCluster c(3);
   if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
@@ -65,6 +90,34 @@ TEST(HostfileJob, AFailureOnOneHostStopsEveryHostAndNamesIt) {
   EXPECT_NE(r.err.find("host " + host2 + " (node 2, ranks 4-5) failed with exit code 1; stopped "
                        "the other hosts"),
             std::string::npos)
+      << r.err;
+  EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
+}
+
+// The last line of `text` that is not empty.
+std::string last_line(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
+}
+
+TEST(HostfileJob, TheHostWhoseRankFailedIsNamedNotTheFirstToExit) {
+  SshCluster c(2);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  // Rank 2 (host 1) exits with 7 mid-training, leaving a child that holds
+  // host 1's launcher for 1 s more; host 0's ranks fail at once with
+  // communication errors, so host 0's launcher ends first.
+  BackgroundProcess head(c.head(29695, {bin("launch_test_worker"), "exit-in-loop", "7", "2"}));
+  auto r = head.wait(120);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string host0 = c.cluster.address(0), host1 = c.cluster.address(1);
+  EXPECT_NE(r.err.find("[" + host0 + "]: tandem launch: job failed. Root cause: rank "),
+            std::string::npos)
+      << "host 0's ranks did not fail with the communication error first: " << r.err;
+  EXPECT_NE(r.err.find("[" + host1 + "]: tandem launch: job failed. Root cause: rank 2 (pid "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(last_line(r.err), "tandem launch: host " + host1 + " (node 1, ranks 2-3) failed with "
+                              "exit code 1; stopped the other hosts")
       << r.err;
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the hosts";
 }
@@ -96,6 +149,24 @@ TEST(HostfileFaults, KillingEveryProcessOfOneHostStopsTheJobAndNamesIt) {
             std::string::npos)
       << r.err;
   EXPECT_TRUE(c.leftovers().empty()) << "processes left on the surviving hosts";
+}
+
+TEST(HostfileFaults, AHostUnreachableAtTheStartLeavesNoProcessOnTheOthers) {
+  SshCluster c(3);
+  if (!c.why.empty()) GTEST_SKIP() << "skipped: " << c.why;
+  ASSERT_TRUE(c.cluster.kill_host(2)) << "host 2 did not die";  // its sshd too
+  // The other hosts' launchers start and wait for the world; the head's
+  // ssh to host 2 fails at once, and the head stops them.
+  BackgroundProcess head(c.head(29697, {bin("launch_test_worker"), "allreduce"}));
+  auto r = head.wait(60);
+  EXPECT_EQ(r.exit_code, 255) << r.out << r.err;
+  EXPECT_NE(r.err.find("host " + c.cluster.address(2) + " (node 2, ranks 4-5) failed with exit "
+                       "code 255"),
+            std::string::npos)
+      << r.err;
+  for (pid_t pid : c.leftovers()) {
+    EXPECT_TRUE(testing::wait_for_exit(pid, 20)) << "pid " << pid << " outlived the job";
+  }
 }
 
 TEST(HostfileFaults, AHostWhoseLinkGoesDownStopsTheJobAndNamesIt) {

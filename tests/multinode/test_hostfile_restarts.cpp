@@ -38,6 +38,15 @@ TEST(HostfileRestarts, AFailedRankRestartsEveryHost) {
             std::string::npos)
       << r.err;
   expect_all_reduced(r.out, 6);
+  // Every host's workers see the job's budget, as under torchrun, though
+  // the head, not their launcher, spends it.
+  EXPECT_EQ(r.out.find("max_restarts=0"), std::string::npos) << r.out;
+  size_t seen = 0;
+  for (size_t at = r.out.find("max_restarts=1"); at != std::string::npos;
+       at = r.out.find("max_restarts=1", at + 1)) {
+    ++seen;
+  }
+  EXPECT_EQ(seen, 6u) << r.out;
   EXPECT_TRUE(c.leftovers().empty());
 }
 

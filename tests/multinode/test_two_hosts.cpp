@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -125,6 +128,60 @@ TEST(MultiNode, ThreeHostsAgreeOnNodeRanksAtTheStoreWithoutNodeRankFlags) {
       << all;
   EXPECT_NE(all.find("this node is node 1 of 3 (1 of 4 processes)"), std::string::npos) << all;
   EXPECT_NE(all.find("this node is node 2 of 3 (1 of 4 processes)"), std::string::npos) << all;
+}
+
+TEST(MultiNode, AnIPv6EndpointIsHostedByTheNodeWithThatAddress) {
+  // `--rdzv-endpoint [fd00:231::1]:PORT`: host 0 has that address, so it
+  // hosts the store and is node 0.
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  for (int host = 0; host < 2; ++host) {
+    ASSERT_EQ(std::system(("ip -n " + cluster.name(host) + " addr add fd00:231::" +
+                           std::to_string(host + 1) + "/64 dev eth0 nodad")
+                              .c_str()),
+              0);
+  }
+  const std::string token = "TANDEM_STORE_TOKEN=" + std::string(64, '6');
+  std::vector<std::unique_ptr<BackgroundProcess>> nodes;
+  for (int host : {1, 0}) {
+    nodes.push_back(std::make_unique<BackgroundProcess>(
+        cluster.on(host, {bin("tandem"), "launch", "--nnodes", "2", "--nproc-per-node", "1",
+                          "--rdzv-backend", "c10d", "--rdzv-endpoint", "[fd00:231::1]:29643",
+                          "--rdzv-timeout", "30", bin("launch_test_worker"), "allreduce"}),
+        std::vector<std::string>{token, "TANDEM_TIMEOUT_S=30"}));
+  }
+  std::string all;
+  for (auto& node : nodes) {
+    auto r = node->wait(60);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    all += r.out + r.err;
+  }
+  EXPECT_NE(all.find("rank 0/2 allreduce ok sum=3"), std::string::npos) << all;
+  EXPECT_NE(all.find("rank 1/2 allreduce ok sum=3"), std::string::npos) << all;
+  EXPECT_NE(all.find("this node is node 0 of 2"), std::string::npos) << all;
+}
+
+TEST(MultiNode, Node0WhoseNameResolvesToLoopbackIsRefusedAtOnceWithTheFix) {
+  // Debian's /etc/hosts maps the machine's own name to 127.0.1.1: the store
+  // would listen there, where no other node reaches it.
+  TestCluster cluster(2);
+  if (!cluster.ok()) GTEST_SKIP() << "skipped: " << cluster.why();
+  ASSERT_TRUE(cluster.set_host_names({"node0", "node1"}));
+  std::ofstream("/etc/netns/" + cluster.name(0) + "/hosts")
+      << "127.0.0.1 localhost\n127.0.1.1 node0\n" << cluster.address(1) << " node1\n";
+  auto r = testing::run_process(cluster.on(0, node_command(0, 2, 1, "node0", "29645")), 30,
+                                {"TANDEM_STORE_TOKEN=" + std::string(64, '5')});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("the rendezvous store's address node0 (127.0.1.1 on this machine) is a "
+                       "loopback address on node 0"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("Give node 0's network address: --master-addr / main_process_ip"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("fix /etc/hosts"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("allreduce"), std::string::npos) << "a worker ran: " << r.out;
+  EXPECT_LT(r.seconds, 10) << "refused late";
 }
 
 TEST(MultiNode, ANodeWithTheWrongTokenIsRefusedWithTheFix) {

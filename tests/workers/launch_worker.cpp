@@ -1,5 +1,6 @@
 // A worker program for the launcher tests. Usage: launch_test_worker MODE [ARGS]
-//   allreduce           join the group, all-reduce rank+1, check the sum
+//   allreduce           join the group, all-reduce rank+1, check the sum (and
+//                       print TORCHELASTIC_MAX_RESTARTS)
 //   exit CODE RANK      rank RANK exits with CODE after joining; others hang
 //   hang                join the group, then hang until killed
 //   exit-on-first-attempt CODE RANK   restart 0 (TANDEM_RESTART_COUNT): rank RANK
@@ -11,6 +12,11 @@
 //   allreduce-then-hang join, all-reduce and barrier, then write the pid file
 //                       (so it marks a rank past its first collective) and hang
 //   hang-nojoin         hang without joining (no rendezvous needed)
+//   exit-in-loop CODE RANK  as allreduce-loop, but rank RANK exits with CODE
+//                       (_exit) after 5 all-reduces, leaving a child that ignores
+//                       SIGTERM for 1 s (its launcher takes that long to stop);
+//                       the others record the CommError that follows (error
+//                       file) and exit 1
 //   config              resolve the config as a program would (TANDEM_CONFIG_FILE,
 //                       TANDEM_MIXED_PRECISION, ...) and print it; no rendezvous
 // With TANDEM_TEST_PID_DIR set, each rank writes its pid to DIR/rank<R>.pid
@@ -19,6 +25,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -107,10 +114,12 @@ int main(int argc, char** argv) {
       pg->all_reduce(t);
       const float want = pg->world_size() * (pg->world_size() + 1) / 2.0f;
       const bool ok = t.eq(want).all().item<bool>();
-      std::printf("rank %d/%d allreduce %s sum=%g source=%s local=%d/%d threads=%d\n",
+      const char* max_restarts = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+      std::printf("rank %d/%d allreduce %s sum=%g source=%s local=%d/%d threads=%d "
+                  "max_restarts=%s\n",
                   pg->rank(), pg->world_size(), ok ? "ok" : "WRONG", t[0].item<float>(),
                   tandem::to_string(env.source), env.local_rank, env.local_world_size,
-                  at::get_num_threads());
+                  at::get_num_threads(), max_restarts != nullptr ? max_restarts : "-");
       pg->barrier();
       return ok ? 0 : 1;
     }
@@ -129,6 +138,36 @@ int main(int argc, char** argv) {
       for (;;) {
         pg->all_reduce(t);
         ::usleep(50 * 1000);
+      }
+    }
+    if (mode == "exit-in-loop" && argc >= 4) {
+      auto t = at::ones({16});
+      pg->all_reduce(t);
+      pg->barrier();
+      write_pid(env);
+      try {
+        for (int i = 0;; ++i) {
+          if (i == 5 && pg->rank() == std::atoi(argv[3])) {
+            if (::fork() == 0) {
+              // Only stdio: the peers must see this rank's connections close.
+              ::close_range(3, ~0U, 0);
+              std::signal(SIGTERM, SIG_IGN);
+              ::sleep(1);
+              ::_exit(0);
+            }
+            // At once, as a crash would: a return would first close the
+            // group, and its peers on this host could fail (CommError) and
+            // be the first failure its launcher sees.
+            std::fflush(nullptr);
+            ::_exit(std::atoi(argv[2]));
+          }
+          pg->all_reduce(t);
+          ::usleep(50 * 1000);
+        }
+      } catch (const tandem::CommError& e) {
+        tandem::record_error(e);
+        std::fprintf(stderr, "launch_test_worker: %s\n", e.what());
+        return 1;
       }
     }
     if (mode == "allreduce-then-hang") {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "launch/failure_report.h"
+#include "launch/node_names.h"
 #include "launch/node_rendezvous.h"
 #include "launch/worker_plan.h"
 #include "tandem/core/error.h"
@@ -34,22 +35,20 @@ std::string this_host(const std::string& store_host, int store_port) {
   if (::gethostname(name, sizeof(name) - 1) != 0) std::snprintf(name, sizeof(name), "unknown");
   std::string out = name;
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;  // an IPv6 endpoint too
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (::getaddrinfo(store_host.c_str(), std::to_string(store_port).c_str(), &hints, &found) != 0) {
     return out;
   }
   // A UDP connect() picks the route and sends nothing.
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in local{};
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
   socklen_t length = sizeof(local);
   if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
-    char text[INET_ADDRSTRLEN] = {0};
-    if (::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
-      out += std::string("/") + text;
-    }
+    const std::string text = address_text(reinterpret_cast<const sockaddr*>(&local));
+    if (!text.empty()) out += "/" + text;
   }
   if (fd >= 0) ::close(fd);
   ::freeaddrinfo(found);
@@ -153,11 +152,11 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
     const FailureReport report = make_failure_report(result, attempt_dir);
     // Workers that fail because another node moved the job on (its own
     // workers stopped, so their collectives broke) are no new failure. A
-    // CommError is usually such a consequence: the node whose worker caused
-    // it gets a moment to say so first, so that the job records the cause.
+    // CommError or a SIGPIPE is usually such a consequence: the node whose
+    // worker caused it gets a moment to say so first, so that the job
+    // records the cause.
     std::string moved = rendezvous.check(round);
-    const bool consequence =
-        report.root_cause.error && report.root_cause.error->type == "tandem::CommError";
+    const bool consequence = is_consequence(report.root_cause);
     const auto give_way = std::chrono::steady_clock::now() + std::chrono::seconds(3);
     while (moved.empty() && consequence && std::chrono::steady_clock::now() < give_way) {
       std::this_thread::sleep_for(milliseconds(100));

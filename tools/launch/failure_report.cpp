@@ -1,5 +1,6 @@
 #include "launch/failure_report.h"
 
+#include <csignal>
 #include <cstring>
 #include <utility>
 
@@ -45,6 +46,11 @@ std::string error_file_path(const std::string& attempt_dir, int rank) {
   return fmt::format("{}/rank_{}/error.json", attempt_dir, rank);
 }
 
+bool is_consequence(const WorkerFailure& failure) {
+  if (failure.error) return failure.error->type == "tandem::CommError";
+  return failure.exit.signal == SIGPIPE;
+}
+
 FailureReport make_failure_report(const GroupResult& result, const std::string& attempt_dir) {
   std::vector<WorkerFailure> all;
   for (const WorkerExit& exit : result.exits) {
@@ -54,12 +60,12 @@ FailureReport make_failure_report(const GroupResult& result, const std::string& 
     f.error = read_error_file(f.error_file);
     all.push_back(std::move(f));
   }
-  // The root cause is the earliest failure, except that a CommError ("a
-  // peer went away") is a consequence: any other failure comes first. A
-  // worker the launcher stopped counts only if it reported an error itself.
+  // The root cause is the earliest failure, except that a consequence (a
+  // CommError, "a peer went away", or SIGPIPE) comes after any other
+  // failure. A worker the launcher stopped counts only if it reported an
+  // error itself.
   auto rank_of = [](const WorkerFailure& f) {
-    const bool consequence = f.error && f.error->type == "tandem::CommError";
-    return std::make_pair(consequence ? 1 : 0, f.time());
+    return std::make_pair(is_consequence(f) ? 1 : 0, f.time());
   };
   size_t root = all.size();
   for (size_t i = 0; i < all.size(); ++i) {

@@ -28,10 +28,15 @@ struct FailureReport {
 // The path of global rank `rank`'s error file under `attempt_dir`.
 std::string error_file_path(const std::string& attempt_dir, int rank);
 
+// Whether `failure` is the usual consequence of a peer's failure rather
+// than a cause: a CommError in its error file, or, with no error file, death
+// by SIGPIPE (it wrote to a connection its peer had closed).
+bool is_consequence(const WorkerFailure& failure);
+
 // Reads the error files of `result`'s workers and picks the root cause:
 // the earliest failure (error-file time, else exit time) among the workers
-// that failed on their own or reported an error, a CommError (the usual
-// consequence of a peer's failure) counting only when nothing else failed.
+// that failed on their own or reported an error, a consequence
+// (is_consequence) counting only when nothing else failed.
 FailureReport make_failure_report(const GroupResult& result, const std::string& attempt_dir);
 
 // "rank 1 (pid 42) exited with code 3 after 1.20 s: tandem::UsageError: ..."

@@ -141,7 +141,10 @@ std::string remote_command(const LaunchOptions& opts, const std::vector<Selected
       self, "launch", "--env-from-stdin", "--nnodes", std::to_string(hosts.size()),
       "--node-rank", std::to_string(node), "--nproc-per-node", std::to_string(hosts[node].pool),
       "--include", include_filter(hosts), "--master-addr", master, "--master-port",
-      std::to_string(opts.master_port), "--max-restarts", "0",  // the head restarts them
+      // The job's budget, for the workers' TORCHELASTIC_MAX_RESTARTS: an
+      // --env-from-stdin launcher never restarts its workers itself; the
+      // head restarts every host.
+      std::to_string(opts.master_port), "--max-restarts", std::to_string(opts.max_restarts),
       "--grace-period", std::to_string(opts.grace_period_s)};
   if (opts.mixed_precision) {
     args.insert(args.end(), {"--mixed-precision", to_string(*opts.mixed_precision)});
@@ -207,6 +210,14 @@ int report_host_failure(const WorkerExit& failed, const std::vector<SelectedHost
     std::fprintf(stderr, "tandem launch: %s: ssh was killed by signal %d\n", who.c_str(),
                  failed.signal);
     return 128 + failed.signal;
+  }
+  if (failed.exit_code == kHostCommErrorExitCode) {
+    std::fprintf(stderr,
+                 "tandem launch: %s failed with exit code 1 (its workers lost their peers: "
+                 "communication errors only, and no other host reported a cause within 3 s; "
+                 "look at the network between the hosts); stopped the other hosts\n",
+                 who.c_str());
+    return 1;
   }
   std::fprintf(stderr, "tandem launch: %s failed with exit code %d%s; stopped the other hosts\n",
                who.c_str(), failed.exit_code,
@@ -300,6 +311,13 @@ int run_hostfile_launch(const LaunchOptions& opts) {
     std::vector<WorkerSpec> specs;
     for (size_t i = 0; i < hosts.size(); ++i) specs.push_back(host_spec(opts, hosts, i, job, attempt));
     WorkerGroup group({}, std::move(specs), opts.grace_period_s, opts.prefix_output);
+    // A host whose workers only lost their peers names no cause; the host
+    // whose worker failed first may take a moment longer to stop its own.
+    group.wait_for_cause(
+        [](const WorkerExit& exit) {
+          return exit.signal == 0 && exit.exit_code == kHostCommErrorExitCode;
+        },
+        3.0);
     // Without some of its hosts, an elastic job probes them as it runs and,
     // when one answers, stops to start again with it. The check runs in the
     // group's loop, so the probes run in the background (ssh_probe.h).

@@ -18,7 +18,9 @@
 //
 // Output comes back labelled "[host:rankN]: ". The first host whose
 // launcher fails (or whose ssh connection drops: ServerAliveInterval 5 s)
-// stops all the others; Ctrl-C does the same. Then, within --max-restarts
+// stops all the others, unless its workers failed with communication errors
+// only: then the head waits up to 3 s for a host that failed otherwise, and
+// names that one; Ctrl-C does the same. Then, within --max-restarts
 // (counted for the whole job), the head starts the job again on the hosts
 // that answer `ssh HOST true` at that moment (a lost host is left out, one
 // that answers again rejoins), with TANDEM_RESTART_COUNT the restart number
@@ -32,6 +34,12 @@
 #include "launch/launch_options.h"
 
 namespace tandem::cli {
+
+// The exit status of a host's launcher (--env-from-stdin) whose workers
+// failed with communication errors only, the usual consequence of a failure
+// on another host: the head then gives the other hosts a moment (3 s) to
+// report the cause before it names this one. The head reports it as 1.
+inline constexpr int kHostCommErrorExitCode = 3;
 
 // Runs the --hostfile job of `opts`; returns the launcher's exit status.
 // Throws UsageError for a bad hostfile or filter before starting anything.

@@ -4,7 +4,6 @@
 #include "launch/launch_command.h"
 
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -31,6 +30,8 @@
 #include "launch/host_fanout.h"
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "launch/layout_check.h"
+#include "launch/node_names.h"
 #include "launch/python_store.h"
 #include "launch/slurm_launch.h"
 #include "launch/worker_group.h"
@@ -44,57 +45,78 @@
 namespace tandem::cli {
 namespace {
 
-// The dotted IPv4 address of `address` (AF_INET), or "" when it has none.
-std::string ipv4_text(const sockaddr* address) {
-  char text[INET_ADDRSTRLEN] = {0};
-  const auto* in = reinterpret_cast<const sockaddr_in*>(address);
-  return ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr ? text : "";
-}
-
-std::vector<std::string> node_names() {
-  std::vector<std::string> names;
-  // The name a --hostfile job's head gave this host (host_fanout.h).
-  if (const char* given = std::getenv("TANDEM_HOST_NAME"); given != nullptr && *given) {
-    names.emplace_back(given);
-  }
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) == 0) {
-    names.emplace_back(host);
-    std::string short_name(host);
-    auto dot = short_name.find('.');
-    if (dot != std::string::npos) names.push_back(short_name.substr(0, dot));
-  }
-  names.emplace_back("localhost");
-  names.emplace_back("127.0.0.1");
-  // Its addresses too: hostfiles and filters often name hosts by address.
-  ifaddrs* addresses = nullptr;
-  if (::getifaddrs(&addresses) == 0) {
-    for (ifaddrs* a = addresses; a != nullptr; a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-      const std::string text = ipv4_text(a->ifa_addr);
-      if (!text.empty() && std::find(names.begin(), names.end(), text) == names.end()) {
-        names.push_back(text);
-      }
-    }
-    ::freeifaddrs(addresses);
-  }
-  return names;
-}
-
-// Whether `host` (a name or a numeric address) is this machine.
-bool names_this_node(const std::string& host) {
-  const std::vector<std::string> names = node_names();
-  if (std::find(names.begin(), names.end(), host) != names.end()) return true;
+// The first address `host` resolves to, as text ("" when it does not).
+std::string resolved_address(const std::string& host) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
-  bool mine = false;
-  for (addrinfo* a = found; a != nullptr && !mine; a = a->ai_next) {
-    mine = std::find(names.begin(), names.end(), ipv4_text(a->ai_addr)) != names.end();
-  }
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return "";
+  std::string out = address_text(found->ai_addr);
   ::freeaddrinfo(found);
-  return mine;
+  return out;
+}
+
+// Node 0 of a launch across several nodes, about to host the store on
+// --master-addr: refuses an address that only this machine reaches, which
+// would leave every other node waiting for the whole timeout. A loopback
+// address written as one (127.0.0.1, ::1, localhost) says that every node
+// runs on this machine, and is let through (tests run nodes that way); no
+// address at all, or a name that happens to resolve to loopback (Debian's
+// `127.0.1.1 HOSTNAME` line in /etc/hosts), is not. A --hostfile job's hosts
+// are other machines, so there any loopback address is refused.
+void check_store_address(const LaunchOptions& opts) {
+  if (opts.nnodes <= 1 || !is_loopback_host(opts.master_addr)) return;
+  const bool given = opts.master_addr_given || opts.master_addr_in_config;
+  in6_addr scratch{};
+  const bool written_as_loopback =
+      opts.master_addr == "localhost" ||
+      ::inet_pton(AF_INET, opts.master_addr.c_str(), &scratch) == 1 ||
+      ::inet_pton(AF_INET6, opts.master_addr.c_str(), &scratch) == 1;
+  if (given && written_as_loopback && !opts.env_from_stdin) {
+    std::fprintf(stderr,
+                 "tandem launch: the rendezvous store listens on %s, a loopback address: every "
+                 "node of this job must run on this machine; for nodes on other machines, give "
+                 "node 0's network address (--master-addr / main_process_ip)\n",
+                 opts.master_addr.c_str());
+    return;
+  }
+  TANDEM_CHECK_ARG(given,
+                   "a launch across {} nodes needs node 0's network address for its rendezvous "
+                   "store: give --master-addr (accelerate: --main_process_ip, or the config's "
+                   "main_process_ip) on every node. Without it the store would listen on "
+                   "127.0.0.1, which no other machine reaches (to run every node on this "
+                   "machine, say --master-addr 127.0.0.1)",
+                   opts.nnodes);
+  const std::string address = resolved_address(opts.master_addr);
+  TANDEM_THROW(UsageError,
+               "the rendezvous store's address {}{} is a loopback address on node 0, which no "
+               "other machine reaches: the other {} node(s) would wait for it until they time "
+               "out. Give node 0's network address: --master-addr / main_process_ip{}, or fix "
+               "/etc/hosts (Debian maps the host name to 127.0.1.1) so that {} names the "
+               "address the other nodes reach",
+               opts.master_addr,
+               address.empty() || address == opts.master_addr
+                   ? ""
+                   : " (" + address + " on this machine)",
+               opts.nnodes - 1, opts.env_from_stdin ? " (or the hostfile's first host)" : "",
+               opts.master_addr);
+}
+
+// What to do about a store port in use, in the flags of this launch: a
+// multi-node job cannot take a free port (every node must know it).
+std::string port_in_use_advice(const LaunchOptions& opts) {
+  if (opts.env_from_stdin) {
+    return "pick another with the head's --master-port (every host of the --hostfile job uses "
+           "it)";
+  }
+  if (opts.nnodes > 1 && opts.rdzv_endpoint_given) {
+    return "pick another port in --rdzv-endpoint HOST:PORT, the same on every node";
+  }
+  if (opts.nnodes > 1) {
+    return "pick another with --master-port (main_process_port), the same on every node";
+  }
+  return "pick another with --master-port (MASTER_PORT), or use --standalone / --master-port 0 "
+         "to get a free one";
 }
 
 Plan plan_slots(const LaunchOptions& opts) {
@@ -137,6 +159,15 @@ int report_failure(const GroupResult& result, const LaunchOptions& opts,
       run_dir.kept() ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
                      : "";
   const std::string what = render_failure_report(report, logs);
+  // A --hostfile job's host: its --max-restarts is the job's, which the
+  // head spends by restarting every host; this launcher only reports.
+  // Its status tells the head whether the failure started here: workers
+  // that failed with communication errors only (CommError, SIGPIPE) usually
+  // lost a peer on another host, whose launcher names the cause.
+  if (opts.env_from_stdin) {
+    std::fprintf(stderr, "tandem launch: job failed. %s\n", what.c_str());
+    return is_consequence(report.root_cause) ? kHostCommErrorExitCode : 1;
+  }
   if (attempt < opts.max_restarts) {
     std::fprintf(stderr,
                  "tandem launch: attempt %d failed. %s\ntandem launch: restarting all %zu "
@@ -330,10 +361,12 @@ int run_launch_command(int argc, char** argv) {
   }
   std::unique_ptr<StoreServer> store;
   auto host_store = [&] {
+    check_store_address(opts);
     StoreServerOptions store_options;
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
+    store_options.port_in_use_advice = port_in_use_advice(opts);
     store = std::make_unique<StoreServer>(store_options);
   };
   if (rendezvous_at_store(opts)) {
@@ -386,13 +419,28 @@ int run_launch_command(int argc, char** argv) {
   if (python) {
     // torch.distributed speaks c10d's store protocol, not tandem's.
     if (opts.node_rank == 0) {
-      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port);
+      check_store_address(opts);
+      python_store = std::make_unique<C10dStoreHost>(opts.master_addr, opts.master_port,
+                                                     std::chrono::minutes(30),
+                                                     port_in_use_advice(opts));
     }
   } else if (opts.node_rank == 0 && !store) {
     host_store();
   }
   const int master_port =
       store ? store->port() : python_store ? python_store->port() : opts.master_port;
+  if (!python && opts.nnodes > 1 && !opts.env_from_stdin) {
+    // Static nodes compute their ranks alone: they agree on the job's size
+    // before any worker starts, or every one of them refuses it
+    // (layout_check.h). The wait for the others is the workers' rendezvous's.
+    // A --hostfile job's hosts need no check: the head gave them one
+    // --include, and a host waiting here would not see the head go.
+    const char* limit = std::getenv("TANDEM_TIMEOUT_S");
+    const int timeout_s = limit != nullptr && std::atoi(limit) > 0 ? std::atoi(limit) : 600;
+    auto meeting = connect_store(opts.master_addr, master_port, store_token,
+                                 std::chrono::seconds(timeout_s));
+    check_node_layouts(*meeting, plan.layout, opts.nnodes, /*hosts_store=*/store != nullptr);
+  }
 
   // On a failure the whole group stops and, within --max-restarts, starts
   // again with the next TANDEM_RESTART_COUNT: the store stays up, and each

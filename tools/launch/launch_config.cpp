@@ -25,7 +25,9 @@ std::string choose_config_file(const LaunchOptions& opts, const ConfigEnv& env) 
 void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& opts) {
   opts.cpu_affinity = opts.cpu_affinity || config.enable_cpu_affinity;
   opts.debug_detail = config.debug;
-  if (opts.hostfile.empty() && !config.deepspeed_hostfile.empty()) {
+  // A host the head started (--env-from-stdin) runs its own slots: the head
+  // has read the hostfile keys, and passes the config on only for the rest.
+  if (opts.hostfile.empty() && !opts.env_from_stdin && !config.deepspeed_hostfile.empty()) {
     const std::string& how = config.deepspeed_multinode_launcher;
     if (how.empty() || how == "pdsh") {
       // Accelerate would start DeepSpeed's pdsh runner here; tandem fans out
@@ -66,6 +68,7 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     }
     if (!opts.master_addr_given && !config.main_process_ip.empty()) {
       opts.master_addr = config.main_process_ip;
+      opts.master_addr_in_config = true;
     }
     if (!opts.master_port_given && config.main_process_port) {
       opts.master_port = *config.main_process_port;

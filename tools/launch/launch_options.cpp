@@ -61,6 +61,7 @@ void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
   if (bracketed(host)) host = host.substr(1, host.size() - 2);
   TANDEM_CHECK_ARG(!host.empty(), "--rdzv-endpoint '{}' has no host; write HOST:PORT", endpoint);
   opts.master_addr_given = true;
+  opts.rdzv_endpoint_given = true;
   opts.master_addr = host;
   if (!port) return;
   const bool digits = !port->empty() && port->size() <= 5 &&
@@ -209,7 +210,8 @@ void validate_launch_options(LaunchOptions& opts) {
                    opts.nproc_per_node);
   TANDEM_CHECK_ARG(opts.nnodes >= 1, "--nnodes must be at least 1, got {}", opts.nnodes);
   TANDEM_CHECK_ARG(opts.node_rank >= 0 && opts.node_rank < opts.nnodes,
-                   "--node-rank {} must be in [0, --nnodes={})", opts.node_rank, opts.nnodes);
+                   "{} {} must be in [0, --nnodes={})", opts.node_rank_flag, opts.node_rank,
+                   opts.nnodes);
   TANDEM_CHECK_ARG(opts.master_port >= 0 && opts.master_port <= 65535,
                    "--master-port {} is out of range 0-65535", opts.master_port);
   TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
@@ -338,6 +340,11 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
       break;
     }
     if (arg.empty() || arg[0] != '-') break;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (name == "--machine-rank" || name == "--node-rank") {
+      const std::string raw = argv[i];
+      opts.node_rank_flag = raw.substr(0, raw.find('='));  // as the user spelled it
+    }
     own.push_back(arg);
     if (kValueOptions.count(arg) && i + 1 < argc) own.push_back(argv[++i]);
   }

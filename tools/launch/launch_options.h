@@ -88,7 +88,12 @@ struct LaunchOptions {
   bool nnodes_given = false;
   bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
+  bool master_addr_in_config = false;  // the config's main_process_ip set master_addr
   bool master_port_given = false;
+  bool rdzv_endpoint_given = false;  // --rdzv-endpoint gave master_addr and master_port
+  // How the user spelled the node rank's flag, for errors: --node-rank, or
+  // accelerate's --machine_rank.
+  std::string node_rank_flag = "--node-rank";
   bool rdzv_backend_given = false;
   std::string config_file;  // --config-file; absolute once chosen (choose_config_file)
   std::optional<MixedPrecision> mixed_precision;  // --mixed-precision

@@ -34,8 +34,7 @@ std::vector<std::string> split_ssh_words(const std::string& text) {
 // it cannot. Forked rather than posix_spawn()ed so that the ssh gets
 // PR_SET_PDEATHSIG: a head killed mid-probe leaves no ssh behind.
 pid_t start_ssh_true(const LaunchOptions& opts, const std::string& host, bool quiet) {
-  std::vector<std::string> argv = ssh_argv(opts, host);
-  argv.insert(argv.end() - 1, {"-o", "ConnectTimeout=5"});
+  std::vector<std::string> argv = ssh_argv(opts, host, /*connect_timeout_s=*/5);
   argv.emplace_back("true");
   // Everything the child touches is prepared before fork(): it may make
   // async-signal-safe calls only.
@@ -76,13 +75,17 @@ bool exited_zero(int status) { return WIFEXITED(status) && WEXITSTATUS(status) =
 
 }  // namespace
 
-std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host) {
+std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host,
+                                  int connect_timeout_s) {
   std::vector<std::string> argv = {"ssh"};
   for (auto& word : split_ssh_words(opts.launcher_args)) argv.push_back(word);
   if (opts.ssh_port > 0) argv.insert(argv.end(), {"-p", std::to_string(opts.ssh_port)});
-  // No password prompts; a host that stops answering is noticed in 15 s.
+  // No password prompts; a host that stops answering is noticed in 15 s,
+  // one that drops the connection's packets in connect_timeout_s rather than
+  // after the kernel's SYN retries (about 2 minutes).
   argv.insert(argv.end(), {"-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o",
-                           "ServerAliveCountMax=3", host});
+                           "ServerAliveCountMax=3", "-o",
+                           "ConnectTimeout=" + std::to_string(connect_timeout_s), host});
   return argv;
 }
 

@@ -18,8 +18,10 @@
 namespace tandem::cli {
 
 // `ssh [--launcher-args] [-p PORT] OPTIONS HOST`: the user's options first,
-// since ssh keeps the first value it reads for an option. Pure.
-std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host);
+// since ssh keeps the first value it reads for an option (a ConnectTimeout
+// in --launcher-args beats `connect_timeout_s`). Pure.
+std::vector<std::string> ssh_argv(const LaunchOptions& opts, const std::string& host,
+                                  int connect_timeout_s = 10);
 
 // Whether `host` answers ssh now (`ssh HOST true`, 5 s to connect). Blocks
 // until that ssh exits; its error, if any, goes to this process's stderr.

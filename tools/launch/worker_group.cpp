@@ -197,8 +197,15 @@ void WorkerGroup::reap(GroupResult& result) {
     result.preempted = result.preempted || exit.preempted();
     if (exit.failed() && !result.has_first_failure && result.launcher_signal == 0 &&
         result.stop_reason.empty()) {
-      result.has_first_failure = true;
-      result.first_failure = exit;
+      if (secondary_ && secondary_(exit)) {
+        if (!secondary_failure_) {
+          secondary_failure_ = exit;
+          cause_deadline_ = now_s() + cause_wait_s_;
+        }
+      } else {
+        result.has_first_failure = true;
+        result.first_failure = exit;
+      }
     }
   }
 }
@@ -247,6 +254,13 @@ GroupResult WorkerGroup::run() {
     reap(result);
     bool all_reaped = true;
     for (pid_t pid : pids_) all_reaped = all_reaped && pid == 0;
+    if (secondary_failure_ && !result.has_first_failure &&
+        (all_reaped || now_s() >= cause_deadline_ || result.launcher_signal != 0 ||
+         !result.stop_reason.empty())) {
+      // No other cause came in time: the consequence is all there is to say.
+      result.has_first_failure = true;
+      result.first_failure = *secondary_failure_;
+    }
     if (result.has_first_failure) begin_shutdown(SIGTERM);
     if (next_check >= 0 && !stopping_ && !all_reaped && now_s() >= next_check) {
       result.stop_reason = stop_check_();

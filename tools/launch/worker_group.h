@@ -87,6 +87,16 @@ class WorkerGroup {
     stop_check_every_s_ = every_s;
   }
 
+  // A failure `secondary` says is only a consequence of another's (a
+  // --hostfile host whose workers failed with communication errors only)
+  // stops the group `wait_s` seconds later, unless a failure that is not
+  // one comes first: that one then stops it at once and is the result's
+  // first_failure, since it names the cause. Call before run().
+  void wait_for_cause(std::function<bool(const WorkerExit&)> secondary, double wait_s) {
+    secondary_ = std::move(secondary);
+    cause_wait_s_ = wait_s;
+  }
+
  private:
   void spawn(const WorkerSpec& spec);
   void signal_all(int sig);
@@ -109,6 +119,10 @@ class WorkerGroup {
   int watch_fd_ = -1;
   std::function<std::string()> stop_check_;
   double stop_check_every_s_ = 1.0;
+  std::function<bool(const WorkerExit&)> secondary_;
+  double cause_wait_s_ = 0;
+  std::optional<WorkerExit> secondary_failure_;  // the first, while waiting for a cause
+  double cause_deadline_ = -1;
   bool stopping_ = false;  // SIGTERM/SIGKILL sent to the group
   double start_ = 0;
 };

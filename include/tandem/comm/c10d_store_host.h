@@ -20,8 +20,11 @@ class C10dStoreHost {
   // Binds `host`:`port` (0: a free port) and hosts the store on that socket.
   // UsageError naming the address when it cannot bind; Error when the store
   // fails to start. `timeout`: how long the store waits for a client's keys.
+  // `port_in_use_advice`: what the error for a port in use tells the user to
+  // do (StoreServerOptions::port_in_use_advice).
   C10dStoreHost(const std::string& host, int port,
-                std::chrono::milliseconds timeout = std::chrono::minutes(30));
+                std::chrono::milliseconds timeout = std::chrono::minutes(30),
+                const std::string& port_in_use_advice = "");
   // Stops serving; clients then see the connection close.
   ~C10dStoreHost();
   C10dStoreHost(const C10dStoreHost&) = delete;

@@ -27,6 +27,10 @@ struct StoreServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free port chosen by the kernel (see StoreServer::port())
   std::string token;  // empty: only clients with an empty token are let in
+  // What the error for a port in use tells the user to do, in the words of
+  // whoever chose the port (`tandem launch` knows its flags); empty: pick
+  // another MASTER_PORT.
+  std::string port_in_use_advice;
   std::chrono::milliseconds handshake_timeout{10000};
 };
 
