@@ -122,6 +122,7 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
     restore_optimizers(checkpoint);
   }
   restore_progress(checkpoint, options);
+  restore_communication(checkpoint);
   restore_custom_states(checkpoint);
   group_->barrier();
   return checkpoint.meta().value("client_state", nlohmann::json::object());

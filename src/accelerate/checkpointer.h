@@ -9,6 +9,7 @@
 //
 //   checkpointer.cpp         save_state, load_state, hooks, custom objects
 //   checkpoint_contents.cpp  the metadata and tensors saved, and their restore
+//   comm_hook_state.cpp      a DDP communication hook's state (PowerSGD)
 //   model_weights_io.cpp     save_model, load_model_weights
 //
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
@@ -106,6 +107,8 @@ class Checkpointer {
   void restore_models(const CheckpointReader& checkpoint, bool optimizer_states);
   void restore_optimizers(const CheckpointReader& checkpoint);
   void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
+  // The models' DDP communication hook state (comm_hook_state.h).
+  void restore_communication(const CheckpointReader& checkpoint);
 
   std::shared_ptr<ProcessGroup> group_;
   const Config& config_;
