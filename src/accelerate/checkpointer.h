@@ -7,7 +7,8 @@
 // their own (save_model, load_model_weights). The directory layout and the
 // commit protocol are tandem/checkpoint/checkpoint.h's.
 //
-//   checkpointer.cpp         save_state, load_state, hooks, custom objects
+//   checkpointer.cpp         save_state, load_state, hooks, custom objects,
+//                            LocalSGD step counts
 //   checkpoint_contents.cpp  the metadata and tensors saved, and their restore
 //   comm_hook_state.cpp      a DDP communication hook's state (PowerSGD)
 //   model_weights_io.cpp     save_model, load_model_weights
@@ -19,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -38,6 +40,7 @@
 namespace tandem {
 
 class CheckpointReader;
+class LocalSGD;
 class ProcessGroup;
 
 namespace detail {
@@ -78,6 +81,16 @@ class Checkpointer {
   int64_t register_pre_hook(bool save, StateHooks::Hook hook);
   const std::shared_ptr<StateHooks>& hooks() const { return hooks_; }
 
+  // LocalSGD (local_sgd.cpp). While one lives (attached until it finishes),
+  // save_state records its step count and warns when the ranks' replicas
+  // or optimizer states may differ (only rank 0's are saved). load_state
+  // hands the saved count to the live LocalSGD of that model, or keeps it
+  // for the next one constructed, which takes it with
+  // take_local_sgd_steps().
+  void attach_local_sgd(LocalSGD* local_sgd, std::size_t model);
+  void detach_local_sgd(const LocalSGD* local_sgd);
+  std::optional<int64_t> take_local_sgd_steps(std::size_t model);
+
   // Prepared model `index`'s consolidated weights as DIR/model.safetensors.
   void save_model(std::size_t index, const std::string& dir);
   // Pretrained weights into prepared model `index`.
@@ -109,6 +122,10 @@ class Checkpointer {
   void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
   // The models' DDP communication hook state (comm_hook_state.h).
   void restore_communication(const CheckpointReader& checkpoint);
+  // LocalSGD step counts: meta.json's "local_sgd" (with the warnings), and
+  // their restore.
+  nlohmann::json local_sgd_meta() const;
+  void restore_local_sgd(const CheckpointReader& checkpoint);
 
   std::shared_ptr<ProcessGroup> group_;
   const Config& config_;
@@ -119,6 +136,10 @@ class Checkpointer {
   // register_for_checkpointing() objects, in order, and the pre-hooks.
   std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
   std::shared_ptr<StateHooks> hooks_ = std::make_shared<StateHooks>();
+  // Live LocalSGDs with their model's index, and the step counts the last
+  // load_state() left for models without one.
+  std::vector<std::pair<LocalSGD*, std::size_t>> local_sgds_;
+  std::map<std::size_t, int64_t> resumed_local_sgd_steps_;
 };
 
 }  // namespace detail

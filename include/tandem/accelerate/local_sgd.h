@@ -65,8 +65,21 @@ class LocalSGD {
   // once.
   void finish();
 
-  // step() calls so far.
+  // step() calls so far. save_state() records it; load_state() restores it,
+  // into this LocalSGD or, when the model has none yet, into the next one
+  // constructed, so that the averages come at the steps they would have
+  // come at without the interruption.
   int64_t num_steps() const { return num_steps_; }
+  int64_t local_sgd_steps() const { return local_sgd_steps_; }
+  bool enabled() const { return enabled_; }
+  // step() calls since the last average: while above 0 the ranks' replicas
+  // differ, and save_state() (which saves rank 0's) warns.
+  int64_t steps_since_average() const { return enabled_ ? num_steps_ - averaged_at_ : 0; }
+  // Continues counting from `num_steps` (load_state() calls it): the next
+  // average comes at the next multiple of local_sgd_steps. The replicas
+  // count as equal, as they are after a load. UsageError for a negative
+  // count or after finish().
+  void set_num_steps(int64_t num_steps);
 
  private:
   Accelerator& accelerator_;
