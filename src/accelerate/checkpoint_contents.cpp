@@ -262,6 +262,7 @@ NamedTensors Checkpointer::state_tensors(bool writes_whole) const {
       save_comm_hook_state(*ddp, i, &out);
     }
   }
+  append_local_sgd_replicas(out);
   return out;
 }
 

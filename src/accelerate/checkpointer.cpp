@@ -16,13 +16,11 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <unordered_set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "accelerate/step_controller.h"
-#include "tandem/accelerate/local_sgd.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
@@ -261,85 +259,6 @@ void Checkpointer::restore_custom_states(const CheckpointReader& checkpoint) {
       state.tensors.emplace_back(name, tensor->view(t.at("shape").get<std::vector<int64_t>>()));
     }
     custom_objects_[i]->load_state_dict(state);
-  }
-}
-
-void Checkpointer::attach_local_sgd(LocalSGD* local_sgd, std::size_t model) {
-  local_sgds_.emplace_back(local_sgd, model);
-}
-
-void Checkpointer::detach_local_sgd(const LocalSGD* local_sgd) {
-  local_sgds_.erase(std::remove_if(local_sgds_.begin(), local_sgds_.end(),
-                                   [&](const auto& entry) { return entry.first == local_sgd; }),
-                    local_sgds_.end());
-}
-
-std::optional<int64_t> Checkpointer::take_local_sgd_steps(std::size_t model) {
-  const auto it = resumed_local_sgd_steps_.find(model);
-  if (it == resumed_local_sgd_steps_.end()) return std::nullopt;
-  const int64_t steps = it->second;
-  resumed_local_sgd_steps_.erase(it);
-  return steps;
-}
-
-nlohmann::json Checkpointer::local_sgd_meta() const {
-  nlohmann::json entries = nlohmann::json::array();
-  for (const auto& [local_sgd, model] : local_sgds_) {
-    entries.push_back({{"model", model},
-                       {"num_steps", local_sgd->num_steps()},
-                       {"local_sgd_steps", local_sgd->local_sgd_steps()},
-                       {"steps_since_average", local_sgd->steps_since_average()}});
-    if (!local_sgd->enabled() || group_->world_size() == 1 ||
-        model >= prepared_.models().size()) {
-      continue;
-    }
-    // A checkpoint holds one replica (rank 0's): what each rank has of its
-    // own is lost, and every rank resumes from rank 0's.
-    if (local_sgd->steps_since_average() > 0) {
-      log_warn("save_state: LocalSGD of model {} last averaged the ranks' parameters {} step(s) "
-               "ago, so the replicas differ, and the checkpoint holds rank 0's alone: a resumed "
-               "run starts every rank from it and does not continue exactly. Save right after "
-               "an average (when num_steps() is a multiple of local_sgd_steps = {}) or after "
-               "finish()",
-               model, local_sgd->steps_since_average(), local_sgd->local_sgd_steps());
-    }
-    // Replicated optimizers are not bound to a model (PreparedModel's list
-    // is ZeRO's): those holding any of this model's parameters count.
-    std::unordered_set<const void*> own;
-    for (const auto& p : prepared_.models()[model].module->parameters()) {
-      own.insert(p.unsafeGetTensorImpl());
-    }
-    for (std::size_t i = 0; i < prepared_.optimizers().size(); ++i) {
-      const AcceleratedOptimizer& optimizer = *prepared_.optimizers()[i];
-      bool over_model = false;
-      for (const auto& group : optimizer.param_groups()) {
-        for (const auto& p : group.params()) over_model |= own.count(p.unsafeGetTensorImpl()) > 0;
-      }
-      if (!over_model || optimizer.state().empty()) continue;
-      log_warn("save_state: under LocalSGD each rank's optimizer {} keeps its own state "
-               "(momentum, moments), and the checkpoint holds rank 0's alone: a resumed run "
-               "gives every rank rank 0's and does not continue exactly",
-               i);
-    }
-  }
-  return entries;
-}
-
-void Checkpointer::restore_local_sgd(const CheckpointReader& checkpoint) {
-  resumed_local_sgd_steps_.clear();
-  const nlohmann::json& meta = checkpoint.meta();
-  if (!meta.contains("local_sgd")) return;
-  for (const auto& entry : meta["local_sgd"]) {
-    const auto model = entry.at("model").get<std::size_t>();
-    const auto steps = entry.at("num_steps").get<int64_t>();
-    if (model >= prepared_.models().size()) continue;
-    bool live = false;
-    for (const auto& [local_sgd, index] : local_sgds_) {
-      if (index != model) continue;
-      local_sgd->set_num_steps(steps);
-      live = true;
-    }
-    if (!live) resumed_local_sgd_steps_[model] = steps;
   }
 }
 

@@ -96,8 +96,8 @@ LocalSGD::LocalSGD(Accelerator& accelerator, std::shared_ptr<torch::nn::Module> 
   if (enabled_) no_sync_.emplace(accelerator.no_sync_at(index_));
   detail::Checkpointer& checkpointer = *accelerator.impl_->checkpointer;
   // A load_state() before this LocalSGD existed left its predecessor's count.
-  if (std::optional<int64_t> resumed = checkpointer.take_local_sgd_steps(index_)) {
-    set_num_steps(*resumed);
+  if (auto resumed = checkpointer.take_local_sgd_steps(index_)) {
+    set_num_steps(resumed->first, resumed->second);
   }
   checkpointer.attach_local_sgd(this, index_);
 }
@@ -124,13 +124,15 @@ void LocalSGD::step() {
   averaged_at_ = num_steps_;
 }
 
-void LocalSGD::set_num_steps(int64_t num_steps) {
+void LocalSGD::set_num_steps(int64_t num_steps, int64_t steps_since_average) {
   TANDEM_CHECK_ARG(!finished_,
                    "LocalSGD::set_num_steps: finish() already ran; make a new LocalSGD");
-  TANDEM_CHECK_ARG(num_steps >= 0,
-                   "LocalSGD::set_num_steps: the count must not be negative, got {}", num_steps);
+  TANDEM_CHECK_ARG(num_steps >= 0 && steps_since_average >= 0 && steps_since_average <= num_steps,
+                   "LocalSGD::set_num_steps: got {} steps, the last average {} steps ago; both "
+                   "must be >= 0, the second at most the first",
+                   num_steps, steps_since_average);
   num_steps_ = num_steps;
-  averaged_at_ = num_steps;
+  averaged_at_ = num_steps - steps_since_average;
 }
 
 void LocalSGD::finish() {

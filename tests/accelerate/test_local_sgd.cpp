@@ -198,10 +198,12 @@ struct LocalSGDSegment {
   bool resume = false;
   bool construct_before_load = false;
   double momentum = 0;
+  bool bf16 = false;  // a bf16 model: the optimizer steps fp32 masters
 };
 
 struct LocalSGDTrace {
   int64_t num_steps_after_load = -1;
+  int64_t since_average_after_load = -1;
   std::vector<int64_t> agreed_after;  // optimizer steps after which the replicas agreed
   at::Tensor params;                  // rank 0's at the end, before the final average
 };
@@ -213,20 +215,26 @@ LocalSGDTrace train_local_sgd(const LocalSGDSegment& s, const std::string& dir, 
     Accelerator accelerator(pg.shared_from_this(), Config{});
     Mlp model(kIn, kHidden, kOut);
     copy_state(*model, *init);
+    if (s.bf16) model->to(torch::kBFloat16);
     accelerator.prepare_model(model);
     auto optimizer = accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
         model->parameters(), torch::optim::SGDOptions(kLr).momentum(s.momentum)));
+    const auto dtype = s.bf16 ? torch::kBFloat16 : torch::kFloat;
     std::optional<LocalSGD> local_sgd;
     if (s.construct_before_load || !s.resume) local_sgd.emplace(accelerator, model, s.local_steps);
     if (s.resume) accelerator.load_state(dir);
     if (!local_sgd) local_sgd.emplace(accelerator, model, s.local_steps);
-    if (pg.rank() == 0) trace.num_steps_after_load = local_sgd->num_steps();
+    if (pg.rank() == 0) {
+      trace.num_steps_after_load = local_sgd->num_steps();
+      trace.since_average_after_load = local_sgd->steps_since_average();
+    }
     const int r = pg.rank();
     while (accelerator.step() < s.stop_at) {
       const int64_t step = accelerator.step();
       optimizer->zero_grad();
-      accelerator.backward(torch::mse_loss(model->forward(rows(data.x, s.world, r, step)),
-                                           rows(data.y, s.world, r, step)));
+      const auto x = rows(data.x, s.world, r, step).to(dtype);
+      accelerator.backward(
+          torch::mse_loss(model->forward(x), rows(data.y, s.world, r, step).to(dtype)));
       optimizer->step();
       local_sgd->step();
       const auto all = pg.all_gather(flat_params(*model));
@@ -270,20 +278,50 @@ TEST_P(LocalSGDParity, ResumedRunsAverageAtTheStepsTheUninterruptedOneDoes) {
     SCOPED_TRACE(before ? "LocalSGD built before load_state" : "built after load_state");
     testing::ScratchDir dir;
     LocalSGDSegment first = straight;
-    first.stop_at = first.save_at = 6;  // between averages: warned
-    const std::string log =
-        local_sgd_log_of([&] { train_local_sgd(first, dir.path(), init, data); });
-    EXPECT_NE(log.find("LocalSGD of model 0 last averaged the ranks' parameters 2 step(s) ago"),
-              std::string::npos)
-        << log;
+    first.stop_at = first.save_at = 6;  // between averages: the replicas differ
+    train_local_sgd(first, dir.path(), init, data);
     LocalSGDSegment second = straight;
     second.resume = true;
     second.construct_before_load = before;
     const LocalSGDTrace resumed = train_local_sgd(second, dir.path(), init, data);
     EXPECT_EQ(resumed.num_steps_after_load, 6);
+    EXPECT_EQ(resumed.since_average_after_load, 2);
     // Not at 10 (6 + 4): the count goes on from the checkpoint's.
     EXPECT_EQ(resumed.agreed_after, (std::vector<int64_t>{8, 12}));
+    // Every rank went on from its own replica.
+    EXPECT_TRUE(torch::equal(resumed.params, expected.params))
+        << "max diff " << (resumed.params - expected.params).abs().max().item<double>();
   }
+}
+
+void expect_local_sgd_momentum_resume(int world, bool bf16) {
+  const Mlp init = reference_init();
+  const Dataset data = make_dataset(world * kBatch * 12);
+  LocalSGDSegment straight;
+  straight.world = world;
+  straight.stop_at = 11;
+  straight.momentum = 0.9;
+  straight.bf16 = bf16;
+  const LocalSGDTrace expected = train_local_sgd(straight, "", init, data);
+  testing::ScratchDir dir;
+  LocalSGDSegment first = straight;
+  first.stop_at = first.save_at = 5;
+  train_local_sgd(first, dir.path(), init, data);
+  LocalSGDSegment second = straight;
+  second.resume = true;
+  const LocalSGDTrace resumed = train_local_sgd(second, dir.path(), init, data);
+  EXPECT_EQ(resumed.agreed_after, std::vector<int64_t>{8});
+  EXPECT_TRUE(torch::equal(resumed.params, expected.params))
+      << "max diff " << (resumed.params - expected.params).abs().max().item<double>();
+}
+
+TEST_P(LocalSGDParity, MomentumSavedBetweenAveragesResumesExactly) {
+  // Each rank's momentum differs all along, and its replica between
+  // averages: both are saved per rank.
+  expect_local_sgd_momentum_resume(GetParam(), /*bf16=*/false);
+}
+TEST_P(LocalSGDParity, Bf16MastersSavedBetweenAveragesResumeExactly) {
+  expect_local_sgd_momentum_resume(GetParam(), /*bf16=*/true);
 }
 
 TEST_P(LocalSGDParity, SavedRightAfterAnAverageResumesExactly) {
@@ -308,17 +346,28 @@ TEST_P(LocalSGDParity, SavedRightAfterAnAverageResumesExactly) {
       << "max diff " << (resumed.params - expected.params).abs().max().item<double>();
 }
 
-TEST(LocalSGDErrors, SaveStateSaysThatPerRankOptimizerStateIsNotSaved) {
+TEST(LocalSGDErrors, AtAnotherWorldSizeLoadStateSaysEveryRankStartsFromRank0s) {
   const Mlp init = reference_init();
-  const Dataset data = make_dataset(2 * kBatch * 4);
+  const Dataset data = make_dataset(3 * kBatch * 8);
   testing::ScratchDir dir;
-  LocalSGDSegment run;
-  run.stop_at = run.save_at = 4;  // right after an average
-  run.momentum = 0.9;
-  const std::string log = local_sgd_log_of([&] { train_local_sgd(run, dir.path(), init, data); });
-  EXPECT_NE(log.find("under LocalSGD each rank's optimizer 0 keeps its own state"),
+  LocalSGDSegment first;
+  first.stop_at = first.save_at = 5;
+  first.momentum = 0.9;
+  train_local_sgd(first, dir.path(), init, data);
+  LocalSGDSegment second = first;
+  second.world = 3;
+  second.stop_at = 8;
+  second.save_at = -1;
+  second.resume = true;
+  LocalSGDTrace resumed;
+  const std::string log =
+      local_sgd_log_of([&] { resumed = train_local_sgd(second, dir.path(), init, data); });
+  EXPECT_NE(log.find("saved by 2 ranks; this run has 3, so every rank continues from rank 0's"),
             std::string::npos)
       << log;
+  EXPECT_EQ(resumed.num_steps_after_load, 5);
+  EXPECT_EQ(resumed.since_average_after_load, 0);  // rank 0's replica everywhere
+  EXPECT_EQ(resumed.agreed_after, std::vector<int64_t>{8});
 }
 
 }  // namespace local_sgd_test
