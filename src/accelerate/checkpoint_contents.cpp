@@ -14,6 +14,7 @@
 #include <torch/cuda.h>
 
 #include "accelerate/checkpointer.h"
+#include "accelerate/comm_hook_state.h"
 #include "accelerate/model_strategy.h"
 #include "accelerate/optimizer_state.h"
 #include "accelerate/step_controller.h"
@@ -25,6 +26,7 @@
 #include "tandem/core/logging.h"
 #include "tandem/core/parameters.h"
 #include "tandem/core/version.h"
+#include "tandem/parallel/ddp.h"
 
 namespace tandem::detail {
 namespace {
@@ -176,10 +178,14 @@ nlohmann::json Checkpointer::state_meta(const SaveStateOptions& options) const {
       buffers.push_back(describe(name, b));
     }
     const StrategyRecord record = model.strategy->record();
-    models.push_back({{"prefix", model.prefix},
-                      {"strategy", record.name},
-                      {"zero_stage", record.zero_stage},
-                      {"hpz_partition_size", record.hpz_partition_size}});
+    nlohmann::json entry = {{"prefix", model.prefix},
+                            {"strategy", record.name},
+                            {"zero_stage", record.zero_stage},
+                            {"hpz_partition_size", record.hpz_partition_size}};
+    if (const DistributedDataParallel* ddp = model.strategy->ddp()) {
+      entry["comm_hook"] = save_comm_hook_state(*ddp, models.size(), nullptr);
+    }
+    models.push_back(std::move(entry));
   }
   meta["parameters"] = params;
   meta["buffers"] = buffers;
@@ -250,6 +256,13 @@ NamedTensors Checkpointer::state_tensors(bool writes_whole) const {
     std::lock_guard<std::mutex> lock(gen.mutex());
     out.emplace_back(key, gen.get_state());
   }
+  // Every rank: a communication hook's state may differ between ranks.
+  for (std::size_t i = 0; i < prepared_.models().size(); ++i) {
+    if (const DistributedDataParallel* ddp = prepared_.models()[i].strategy->ddp()) {
+      save_comm_hook_state(*ddp, i, &out);
+    }
+  }
+  append_local_sgd_replicas(out);
   return out;
 }
 
@@ -427,6 +440,18 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
     log_warn("load_state: the checkpoint was saved by {} processes and this run has {}; RNG "
              "states are per rank, so they are not restored",
              checkpoint.world_size(), group_->world_size());
+  }
+}
+
+void Checkpointer::restore_communication(const CheckpointReader& checkpoint) {
+  const nlohmann::json& meta = checkpoint.meta();
+  for (std::size_t i = 0; i < prepared_.models().size(); ++i) {
+    nlohmann::json saved;  // null: none saved
+    if (meta.contains("models") && i < meta["models"].size()) {
+      saved = meta["models"][i].value("comm_hook", nlohmann::json());
+    }
+    restore_comm_hook_state(prepared_.models()[i].strategy->ddp(), checkpoint, saved, i,
+                            group_->rank(), group_->world_size(), main_process());
   }
 }
 

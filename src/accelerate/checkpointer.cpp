@@ -93,6 +93,7 @@ void Checkpointer::save_state(const std::string& dir, const SaveStateOptions& op
     writes_whole = std::find(hosts.begin(), hosts.end(), hosts[group_->rank()]) -
                        hosts.begin() == group_->rank();
   }
+  if (main_process()) meta["local_sgd"] = local_sgd_meta();
   NamedTensors custom;  // the custom objects' tensors
   if (writes_whole) {
     nlohmann::json custom_meta = custom_state_meta(&custom);
@@ -122,6 +123,8 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
     restore_optimizers(checkpoint);
   }
   restore_progress(checkpoint, options);
+  restore_communication(checkpoint);
+  restore_local_sgd(checkpoint);
   restore_custom_states(checkpoint);
   group_->barrier();
   return checkpoint.meta().value("client_state", nlohmann::json::object());

@@ -8,7 +8,9 @@
 // commit protocol are tandem/checkpoint/checkpoint.h's.
 //
 //   checkpointer.cpp         save_state, load_state, hooks, custom objects
+//   checkpoint_local_sgd.cpp LocalSGD's step count and every rank's replica
 //   checkpoint_contents.cpp  the metadata and tensors saved, and their restore
+//   comm_hook_state.cpp      a DDP communication hook's state (PowerSGD)
 //   model_weights_io.cpp     save_model, load_model_weights
 //
 // Private to the Accelerator. Not thread-safe: the training thread calls it.
@@ -18,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -37,6 +40,7 @@
 namespace tandem {
 
 class CheckpointReader;
+class LocalSGD;
 class ProcessGroup;
 
 namespace detail {
@@ -77,6 +81,17 @@ class Checkpointer {
   int64_t register_pre_hook(bool save, StateHooks::Hook hook);
   const std::shared_ptr<StateHooks>& hooks() const { return hooks_; }
 
+  // LocalSGD (local_sgd.cpp; checkpoint_local_sgd.cpp). While one lives
+  // (attached until it finishes), save_state records its step count and
+  // every rank's own replica and optimizer state. load_state hands them to
+  // the live LocalSGD of that model, or keeps them for the next one
+  // constructed, which takes them with take_local_sgd_steps() (the count;
+  // the replica is put in place then).
+  void attach_local_sgd(LocalSGD* local_sgd, std::size_t model);
+  void detach_local_sgd(const LocalSGD* local_sgd);
+  // (num_steps, steps since its last average), as set_num_steps() takes them.
+  std::optional<std::pair<int64_t, int64_t>> take_local_sgd_steps(std::size_t model);
+
   // Prepared model `index`'s consolidated weights as DIR/model.safetensors.
   void save_model(std::size_t index, const std::string& dir);
   // Pretrained weights into prepared model `index`.
@@ -106,6 +121,18 @@ class Checkpointer {
   void restore_models(const CheckpointReader& checkpoint, bool optimizer_states);
   void restore_optimizers(const CheckpointReader& checkpoint);
   void restore_progress(const CheckpointReader& checkpoint, const LoadStateOptions& options);
+  // The models' DDP communication hook state (comm_hook_state.h).
+  void restore_communication(const CheckpointReader& checkpoint);
+  // LocalSGD (checkpoint_local_sgd.cpp): meta.json's "local_sgd", every
+  // rank's replica tensors, their restore and their putting in place.
+  bool saves_replicas() const;
+  void for_each_replica_tensor(
+      std::size_t model,
+      const std::function<void(const std::string&, const at::Tensor&)>& fn) const;
+  nlohmann::json local_sgd_meta() const;
+  void append_local_sgd_replicas(NamedTensors& out) const;
+  void restore_local_sgd(const CheckpointReader& checkpoint);
+  void apply_replica(std::size_t model);
 
   std::shared_ptr<ProcessGroup> group_;
   const Config& config_;
@@ -116,6 +143,13 @@ class Checkpointer {
   // register_for_checkpointing() objects, in order, and the pre-hooks.
   std::vector<std::shared_ptr<Checkpointable>> custom_objects_;
   std::shared_ptr<StateHooks> hooks_ = std::make_shared<StateHooks>();
+  // Live LocalSGDs with their model's index, and the step counts the last
+  // load_state() left for models without one.
+  std::vector<std::pair<LocalSGD*, std::size_t>> local_sgds_;
+  std::map<std::size_t, std::pair<int64_t, int64_t>> resumed_local_sgd_steps_;
+  // This rank's replica tensors read by the last load_state(), by model,
+  // until a LocalSGD continues it.
+  std::map<std::size_t, std::map<std::string, at::Tensor>> pending_replicas_;
 };
 
 }  // namespace detail

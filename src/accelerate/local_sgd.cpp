@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <map>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -93,9 +94,16 @@ LocalSGD::LocalSGD(Accelerator& accelerator, std::shared_ptr<torch::nn::Module> 
                    "refuses DeepSpeed). Turn ZeRO off or drop LocalSGD",
                    accelerator.process_index(), strategy.describe());
   if (enabled_) no_sync_.emplace(accelerator.no_sync_at(index_));
+  detail::Checkpointer& checkpointer = *accelerator.impl_->checkpointer;
+  // A load_state() before this LocalSGD existed left its predecessor's count.
+  if (auto resumed = checkpointer.take_local_sgd_steps(index_)) {
+    set_num_steps(resumed->first, resumed->second);
+  }
+  checkpointer.attach_local_sgd(this, index_);
 }
 
 LocalSGD::~LocalSGD() {
+  accelerator_.impl_->checkpointer->detach_local_sgd(this);
   if (finished_) return;
   if (std::uncaught_exceptions() > 0) {
     no_sync_.reset();
@@ -116,9 +124,22 @@ void LocalSGD::step() {
   averaged_at_ = num_steps_;
 }
 
+void LocalSGD::set_num_steps(int64_t num_steps, int64_t steps_since_average) {
+  TANDEM_CHECK_ARG(!finished_,
+                   "LocalSGD::set_num_steps: finish() already ran; make a new LocalSGD");
+  TANDEM_CHECK_ARG(num_steps >= 0 && steps_since_average >= 0 && steps_since_average <= num_steps,
+                   "LocalSGD::set_num_steps: got {} steps, the last average {} steps ago; both "
+                   "must be >= 0, the second at most the first",
+                   num_steps, steps_since_average);
+  num_steps_ = num_steps;
+  averaged_at_ = num_steps - steps_since_average;
+}
+
 void LocalSGD::finish() {
   if (finished_) return;
   finished_ = true;
+  // Saved from here on, the replicas are averaged and no LocalSGD goes on.
+  accelerator_.impl_->checkpointer->detach_local_sgd(this);
   if (!enabled_) return;
   // Always, as Accelerate's __exit__: the optimizer may have stepped
   // without step() being called.

@@ -114,6 +114,7 @@ class ReplicatedModel final : public ModelStrategy {
     return r;
   }
   std::string describe() const override { return ddp_ ? "DDP" : "one process"; }
+  DistributedDataParallel* ddp() override { return ddp_.get(); }
   void check_ready(std::size_t) const override {}
   void time_communication() override {
     if (ddp_) ddp_->set_wait_timing(true);

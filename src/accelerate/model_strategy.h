@@ -25,6 +25,7 @@
 namespace tandem {
 
 class CheckpointReader;
+class DistributedDataParallel;
 class ZeroOptimizer;
 
 namespace detail {
@@ -102,6 +103,10 @@ class ModelStrategy {
   const PartitionedParameters* partitioned() const {
     return const_cast<ModelStrategy*>(this)->partitioned();
   }
+
+  // The DDP wrapper, when the model has one (DDP over more than one
+  // process): checkpoints save its communication hook's state.
+  virtual DistributedDataParallel* ddp() { return nullptr; }
 
   // An optimizer over this model's parameters was prepared: returns the
   // update that steps it. Sharding builds its ZeRO optimizer here and takes

@@ -129,6 +129,11 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
 
 bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt(); }
 
+void DistributedDataParallel::set_bucket_layout(
+    const std::vector<std::vector<std::string>>& names) {
+  reducer_->adopt_layout(names);
+}
+
 std::int64_t DistributedDataParallel::sync_count() const { return reducer_->sync_count(); }
 void DistributedDataParallel::set_wait_timing(bool enabled) { reducer_->set_wait_timing(enabled); }
 double DistributedDataParallel::communication_wait_seconds() const {

@@ -1,6 +1,7 @@
 #include "tandem/parallel/powersgd_hook.h"
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -98,6 +99,52 @@ at::Tensor PowerSGDHook::error(std::size_t index) const {
   return it == buckets_.end() ? at::Tensor() : it->second.error;
 }
 
+PowerSGDState PowerSGDHook::state() const {
+  PowerSGDState out;
+  out.iteration = iteration_;
+  std::ostringstream stream;
+  stream << seed_stream_;
+  out.seed_stream = stream.str();
+  out.numel_before_compression = numel_before_;
+  out.numel_after_compression = numel_after_;
+  for (const auto& [index, bucket] : buckets_) {
+    if (bucket.error.defined()) out.errors.emplace(index, bucket.error.clone());
+    if (bucket.q.defined()) out.qs.emplace(index, bucket.q.clone());
+  }
+  return out;
+}
+
+void PowerSGDHook::load_state(const PowerSGDState& state) {
+  TANDEM_CHECK_ARG(state.iteration >= 0,
+                   "PowerSGDHook::load_state: the iteration must not be negative, got {}",
+                   state.iteration);
+  std::mt19937 seed_stream = seed_stream_;
+  if (!state.seed_stream.empty()) {
+    std::istringstream stream(state.seed_stream);
+    stream >> seed_stream;
+    TANDEM_CHECK_ARG(!stream.fail(),
+                     "PowerSGDHook::load_state: the seed stream '{:.40}...' is not a "
+                     "std::mt19937 state; pass what PowerSGDHook::state() returned",
+                     state.seed_stream);
+  }
+  std::map<std::size_t, BucketState> buckets;
+  // Copies: the hook writes them in place, and the caller's state stays as
+  // it was (it may be loaded again).
+  if (options_.use_error_feedback) {
+    for (const auto& [index, error] : state.errors) {
+      buckets[index].error = error.reshape({-1}).clone();
+    }
+  }
+  if (options_.warm_start) {
+    for (const auto& [index, q] : state.qs) buckets[index].q = q.reshape({-1}).clone();
+  }
+  iteration_ = state.iteration;
+  seed_stream_ = seed_stream;
+  numel_before_ = state.numel_before_compression;
+  numel_after_ = state.numel_after_compression;
+  buckets_ = std::move(buckets);
+}
+
 HookWork PowerSGDHook::start(GradBucket& bucket) {
   ProcessGroup& pg = bucket.process_group();
   const bool compress = iteration_ >= options_.start_powerSGD_iter;
@@ -110,6 +157,15 @@ HookWork PowerSGDHook::start(GradBucket& bucket) {
   auto plan = std::make_shared<Plan>();
   plan->buffer = bucket.buffer();
   BucketState& state = buckets_[bucket.index()];
+  // Loaded state (load_state) comes as the checkpoint holds it: on the CPU.
+  const auto on_bucket = [&](at::Tensor& t) {
+    if (t.defined() && (t.device() != plan->buffer.device() ||
+                        t.scalar_type() != plan->buffer.scalar_type())) {
+      t = t.to(plan->buffer.options());
+    }
+  };
+  on_bucket(state.error);
+  on_bucket(state.q);
   if (options_.use_error_feedback) {
     if (state.error.defined()) {
       TANDEM_CHECK(state.error.numel() == plan->buffer.numel(),

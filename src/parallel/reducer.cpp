@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -102,6 +103,52 @@ std::vector<std::vector<std::string>> Reducer::bucket_names() const {
     for (std::size_t i : bucket.members) out.back().push_back(names_[i]);
   }
   return out;
+}
+
+void Reducer::adopt_layout(const std::vector<std::vector<std::string>>& names) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TANDEM_CHECK_ARG(!readiness_.in_backward(),
+                   "DistributedDataParallel::set_bucket_layout: called during backward; call "
+                   "it between backward passes");
+  std::map<std::string, std::size_t> index_of;
+  for (std::size_t i = 0; i < names_.size(); ++i) index_of.emplace(names_[i], i);
+  std::vector<std::vector<std::size_t>> assignment;
+  std::vector<bool> placed(params_.size(), false);
+  for (const auto& bucket : names) {
+    TANDEM_CHECK_ARG(!bucket.empty(),
+                     "DistributedDataParallel::set_bucket_layout: bucket {} is empty; pass "
+                     "what bucket_parameter_names() returned",
+                     assignment.size());
+    assignment.emplace_back();
+    for (const auto& name : bucket) {
+      const auto it = index_of.find(name);
+      TANDEM_CHECK_ARG(it != index_of.end() && !placed[it->second],
+                       "DistributedDataParallel::set_bucket_layout: '{}' is {}; the layout must "
+                       "name each trainable parameter of the wrapped module once, as "
+                       "bucket_parameter_names() of the same model returns them",
+                       name,
+                       it == index_of.end() ? "not a trainable parameter here" : "named twice");
+      const at::Tensor& first = params_[index_of.at(bucket.front())];
+      const at::Tensor& p = params_[it->second];
+      TANDEM_CHECK_ARG(p.scalar_type() == first.scalar_type() && p.device() == first.device(),
+                       "DistributedDataParallel::set_bucket_layout: '{}' ({}, {}) and '{}' ({}, "
+                       "{}) cannot share a bucket: a bucket holds one dtype on one device",
+                       name, c10::toString(p.scalar_type()), p.device().str(), bucket.front(),
+                       c10::toString(first.scalar_type()), first.device().str());
+      placed[it->second] = true;
+      assignment.back().push_back(it->second);
+    }
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    TANDEM_CHECK_ARG(placed[i],
+                     "DistributedDataParallel::set_bucket_layout: trainable parameter '{}' is in "
+                     "no bucket; pass what bucket_parameter_names() of the same model returned",
+                     names_[i]);
+  }
+  build_buckets(assignment);
+  // As after the rebuild: the layout stays.
+  rebuilt_ = true;
+  ready_order_.clear();
 }
 
 void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& assignment) {

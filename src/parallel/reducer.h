@@ -40,6 +40,8 @@ class Reducer {
   bool sync_enabled() const;
   std::vector<std::vector<std::string>> bucket_names() const;
   bool rebuilt() const { return rebuilt_; }
+  // DistributedDataParallel::set_bucket_layout(); between backwards.
+  void adopt_layout(const std::vector<std::vector<std::string>>& names);
   std::int64_t sync_count() const { return sync_count_; }
   // DistributedDataParallel::communication_wait_seconds(): measured only
   // while on.

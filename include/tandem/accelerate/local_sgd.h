@@ -65,8 +65,22 @@ class LocalSGD {
   // once.
   void finish();
 
-  // step() calls so far.
+  // step() calls so far. save_state() records it, with every rank's own
+  // replica and optimizer state; load_state() restores them into this
+  // LocalSGD or, when the model has none yet, into the next one
+  // constructed (at the same world size; at another only the count), so
+  // that training goes on as without the interruption.
   int64_t num_steps() const { return num_steps_; }
+  int64_t local_sgd_steps() const { return local_sgd_steps_; }
+  bool enabled() const { return enabled_; }
+  // step() calls since the last average: while above 0 the ranks' replicas
+  // differ.
+  int64_t steps_since_average() const { return enabled_ ? num_steps_ - averaged_at_ : 0; }
+  // Continues counting from `num_steps` (load_state() calls it), the last
+  // average `steps_since_average` steps ago: the next average comes at the
+  // next multiple of local_sgd_steps. UsageError for negative counts, more
+  // steps since the average than steps, or after finish().
+  void set_num_steps(int64_t num_steps, int64_t steps_since_average = 0);
 
  private:
   Accelerator& accelerator_;

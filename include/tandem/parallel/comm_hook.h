@@ -123,8 +123,8 @@ class CommHook {
   // `ddp.comm_hook`); DDP builds one for itself.
   enum Builtin {
     kAverage,       // the average in the gradients' dtype (AllReduceHook)
-    kFp16Compress,  // sent as fp16: half the bytes (CompressHook)
-    kBf16Compress,  // sent as bf16: half the bytes, fp32's range (CompressHook)
+    kFp16Compress,  // averaged as fp16 (CompressHook: where bytes halve)
+    kBf16Compress,  // averaged as bf16, fp32's range (CompressHook)
     kPowerSGD,      // low-rank compression with error feedback (PowerSGDHook)
   };
 
@@ -144,7 +144,19 @@ class AllReduceHook : public CommHook {
 };
 
 // kFp16Compress / kBf16Compress: the buffer is cast to `wire_dtype`,
-// averaged, and cast back.
+// averaged, and cast back. What travels depends on the transport, which
+// reduces 16-bit tensors as it reduces them for any caller:
+//   NCCL (CUDA tensors): 16-bit on the wire, half the bytes; NCCL sums in
+//     16 bits, then the sum is divided by the world size.
+//   shared memory (CPU, every rank on one host, the default there): 16-bit
+//     copies through the segment, half the bytes; summed in fp32 and
+//     rounded once.
+//   Gloo (CPU across hosts, the hierarchical path, or TANDEM_SHM=0):
+//     widened to fp32 before the reduction, so the bytes on the wire are
+//     fp32's, not halved; summed in fp32 and rounded once.
+// PyTorch's fp16_compress_hook divides by the world size in fp16 first and
+// sums in fp16, so results differ from tandem's CPU paths in the last bits
+// (tandem's round once, at the end).
 class CompressHook : public CommHook {
  public:
   // `wire_dtype` must be a floating type (at::kHalf or at::kBFloat16).

@@ -146,6 +146,16 @@ class DistributedDataParallel {
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   bool buckets_rebuilt() const;
+  // Rebuilds the buckets as `names` (parameter names per bucket, in launch
+  // order: what bucket_parameter_names() returned, possibly in another
+  // process) and keeps them, as if rebuilt from gradient arrival order. A
+  // resumed run then has the saved run's buckets from its first backward,
+  // which state kept per bucket (PowerSGD's) needs. Gradients already
+  // computed move into the new buckets. Call between backwards, on every
+  // rank with the same layout. UsageError, with nothing changed, unless
+  // `names` holds each trainable parameter once, each bucket of one dtype
+  // and device.
+  void set_bucket_layout(const std::vector<std::vector<std::string>>& names);
   // Number of synchronised backward passes so far.
   std::int64_t sync_count() const;
   // Seconds synchronised backward passes have spent on communication while

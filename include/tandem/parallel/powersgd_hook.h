@@ -62,6 +62,24 @@ struct PowerSGDOptions {
   std::uint32_t random_seed = 0;
 };
 
+// What a PowerSGDHook carries from one backward to the next (what PyTorch's
+// PowerSGDState pickles): for a checkpoint, so that training resumes as if
+// it had never stopped. Everything but `errors` is the same on every rank.
+struct PowerSGDState {
+  // Synchronised backwards seen (PowerSGDHook::iteration()).
+  std::int64_t iteration = 0;
+  // The position in the seed stream of fresh Qs (std::mt19937's text form):
+  // a resumed run draws the Qs the uninterrupted one would have drawn.
+  std::string seed_stream;
+  std::int64_t numel_before_compression = 0;
+  std::int64_t numel_after_compression = 0;
+  // By bucket index, 1-D: this rank's error feedback (it differs between
+  // ranks) and the warm-start Q (averaged, so equal on every rank). Only the
+  // buckets that have been compressed have them.
+  std::map<std::size_t, at::Tensor> errors;
+  std::map<std::size_t, at::Tensor> qs;
+};
+
 class PowerSGDHook : public CommHook {
  public:
   // Throws UsageError for a rank below 1, a negative start iteration, a
@@ -83,6 +101,20 @@ class PowerSGDHook : public CommHook {
   // This rank's error feedback for bucket `index` (undefined before the
   // bucket's first compressed iteration). For tests and inspection.
   at::Tensor error(std::size_t index) const;
+
+  // A copy of the hook's state (tensors cloned). Call between backwards.
+  PowerSGDState state() const;
+  // Continues from `state` (a state() of a hook with the same options): the
+  // iteration count, the seed stream and, per bucket, the error feedback
+  // and Q, which must belong to the same bucket layout
+  // (DistributedDataParallel::bucket_parameter_names(); restore it with
+  // set_bucket_layout()): a bucket whose sizes differ throws at its next
+  // start(). Errors are ignored without use_error_feedback, Qs without
+  // warm_start. Call between backwards, on every rank, with each rank's own
+  // state (same world size) or with empty `errors` and `qs`, which then
+  // start afresh as at compression's start. UsageError for a negative
+  // iteration or an unreadable seed stream; nothing changes then.
+  void load_state(const PowerSGDState& state);
 
  private:
   struct BucketState {
