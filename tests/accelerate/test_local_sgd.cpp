@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "support/log_capture.h"
 #include "support/accelerator_testing.h"
 #include "support/ddp_test_models.h"
 #include "support/scratch_dir.h"
@@ -249,22 +250,6 @@ LocalSGDTrace train_local_sgd(const LocalSGDSegment& s, const std::string& dir, 
   return trace;
 }
 
-// Captures stderr (log lines) around `body` at log level info.
-std::string local_sgd_log_of(const std::function<void()>& body) {
-  const LogLevel level = log_level();
-  set_log_level(LogLevel::kInfo);
-  ::testing::internal::CaptureStderr();
-  try {
-    body();
-  } catch (...) {
-    ::testing::internal::GetCapturedStderr();
-    set_log_level(level);
-    throw;
-  }
-  set_log_level(level);
-  return ::testing::internal::GetCapturedStderr();
-}
-
 TEST_P(LocalSGDParity, ResumedRunsAverageAtTheStepsTheUninterruptedOneDoes) {
   const int world = GetParam();
   const Mlp init = reference_init();
@@ -335,7 +320,7 @@ TEST_P(LocalSGDParity, SavedRightAfterAnAverageResumesExactly) {
   testing::ScratchDir dir;
   LocalSGDSegment first = straight;
   first.stop_at = first.save_at = 4;
-  const std::string log = local_sgd_log_of([&] { train_local_sgd(first, dir.path(), init, data); });
+  const std::string log = testing::info_log_of([&] { train_local_sgd(first, dir.path(), init, data); });
   EXPECT_EQ(log.find("LocalSGD"), std::string::npos) << log;
   LocalSGDSegment second = straight;
   second.resume = true;
@@ -361,7 +346,7 @@ TEST(LocalSGDErrors, AtAnotherWorldSizeLoadStateSaysEveryRankStartsFromRank0s) {
   second.resume = true;
   LocalSGDTrace resumed;
   const std::string log =
-      local_sgd_log_of([&] { resumed = train_local_sgd(second, dir.path(), init, data); });
+      testing::info_log_of([&] { resumed = train_local_sgd(second, dir.path(), init, data); });
   EXPECT_NE(log.find("saved by 2 ranks; this run has 3, so every rank continues from rank 0's"),
             std::string::npos)
       << log;

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "support/log_capture.h"
 #include "support/accelerator_testing.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
@@ -285,23 +286,6 @@ TEST(WallClockCounters, DdpReadsNoClockUntilTimingIsOnAndZeroKeepsItsTotalThroug
   });
 }
 
-// Captures stderr (log lines) around `body` at log level info.
-std::string log_of(const std::function<void()>& body) {
-  const LogLevel level = log_level();
-  set_log_level(LogLevel::kInfo);
-  ::testing::internal::CaptureStderr();
-  try {
-    body();
-  } catch (...) {
-    ::testing::internal::GetCapturedStderr();
-    set_log_level(level);
-    throw;
-  }
-  std::string text = ::testing::internal::GetCapturedStderr();
-  set_log_level(level);
-  return text;
-}
-
 std::vector<std::string> lines_with(const std::string& text, const std::string& part) {
   std::vector<std::string> out;
   std::istringstream lines(text);
@@ -314,7 +298,7 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
 TEST(WallClockLog, StepsPerPrintAloneLogsTheProgressLineOnTheMainProcess) {
   Training run;
   run.breakdown = std::nullopt;
-  const std::string log = log_of([&] {
+  const std::string log = testing::info_log_of([&] {
     const Outcome out = train(run);
     EXPECT_TRUE(out.rows.empty()) << "the progress line goes to the log only";
     EXPECT_EQ(out.wall_clock[0].step, 0);
@@ -332,7 +316,7 @@ TEST(WallClockLog, TheBreakdownLogsATimeLinePerWindowBesideTheProgressLine) {
   Training run;
   run.world = 3;
   run.steps_per_print = 3;
-  const std::string log = log_of([&] { train(run); });
+  const std::string log = testing::info_log_of([&] { train(run); });
   const std::vector<std::string> times = lines_with(log, "time (ms) | fwd: ");
   ASSERT_EQ(times.size(), 2u) << log;  // steps 3 and 6, rank 0 only
   for (const auto& line : times) {

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "support/log_capture.h"
 #include "support/checkpoint_testing.h"
 #include "support/thread_ranks.h"
 #include "support/zero_test_models.h"
@@ -147,22 +148,6 @@ TEST(PowerSGDResume, WithoutWarmStartFreshQsContinueTheSeedStream) {
   expect_exact_powersgd_resume(2, /*start_iter=*/3, /*save_at=*/5, /*warm_start=*/false);
 }
 
-// Captures stderr (log lines) around `body` at log level info.
-std::string hook_log_of(const std::function<void()>& body) {
-  const LogLevel level = log_level();
-  set_log_level(LogLevel::kInfo);
-  ::testing::internal::CaptureStderr();
-  try {
-    body();
-  } catch (...) {
-    ::testing::internal::GetCapturedStderr();
-    set_log_level(level);
-    throw;
-  }
-  set_log_level(level);
-  return ::testing::internal::GetCapturedStderr();
-}
-
 TEST(PowerSGDResume, AtAnotherWorldSizeTheIterationResumesAndPerRankStateStartsAfresh) {
   testing::ScratchDir saved, resumed;
   PowerSGDRun first;
@@ -174,7 +159,7 @@ TEST(PowerSGDResume, AtAnotherWorldSizeTheIterationResumesAndPerRankStateStartsA
   second.stop_at = 7;
   second.resume = true;
   second.final_dir = resumed.path();
-  const std::string log = hook_log_of([&] { train_powersgd(second, saved.path()); });
+  const std::string log = testing::info_log_of([&] { train_powersgd(second, saved.path()); });
   EXPECT_NE(log.find("saved by 2 ranks and this run has 3"), std::string::npos) << log;
   EXPECT_NE(log.find("error feedback starting afresh"), std::string::npos) << log;
   // 5 saved + 2 here: not 2, which would redo start_powerSGD_iter plain steps.
@@ -192,7 +177,7 @@ TEST(PowerSGDResume, LoadingIntoAnotherHookSaysThePowerSGDStateIsUnused) {
   second.stop_at = 6;
   second.resume = true;
   second.final_dir = resumed.path();
-  const std::string log = hook_log_of([&] { train_powersgd(second, saved.path()); });
+  const std::string log = testing::info_log_of([&] { train_powersgd(second, saved.path()); });
   EXPECT_NE(log.find("holds the PowerSGD state of model 0 (iteration 5"), std::string::npos)
       << log;
   EXPECT_NE(log.find("'average' hook; that state is not used"), std::string::npos) << log;
@@ -209,7 +194,7 @@ TEST(PowerSGDResume, LoadingIntoAnotherHookSaysThePowerSGDStateIsUnused) {
   fourth.stop_at = 6;
   fourth.resume = true;
   fourth.final_dir = resumed_again.path();
-  const std::string log2 = hook_log_of([&] { train_powersgd(fourth, plain.path()); });
+  const std::string log2 = testing::info_log_of([&] { train_powersgd(fourth, plain.path()); });
   EXPECT_NE(log2.find("saved with the 'average' hook), so PowerSGD starts afresh"),
             std::string::npos)
       << log2;

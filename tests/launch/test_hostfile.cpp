@@ -51,9 +51,11 @@ TEST(Hostfile, SelectsEverySlotOrWhatTheFiltersLeave) {
   const auto hosts = parse_hostfile(kFile, "hosts");
   EXPECT_EQ(describe(select_hostfile_slots(hosts, "", "", {}, {}, "hosts")),
             "node-a:0,1@node-b:0,1,2,3@node-c:0");
-  // --include: its order and slots; a host without slots brings them all.
+  // --include: its slots, in the hostfile's host order (DeepSpeed's
+  // parse_resource_filter keeps host_info's order); a host without slots
+  // brings them all.
   EXPECT_EQ(describe(select_hostfile_slots(hosts, "node-b:3,1@node-a", "", {}, {}, "hosts")),
-            "node-b:1,3@node-a:0,1");
+            "node-a:0,1@node-b:1,3");
   // --exclude: slots, or a whole host.
   EXPECT_EQ(describe(select_hostfile_slots(hosts, "", "node-b:0,2@node-c", {}, {}, "hosts")),
             "node-a:0,1@node-b:1,3");

@@ -132,6 +132,16 @@ std::vector<SelectedHost> select_hostfile_slots(const std::vector<HostfileHost>&
     }
   }
   TANDEM_CHECK_ARG(!out.empty(), "--hostfile {}: the filters leave no slot to run on", path);
+  // Ranks follow the hostfile's order whatever order --include names the
+  // hosts in, as DeepSpeed's parse_resource_filter orders them.
+  const auto position = [&](const std::string& name) {
+    return std::find_if(hosts.begin(), hosts.end(),
+                        [&](const HostfileHost& h) { return h.name == name; }) -
+           hosts.begin();
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const SelectedHost& a, const SelectedHost& b) {
+    return position(a.name) < position(b.name);
+  });
   return out;
 }
 

@@ -28,8 +28,8 @@ struct SelectedHost {
   std::vector<int> slots;  // the ones this job runs, ascending
 };
 
-// The hosts and slots the job runs, in hostfile order (in --include's order
-// when it is given). `num_nodes` keeps the first N hosts and `num_gpus` the
+// The hosts and slots the job runs, in hostfile order (also when --include
+// names them in another order, as DeepSpeed's runner does). `num_nodes` keeps the first N hosts and `num_gpus` the
 // first N slots of each; neither goes with --include/--exclude (DeepSpeed's
 // rule). Hosts left with no slot are dropped. Throws UsageError when a
 // filter names a host not in the hostfile or a slot beyond its slots, or
