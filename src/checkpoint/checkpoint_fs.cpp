@@ -39,17 +39,10 @@ int open_or_throw(const std::string& path, int flags, mode_t mode = 0644) {
 
 void write_file_synced(const std::string& path, const std::string& text) {
   const int fd = open_or_throw(path, O_WRONLY | O_CREAT | O_TRUNC);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(path.c_str());
-      throw_os("writing", path, err);
-    }
-    done += static_cast<std::size_t>(n);
+  if (const int err = fs::write_all(fd, text.data(), text.size()); err != 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw_os("writing", path, err);
   }
   if (::fsync(fd) != 0) {
     const int err = errno;

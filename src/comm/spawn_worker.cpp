@@ -13,6 +13,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/error_file.h"
+#include "tandem/core/file_system.h"
 #include "tandem/core/rank_env.h"
 
 namespace tandem::detail {
@@ -27,12 +28,8 @@ std::string exception_type_name(const std::type_info& type) {
 }
 
 void write_report_bytes(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) return;  // the parent is gone: nobody to tell
-    done += static_cast<size_t>(n);
-  }
+  // An error means the parent is gone: nobody to tell.
+  (void)fs::write_all(fd, bytes.data(), bytes.size());
 }
 
 void flush_worker_output() {

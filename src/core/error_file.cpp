@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tandem/core/file_system.h"
 #include "tandem/core/rank_env.h"
 
 namespace tandem {
@@ -55,14 +56,9 @@ void write_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return;
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
+  const bool written = fs::write_all(fd, text.data(), text.size()) == 0;
   ::close(fd);
-  if (done == text.size()) ::rename(tmp.c_str(), path.c_str());
+  if (written) ::rename(tmp.c_str(), path.c_str());
 }
 
 void write_record(const std::string& type, const std::string& message) {

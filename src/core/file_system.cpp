@@ -177,6 +177,18 @@ void remove(const std::string& path) {
   if (::remove(path.c_str()) != 0 && errno != ENOENT) throw_os("removing", path, errno);
 }
 
+int write_all(int fd, const void* data, std::size_t size) noexcept {
+  const char* bytes = static_cast<const char*>(data);
+  for (std::size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, bytes + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
 void rename(const std::string& from, const std::string& to, std::error_code& ec) noexcept {
   ec.clear();
   if (::rename(from.c_str(), to.c_str()) != 0) ec = os_error(errno);

@@ -71,16 +71,9 @@ void write_config_file(const std::string& path, const std::string& text) {
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                         replaces ? (existing.st_mode & 07777) : 0666);
   if (fd < 0) fail(errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int code = n < 0 ? errno : EIO;
-      ::close(fd);
-      fail(code);
-    }
-    done += static_cast<size_t>(n);
+  if (const int code = fs::write_all(fd, text.data(), text.size()); code != 0) {
+    ::close(fd);
+    fail(code);
   }
   // open() applies the umask; an existing file's own mode is put back.
   if (replaces && ::fchmod(fd, existing.st_mode & 07777) != 0) {

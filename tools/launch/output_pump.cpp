@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::cli {
 
@@ -24,13 +25,8 @@ struct OutputPump::Stream {
 namespace {
 
 void write_all(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // console gone (e.g. a closed pipe): keep running the job
-    done += static_cast<size_t>(n);
-  }
+  // An error means the console is gone (e.g. a closed pipe): keep running the job.
+  (void)fs::write_all(fd, data.data(), data.size());
 }
 
 }  // namespace

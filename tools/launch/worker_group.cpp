@@ -17,6 +17,7 @@
 
 #include "tandem/comm/shm_cleanup.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem::cli {
 namespace {
@@ -141,12 +142,8 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     // (more waits for the child to read). The write end stays open
     // (close-on-exec, so no other child holds it) until this process exits.
     const std::string& text = *spec.stdin_text;
-    for (size_t done = 0; done < text.size();) {
-      const ssize_t n = ::write(in_pipe[1], text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // the child is gone: reap() reports it
-      done += static_cast<size_t>(n);
-    }
+    // An error means the child is gone: reap() reports it.
+    (void)fs::write_all(in_pipe[1], text.data(), text.size());
   }
   stdin_fds_.push_back(in_pipe[1]);
 }

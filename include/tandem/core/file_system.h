@@ -16,6 +16,7 @@
 // Thread-safety: every function is safe to call from any thread; two calls on
 // the same path race as the underlying system calls do.
 
+#include <cstddef>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -53,6 +54,11 @@ void remove(const std::string& path);
 // directory.
 void rename(const std::string& from, const std::string& to);
 void rename(const std::string& from, const std::string& to, std::error_code& ec) noexcept;
+
+// write(2) until all `size` bytes of `data` are written to `fd`, retrying
+// EINTR and short writes. Returns 0, or the errno that stopped it (EIO for a
+// write that wrote nothing). Allocates nothing: safe in a terminate handler.
+int write_all(int fd, const void* data, std::size_t size) noexcept;
 
 // `path` made absolute against the working directory, lexically normalised
 // (symbolic links are not resolved), as std::filesystem::absolute does.
