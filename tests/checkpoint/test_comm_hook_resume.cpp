@@ -148,12 +148,16 @@ TEST(PowerSGDResume, WithoutWarmStartFreshQsContinueTheSeedStream) {
   expect_exact_powersgd_resume(2, /*start_iter=*/3, /*save_at=*/5, /*warm_start=*/false);
 }
 
+// Trains `run` for 5 steps and saves them into `dir`.
+void train_and_save_5_steps(PowerSGDRun run, const testing::ScratchDir& dir) {
+  run.stop_at = run.save_at = 5;
+  run.final_dir = dir / "unused";
+  train_powersgd(run, dir.path());
+}
+
 TEST(PowerSGDResume, AtAnotherWorldSizeTheIterationResumesAndPerRankStateStartsAfresh) {
   testing::ScratchDir saved, resumed;
-  PowerSGDRun first;
-  first.stop_at = first.save_at = 5;
-  first.final_dir = saved / "unused";
-  train_powersgd(first, saved.path());
+  train_and_save_5_steps(PowerSGDRun{}, saved);
   PowerSGDRun second;
   second.world = 3;
   second.stop_at = 7;
@@ -168,10 +172,7 @@ TEST(PowerSGDResume, AtAnotherWorldSizeTheIterationResumesAndPerRankStateStartsA
 
 TEST(PowerSGDResume, LoadingIntoAnotherHookSaysThePowerSGDStateIsUnused) {
   testing::ScratchDir saved, resumed;
-  PowerSGDRun first;
-  first.stop_at = first.save_at = 5;
-  first.final_dir = saved / "unused";
-  train_powersgd(first, saved.path());
+  train_and_save_5_steps(PowerSGDRun{}, saved);
   PowerSGDRun second;
   second.comm_hook = "none";
   second.stop_at = 6;
@@ -187,9 +188,7 @@ TEST(PowerSGDResume, LoadingIntoAnotherHookSaysThePowerSGDStateIsUnused) {
   testing::ScratchDir plain, resumed_again;
   PowerSGDRun third;
   third.comm_hook = "none";
-  third.stop_at = third.save_at = 5;
-  third.final_dir = plain / "unused";
-  train_powersgd(third, plain.path());
+  train_and_save_5_steps(third, plain);
   PowerSGDRun fourth;
   fourth.stop_at = 6;
   fourth.resume = true;

@@ -45,17 +45,6 @@
 namespace tandem::cli {
 namespace {
 
-// The first address `host` resolves to, as text ("" when it does not).
-std::string resolved_address(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return "";
-  std::string out = address_text(found->ai_addr);
-  ::freeaddrinfo(found);
-  return out;
-}
-
 // Node 0 of a launch across several nodes, about to host the store on
 // --master-addr: refuses an address that only this machine reaches, which
 // would leave every other node waiting for the whole timeout. A loopback
@@ -87,7 +76,8 @@ void check_store_address(const LaunchOptions& opts) {
                    "127.0.0.1, which no other machine reaches (to run every node on this "
                    "machine, say --master-addr 127.0.0.1)",
                    opts.nnodes);
-  const std::string address = resolved_address(opts.master_addr);
+  const std::vector<std::string> addresses = resolved_addresses(opts.master_addr);
+  const std::string address = addresses.empty() ? "" : addresses.front();
   TANDEM_THROW(UsageError,
                "the rendezvous store's address {}{} is a loopback address on node 0, which no "
                "other machine reaches: the other {} node(s) would wait for it until they time "

@@ -57,20 +57,25 @@ std::vector<std::string> node_names() {
   return names;
 }
 
-bool names_one_of(const std::string& host, const std::vector<std::string>& names) {
-  if (std::find(names.begin(), names.end(), host) != names.end()) return true;
+std::vector<std::string> resolved_addresses(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
-  bool mine = false;
-  // "fd00:0::1" and "fd00::1" are one address: compare the canonical texts.
-  for (addrinfo* a = found; a != nullptr && !mine; a = a->ai_next) {
-    mine = std::find(names.begin(), names.end(), address_text(a->ai_addr)) != names.end();
-  }
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return {};
+  std::vector<std::string> out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) out.push_back(address_text(a->ai_addr));
   ::freeaddrinfo(found);
-  return mine;
+  return out;
+}
+
+bool names_one_of(const std::string& host, const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), host) != names.end()) return true;
+  // "fd00:0::1" and "fd00::1" are one address: compare the canonical texts.
+  for (const std::string& address : resolved_addresses(host)) {
+    if (std::find(names.begin(), names.end(), address) != names.end()) return true;
+  }
+  return false;
 }
 
 }  // namespace tandem::cli

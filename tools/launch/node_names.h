@@ -19,6 +19,10 @@ std::string address_text(const sockaddr* address);
 // localhost, 127.0.0.1, then the IPv4 and IPv6 addresses of its interfaces.
 std::vector<std::string> node_names();
 
+// Every address `host` resolves to, as numeric text (address_text()), in
+// getaddrinfo's order; empty when it does not resolve. Thread-safe.
+std::vector<std::string> resolved_addresses(const std::string& host);
+
 // Whether `host` (a name, or a numeric IPv4 or IPv6 address without
 // brackets) is one of `names`, itself or by any address it resolves to.
 // Resolves `host`; thread-safe.
