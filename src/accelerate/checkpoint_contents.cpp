@@ -130,6 +130,30 @@ int64_t batches_at_this_world(const nlohmann::json& loader, const LoaderCursor& 
   return batches;
 }
 
+// A streaming loader's position is batches of this rank's own shard, which
+// only the user's stream factory knows how to cut (StreamShard), so it is
+// not converted: each rank skips `position` batches of its shard. When the
+// shards are cut differently now (another world size, or another
+// num_workers) that is not where the saved run was; the main process says
+// so. Checkpoints from before "shards" was saved are compared by world size.
+void warn_stream_reshaped(const nlohmann::json& loader, const LoaderCursor& cursor,
+                          int saved_world, int world, int64_t position) {
+  const bool reshaped = loader.contains("shards")
+                            ? loader["shards"].get<int64_t>() != cursor.shards
+                            : saved_world != world;
+  if (!reshaped) return;
+  log_warn("load_state: the training data is a streaming loader saved mid-epoch with its "
+           "stream read as {} shards (processes x workers; {} processes), and this run reads "
+           "it as {} ({} processes): a stream's position belongs to its shard and cannot be "
+           "carried over, so each rank skips the first {} batches of its own new shard of "
+           "epoch {}, and samples of this epoch may be trained twice or not at all. Resume "
+           "with the saving run's processes and num_workers to continue exactly, or call "
+           "skip_first_batches(0) on the loader after load_state to read the epoch from its "
+           "start",
+           loader.value("shards", int64_t{saved_world}), saved_world, cursor.shards, world,
+           position, loader.at("epoch").get<int64_t>());
+}
+
 std::size_t saved_optimizer_count(const nlohmann::json& meta) {
   if (meta.contains("optimizers")) return meta["optimizers"].size();
   return meta.contains("optimizer") ? 1 : 0;
@@ -219,6 +243,7 @@ nlohmann::json Checkpointer::state_meta(const SaveStateOptions& options) const {
                       {"in_pass", c.in_pass},     {"completed_passes", c.completed_passes},
                       {"epoch_set", c.epoch_set}, {"skip", c.skip},
                       {"size", c.size},           {"batch_size", c.batch_size}};
+    if (c.shards > 0) meta["loader"]["shards"] = c.shards;
   }
   meta["gradient_state"] = {
       {"optimizer_steps", prepared_.controller()->state().optimizer_steps}};
@@ -411,6 +436,9 @@ void Checkpointer::restore_progress(const CheckpointReader& checkpoint,
     if (!same_world && in_pass && size >= 0) {
       position = batches_at_this_world(l, c, checkpoint.world_size(), group_->world_size(),
                                        main_process());
+    }
+    if (in_pass && size < 0 && main_process()) {
+      warn_stream_reshaped(l, c, checkpoint.world_size(), group_->world_size(), position);
     }
     // A streaming loader's pass has no known size (< 0): it goes on.
     if (in_pass && (size < 0 || position < size)) {

@@ -87,6 +87,7 @@ std::shared_ptr<PreparedStreamingLoader> DataPreparation::prepare_streaming(
   }
   StreamingLoader loader(std::move(factory), *group_, std::move(options), std::move(collate));
   auto cursor = new_cursor(loader.options().batch_size);
+  cursor->shards = group_->world_size() * std::max<int64_t>(loader.options().num_workers, 1);
   return PreparedAccess::make_streaming_loader(std::move(loader), prepared_.controller(),
                                                std::move(cursor));
 }

@@ -168,6 +168,7 @@ struct LoaderCursor {
   int64_t epoch = 0;             // the loader's epoch, mirrored
   int64_t size = 0;              // batches per pass
   int64_t batch_size = 0;        // samples per batch on each rank
+  int64_t shards = 0;            // a stream's rank x worker shards; 0: not a stream
   // load_state() rewrote the fields above: apply them to the loader before
   // the next batch.
   bool restore_pending = false;

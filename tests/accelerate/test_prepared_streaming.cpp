@@ -13,6 +13,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "support/log_capture.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
@@ -48,7 +49,7 @@ struct StreamRunResult {
 // `load_from` when given; stops after `stop_after` micro-batches (-1: at the
 // end) and saves to `save_to`.
 StreamRunResult train_stream(int world, const std::string& load_from, int64_t stop_after,
-                             const std::string& save_to) {
+                             const std::string& save_to, int64_t num_workers = 0) {
   Config config;
   config.gradient_accumulation_steps = 2;
   StreamRunResult result;
@@ -67,6 +68,7 @@ StreamRunResult train_stream(int world, const std::string& load_from, int64_t st
         std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2)));
     StreamingLoaderOptions options;
     options.batch_size = 3;
+    options.num_workers = num_workers;
     auto loader = accelerator.prepare_streaming_loader(numbered_stream(), options);
     if (!load_from.empty()) accelerator.load_state(load_from);
     int64_t batches = 0;
@@ -128,6 +130,26 @@ TEST(PreparedStreaming, ARunResumedMidEpochEndsWhereTheStraightRunEnds) {
                                                                 << name;
     }
   }
+}
+
+// A stream's position is batches of a rank's own shard; cut into other
+// shards (another world size or num_workers) it cannot resume exactly, and
+// load_state says so rather than skipping the wrong samples in silence.
+TEST(PreparedStreaming, ResumingWithOtherShardsWarnsThatThePositionIsNotCarriedOver) {
+  testing::ScratchDir dir;
+  train_stream(2, "", 4, dir.path());  // mid-way through the first pass
+  const std::string same = testing::info_log_of([&] { train_stream(2, dir.path(), -1, ""); });
+  EXPECT_EQ(same.find("streaming loader"), std::string::npos) << same;
+  const std::string wider = testing::info_log_of([&] { train_stream(3, dir.path(), -1, ""); });
+  EXPECT_NE(wider.find("streaming loader saved mid-epoch with its stream read as 2 shards "
+                       "(processes x workers; 2 processes), and this run reads it as 3 (3 "
+                       "processes)"),
+            std::string::npos)
+      << wider;
+  EXPECT_NE(wider.find("skips the first 4 batches"), std::string::npos) << wider;
+  const std::string workers =
+      testing::info_log_of([&] { train_stream(2, dir.path(), -1, "", /*num_workers=*/2); });
+  EXPECT_NE(workers.find("reads it as 4 (2 processes)"), std::string::npos) << workers;
 }
 
 TEST(PreparedStreaming, SplitBatchesMakesBatchSizeTheGlobalBatch) {
