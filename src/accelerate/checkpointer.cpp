@@ -118,15 +118,39 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
                    "the checkpoint is loaded into the prepared objects");
   run_pre_hooks(/*save=*/false, dir);
   CheckpointReader checkpoint = open_agreed(dir, options);  // before anything changes
-  restore_models(checkpoint, options.load_optimizer_states);
-  if (options.load_optimizer_states && !prepared_.optimizers().empty()) {
-    restore_optimizers(checkpoint);
+  // What follows reads each rank's own files and runs the user's objects,
+  // which may fail on one rank alone; the ranks agree on the outcome at the
+  // end, so that none returns (and trains on) while another has failed.
+  // Nothing in between is a collective that a failed rank skips: ZeRO's
+  // shard loads finish their all-gathers before they rethrow.
+  std::exception_ptr failure;
+  std::string mine;
+  try {
+    restore_models(checkpoint, options.load_optimizer_states);
+    if (options.load_optimizer_states && !prepared_.optimizers().empty()) {
+      restore_optimizers(checkpoint);
+    }
+    restore_progress(checkpoint, options);
+    restore_communication(checkpoint);
+    restore_local_sgd(checkpoint);
+    restore_custom_states(checkpoint);
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    mine = *e.what() != '\0' ? e.what() : "an exception without a message";
+  } catch (...) {
+    failure = std::current_exception();
+    mine = "an exception that is not a std::exception";
   }
-  restore_progress(checkpoint, options);
-  restore_communication(checkpoint);
-  restore_local_sgd(checkpoint);
-  restore_custom_states(checkpoint);
-  group_->barrier();
+  const std::vector<std::string> all = group_->all_gather_strings(mine);
+  if (failure) std::rethrow_exception(failure);
+  std::string errors;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) errors += fmt::format("\n  rank {}: {}", r, all[r]);
+  }
+  TANDEM_CHECK_FILE(errors.empty(),
+                    "load_state('{}'): another rank failed to load its part of the checkpoint, "
+                    "so this one stops too (its state is partly loaded):{}",
+                    dir, errors);
   return checkpoint.meta().value("client_state", nlohmann::json::object());
 }
 

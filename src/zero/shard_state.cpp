@@ -4,6 +4,7 @@
 #include "zero/shard_state.h"
 
 #include <cmath>
+#include <exception>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -204,34 +205,50 @@ void ShardState::load_shards(const ZeroOptimizer::FragmentSource& source, int64_
   queue_.drain();
   const std::vector<std::string> states = state_names();
   torch::NoGradGuard no_grad;
+  // A read that fails here (one rank's file) must not leave the other ranks
+  // alone in reassemble()'s all-gathers: keep reassembling, rethrow after.
+  std::exception_ptr failure;
   for (std::size_t g = 0; g < layout_.groups().size(); ++g) {
     const FlatGroup& group = layout_.groups()[g];
     at::Tensor values = value_shard(group);
-    for (const auto& seg : group.segments) {
-      const std::string& name = layout_.name(seg.param);
-      at::Tensor value = source("model", name, seg.param_offset, seg.length);
-      TANDEM_CHECK(value.defined(), "checkpoint has no values for parameter '{}'", name);
-      values.narrow(0, seg.shard_offset, seg.length).copy_(value);
-      if (!group.master_is_param) {
-        at::Tensor master = source("master", name, seg.param_offset, seg.length);
-        group.master.narrow(0, seg.shard_offset, seg.length)
-            .copy_(master.defined() ? master : value);
-      }
-      for (std::size_t s = 0; s < states.size(); ++s) {
-        at::Tensor state = source(states[s], name, seg.param_offset, seg.length);
-        at::Tensor target = group.state[s].narrow(0, seg.shard_offset, seg.length);
-        if (state.defined()) {
-          target.copy_(state);
-        } else {
-          target.zero_();
-        }
+    if (!failure) {
+      try {
+        load_group(group, values, source, states);
+      } catch (...) {
+        failure = std::current_exception();
       }
     }
-    group.grad_shard.zero_();
-    if (group.grad_full.defined()) group.grad_full.zero_();
     reassemble(g, values);
   }
+  if (failure) std::rethrow_exception(failure);
   step_ = step_count;
+}
+
+void ShardState::load_group(const FlatGroup& group, const at::Tensor& values,
+                            const ZeroOptimizer::FragmentSource& source,
+                            const std::vector<std::string>& states) {
+  for (const auto& seg : group.segments) {
+    const std::string& name = layout_.name(seg.param);
+    at::Tensor value = source("model", name, seg.param_offset, seg.length);
+    TANDEM_CHECK(value.defined(), "checkpoint has no values for parameter '{}'", name);
+    values.narrow(0, seg.shard_offset, seg.length).copy_(value);
+    if (!group.master_is_param) {
+      at::Tensor master = source("master", name, seg.param_offset, seg.length);
+      group.master.narrow(0, seg.shard_offset, seg.length)
+          .copy_(master.defined() ? master : value);
+    }
+    for (std::size_t s = 0; s < states.size(); ++s) {
+      at::Tensor state = source(states[s], name, seg.param_offset, seg.length);
+      at::Tensor target = group.state[s].narrow(0, seg.shard_offset, seg.length);
+      if (state.defined()) {
+        target.copy_(state);
+      } else {
+        target.zero_();
+      }
+    }
+  }
+  group.grad_shard.zero_();
+  if (group.grad_full.defined()) group.grad_full.zero_();
 }
 
 void ShardState::load_parameter_shards(const ZeroOptimizer::ShardFill& fill) {

@@ -55,11 +55,16 @@ class ShardState {
   std::vector<std::string> state_names() const;
   std::vector<ZeroOptimizer::ShardFragment> shard_fragments() const;
   // Loads (collectively) every shard from `source`, or the parameter values
-  // only from `fill`; whole parameters are gathered again after.
+  // only from `fill`; whole parameters are gathered again after. A failed
+  // read still takes part in every all-gather, then throws (on that rank).
   void load_shards(const ZeroOptimizer::FragmentSource& source, int64_t step_count);
   void load_parameter_shards(const ZeroOptimizer::ShardFill& fill);
 
  private:
+  // One group's values, masters and optimizer state from `source`.
+  void load_group(const FlatGroup& group, const at::Tensor& values,
+                  const ZeroOptimizer::FragmentSource& source,
+                  const std::vector<std::string>& states);
   // After a load: whole parameters all-gathered again, stage-3 units released.
   void reassemble(std::size_t group, const at::Tensor& values);
   void update_elementwise(const std::vector<UpdateHyper>& hyper);

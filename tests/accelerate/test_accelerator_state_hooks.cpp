@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
 #include <torch/torch.h>
 
 #include "support/accelerator_testing.h"
@@ -148,6 +153,55 @@ TEST_P(StateHooks, PreHooksRunFirstWithTheModelsAndDirectoryUntilRemoved) {
                                                "save second hook"}))
         << "rank " << pg.rank();
   });
+}
+
+// An object whose load fails on one rank alone (its own file, its own
+// check): that rank throws its error and every other rank stops in
+// load_state too, naming it, instead of waiting for it in a collective or
+// training on with a partly loaded state.
+TEST_P(StateHooks, AnObjectThatFailsToLoadOnOneRankStopsEveryRank) {
+  const int world = GetParam();
+  const Mlp init = reference_init();
+  ScratchDir dir;
+  std::mutex mutex;
+  std::map<int, std::string> outcome;
+  ProcessGroupOptions quick;
+  quick.timeout = std::chrono::seconds(20);  // a hang fails as a timeout
+  run_ranks(
+      world,
+      [&](ProcessGroup& pg) {
+        Accelerator accelerator(pg.shared_from_this(), Config{});
+        Mlp model(kIn, kHidden, kOut);
+        copy_state(*model, *init);
+        accelerator.prepare_model(model);
+        accelerator.register_for_checkpointing(
+            [] { return CustomState{}; },
+            [&](const CustomState&) {
+              if (pg.rank() == 1) throw std::runtime_error("rank 1's cache is gone");
+            });
+        accelerator.save_state(dir.path());
+        std::string text = "loaded";
+        try {
+          accelerator.load_state(dir.path());
+        } catch (const CheckpointError& e) {
+          text = std::string("CheckpointError: ") + e.what();
+        } catch (const std::runtime_error& e) {
+          text = std::string("runtime_error: ") + e.what();
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        outcome[pg.rank()] = text;
+      },
+      quick);
+  EXPECT_EQ(outcome[1], "runtime_error: rank 1's cache is gone");
+  for (int r = 0; r < world; ++r) {
+    if (r == 1) continue;
+    EXPECT_NE(outcome[r].find("CheckpointError: "), std::string::npos) << outcome[r];
+    EXPECT_NE(outcome[r].find("another rank failed to load its part of the checkpoint"),
+              std::string::npos)
+        << outcome[r];
+    EXPECT_NE(outcome[r].find("rank 1: rank 1's cache is gone"), std::string::npos)
+        << outcome[r];
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TwoAndThree, StateHooks, ::testing::Values(2, 3));

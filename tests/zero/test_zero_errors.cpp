@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -116,6 +117,57 @@ TEST(ZeroErrors, OffloadParamNeedsStageThreeAndStageMustBeOneToThree) {
   ZeroOptions stage0;
   stage0.stage = 0;
   EXPECT_NE(construct_error(stage0, true).find("stage must be 1, 2 or 3"), std::string::npos);
+}
+
+// A source that throws on one rank (its file unreadable) must not leave the
+// other ranks alone in the all-gathers that make stages 1 and 2 whole again:
+// that rank still joins them and then throws; the others return.
+TEST(ZeroErrors, ALoadThatFailsOnOneRankStillJoinsTheAllGathers) {
+  for (int stage : {1, 2, 3}) {
+    for (int world : {2, 3}) {
+      std::mutex mutex;
+      std::map<int, std::string> outcome;
+      ProcessGroupOptions quick;
+      quick.timeout = std::chrono::seconds(20);  // a hang fails as a timeout
+      testing::run_ranks(
+          world,
+          [&](ProcessGroup& pg) {
+            Recipe r;
+            r.depth = 2;
+            testing::Stack model = testing::make_model(r);
+            torch::optim::Adam opt(model->parameters());
+            ZeroOptions options;
+            options.stage = stage;
+            ZeroOptimizer zero(model, opt, pg.shared_from_this(), options);
+            std::string text = "returned";
+            try {
+              zero.load_shards(
+                  [&](const std::string&, const std::string& name, int64_t, int64_t length) {
+                    if (pg.rank() == 1) TANDEM_THROW(CheckpointError, "cannot read '{}'", name);
+                    return torch::zeros({length});
+                  },
+                  7);
+            } catch (const CheckpointError& e) {
+              text = e.what();
+            }
+            // Every rank goes on to the next collective together.
+            at::Tensor one = torch::ones({1});
+            pg.all_reduce(one);
+            EXPECT_EQ(one.item<float>(), world);
+            EXPECT_EQ(zero.step_count(), pg.rank() == 1 ? 0 : 7);
+            std::lock_guard<std::mutex> lock(mutex);
+            outcome[pg.rank()] = text;
+          },
+          quick);
+      for (int rank = 0; rank < world; ++rank) {
+        if (rank == 1) {
+          EXPECT_NE(outcome[rank].find("cannot read"), std::string::npos) << outcome[rank];
+        } else {
+          EXPECT_EQ(outcome[rank], "returned") << "stage " << stage << " world " << world;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -340,7 +340,10 @@ class ZeroOptimizer {
                                                   int64_t length)>;
   // Overwrites this rank's shards from `source` (stages 1 and 2 then
   // all-gather the whole parameters) and sets the step count. Call between
-  // steps, outside GatheredParameters. Collective.
+  // steps, outside GatheredParameters. Collective: when `source` throws on
+  // one rank, that rank still joins every all-gather and then rethrows (its
+  // step count unchanged), so the others return rather than hang; agree on
+  // the outcome when every rank must know (Accelerator::load_state does).
   void load_shards(const FragmentSource& source, int64_t step_count);
   // Fills `dst` (a 1-D view of this rank's shard memory, in the parameter's
   // dtype, or its fp32 master when there is one) with elements
