@@ -306,7 +306,8 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config(
-    const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps) {
+    const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps,
+    int64_t warmup_num_steps) {
   Impl& s = *impl_;
   TANDEM_CHECK_ARG(!s.config.scheduler.type.empty(),
                    "Accelerator::prepare_scheduler_from_config: the config has no `scheduler` "
@@ -317,7 +318,18 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler_from_config
   auto& groups = optimizer->param_groups();
   TANDEM_CHECK_ARG(!groups.empty(), "prepare_scheduler_from_config: the optimizer has no groups");
   const double lr = groups.front().options().get_lr();
-  std::map<std::string, double> auto_values = {{"warmup_max_lr", lr}, {"cycle_max_lr", lr}};
+  TANDEM_CHECK_ARG(total_num_steps >= 0 && warmup_num_steps >= 0,
+                   "prepare_scheduler_from_config: total_num_steps ({}) and warmup_num_steps "
+                   "({}) must be >= 0 (0: not known)",
+                   total_num_steps, warmup_num_steps);
+  // What Accelerate fills into a DeepSpeed scheduler's "auto" values for its
+  // DummyScheduler(optimizer, total_num_steps, warmup_num_steps): the start
+  // at 0, the peak at the optimizer's lr, at least 1 warmup step.
+  std::map<std::string, double> auto_values = {
+      {"warmup_min_lr", 0.0},
+      {"warmup_max_lr", lr},
+      {"cycle_max_lr", lr},
+      {"warmup_num_steps", static_cast<double>(std::max<int64_t>(1, warmup_num_steps))}};
   if (total_num_steps > 0) auto_values["total_num_steps"] = static_cast<double>(total_num_steps);
   auto prepared = prepare_scheduler(make_lr_scheduler(s.config.scheduler, *optimizer, auto_values));
   // DeepSpeed's engine steps the config's scheduler once per optimizer step,

@@ -11,6 +11,8 @@ namespace tandem {
 namespace {
 
 constexpr const char* kIterationKey = "last_batch_iteration";
+// "type.<name()>" = 1 names the kind of scheduler that saved a state.
+constexpr const char* kTypePrefix = "type.";
 
 }  // namespace
 
@@ -51,20 +53,38 @@ void LRScheduler::write_to_optimizer() {
 std::map<std::string, double> LRScheduler::state_dict() const {
   std::map<std::string, double> state;
   state[kIterationKey] = static_cast<double>(last_batch_iteration_);
+  state[std::string(kTypePrefix) + name()] = 1.0;
   save_extra_state(state);
   return state;
 }
 
 void LRScheduler::load_state_dict(const std::map<std::string, double>& state) {
+  // The kind first: another kind's state would also have other keys, and
+  // saying which kind saved it is the useful message. States saved before
+  // the kind was recorded carry none.
+  const std::string own_type = std::string(kTypePrefix) + name();
+  for (const auto& entry : state) {
+    const std::string& key = entry.first;
+    if (key.rfind(kTypePrefix, 0) != 0 || key == own_type) continue;
+    TANDEM_THROW(UsageError,
+                 "{}: the scheduler state was saved by a {} scheduler; a {} cannot continue "
+                 "another schedule. Build the same kind of scheduler as the run that saved it "
+                 "(the config's scheduler.type), or do not load this state to start the new "
+                 "schedule from its beginning",
+                 name(), key.substr(std::string(kTypePrefix).size()), name());
+  }
   std::set<std::string> expected = {kIterationKey};
   for (auto& key : extra_state_keys()) expected.insert(key);
+  std::set<std::string> allowed = expected;
+  allowed.insert(own_type);
+  for (auto& key : optional_state_keys()) allowed.insert(key);
   std::set<std::string> missing;
   std::set<std::string> unknown;
   for (const auto& key : expected) {
     if (state.count(key) == 0) missing.insert(key);
   }
   for (const auto& entry : state) {
-    if (expected.count(entry.first) == 0) unknown.insert(entry.first);
+    if (allowed.count(entry.first) == 0) unknown.insert(entry.first);
   }
   TANDEM_CHECK_ARG(missing.empty() && unknown.empty(),
                    "{}: the scheduler state does not match this scheduler (missing keys: {}; "
@@ -87,6 +107,8 @@ void LRScheduler::load_state_dict(const std::map<std::string, double>& state) {
 void LRScheduler::write_extra(int64_t /*iteration*/) {}
 
 std::vector<std::string> LRScheduler::extra_state_keys() const { return {}; }
+
+std::vector<std::string> LRScheduler::optional_state_keys() const { return {}; }
 
 void LRScheduler::save_extra_state(std::map<std::string, double>& /*state*/) const {}
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "optim/warmup_shape.h"
 #include "tandem/core/error.h"
 #include "tandem/core/logging.h"
@@ -72,6 +74,7 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupLROptions& op
                    ? std::vector<double>(optimizer.param_groups().size(), *options.warmup_max_lr)
                    : group_lrs(optimizer),
                options.warmup_num_steps, options.warmup_type, "WarmupLR") {
+  peaks_from_groups_ = !options.warmup_max_lr.has_value();
   write_to_optimizer();
 }
 
@@ -93,6 +96,38 @@ std::vector<double> WarmupLR::lr_at(int64_t iteration) const {
     lrs[g] = min_lr_ + (max_lrs_[g] - min_lr_) * fraction;
   }
   return lrs;
+}
+
+namespace {
+
+std::string peak_key(size_t group) { return fmt::format("warmup_max_lr.{}", group); }
+
+}  // namespace
+
+std::vector<std::string> WarmupLR::optional_state_keys() const {
+  std::vector<std::string> keys;
+  for (size_t g = 0; g < max_lrs_.size(); ++g) keys.push_back(peak_key(g));
+  return keys;
+}
+
+void WarmupLR::save_extra_state(std::map<std::string, double>& state) const {
+  if (!peaks_from_groups_) return;
+  for (size_t g = 0; g < max_lrs_.size(); ++g) state[peak_key(g)] = max_lrs_[g];
+}
+
+void WarmupLR::load_extra_state(const std::map<std::string, double>& state) {
+  // Peaks given in the options win over saved ones (the config decides).
+  if (!peaks_from_groups_) return;
+  std::vector<double> loaded = max_lrs_;
+  for (size_t g = 0; g < loaded.size(); ++g) {
+    const auto it = state.find(peak_key(g));
+    if (it == state.end()) continue;
+    TANDEM_CHECK_ARG(std::isfinite(it->second) && it->second >= 0,
+                     "{}: state '{}' must be a finite lr >= 0, got {}", name(), peak_key(g),
+                     it->second);
+    loaded[g] = it->second;
+  }
+  max_lrs_ = std::move(loaded);
 }
 
 double WarmupLR::gamma(int64_t iteration) const {

@@ -88,6 +88,61 @@ TEST(SchedulerStepping, StepsOncePerProcessAtThreeAndOnEveryCallWhenDetached) {
                                  warmed(6)}));
 }
 
+// The usual HF DeepSpeed config's scheduler block is all "auto": it takes
+// the values Accelerate fills for DummyScheduler(optimizer, total_num_steps,
+// warmup_num_steps), and steps once per optimizer step whatever the world.
+std::vector<double> config_schedule(int world, int64_t total, int64_t warmup) {
+  Config config;
+  config.scheduler.type = "WarmupDecayLR";
+  config.scheduler.auto_params = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                  "total_num_steps"};
+  config.scheduler.warmup_type = "linear";
+  std::vector<double> lrs;
+  run_ranks(world, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), config);
+    auto model = torch::nn::Linear(2, 1);
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.4)));
+    auto scheduler = accelerator.prepare_scheduler_from_config(optimizer, total, warmup);
+    for (int i = 0; i < 12; ++i) {
+      accelerator.backward(model(torch::ones({4, 2})).sum());
+      optimizer->step();
+      scheduler->step();
+      optimizer->zero_grad();
+      if (pg.rank() == 0) lrs.push_back(optimizer->param_groups()[0].options().get_lr());
+    }
+  });
+  return lrs;
+}
+
+TEST(SchedulerStepping, AnAllAutoConfigSchedulerTakesAcceleratesDummySchedulerValues) {
+  auto explicit_lrs = [](int64_t total, int64_t warmup) {
+    auto model = torch::nn::Linear(2, 1);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.4));
+    WarmupDecayLROptions options;
+    options.warmup_min_lr = 0.0;
+    options.warmup_max_lr = 0.4;
+    options.warmup_num_steps = warmup;
+    options.total_num_steps = total;
+    options.warmup_type = WarmupType::kLinear;
+    WarmupDecayLR scheduler(sgd, options);
+    std::vector<double> lrs;
+    for (int i = 0; i < 12; ++i) {
+      scheduler.step();
+      lrs.push_back(scheduler.get_last_lr()[0]);
+    }
+    return lrs;
+  };
+  for (int world : {1, 3}) {
+    EXPECT_EQ(config_schedule(world, 10, 4), explicit_lrs(10, 4)) << "world " << world;
+  }
+  // DummyScheduler's default warmup of 0 becomes 1, as Accelerate makes it.
+  EXPECT_EQ(config_schedule(2, 10, 0), explicit_lrs(10, 1));
+  // An "auto" total needs the run's steps.
+  EXPECT_THROW(config_schedule(1, 0, 4), UsageError);
+}
+
 // split_batches: the loader's batch_size is the global batch; each process
 // takes its slice, and the micro batch of the batch triple is the slice.
 TEST(PreparedLoaderSharding, SplitAndDispatchBatchesDealAsAcceleratesLoaders) {

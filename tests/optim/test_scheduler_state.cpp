@@ -66,8 +66,11 @@ double group_beta1(const torch::optim::Optimizer& optimizer, size_t group) {
 TEST(SchedulerState, FreshSchedulerSavesMinusOne) {
   auto optimizer = make_adamw();
   WarmupLR scheduler(*optimizer);
+  // Without warmup_max_lr the peak is the group's lr, which travels along.
   EXPECT_EQ(scheduler.state_dict(),
-            (std::map<std::string, double>{{"last_batch_iteration", -1.0}}));
+            (std::map<std::string, double>{{"last_batch_iteration", -1.0},
+                                           {"type.WarmupLR", 1.0},
+                                           {"warmup_max_lr.0", 1e-3}}));
   scheduler.step();
   scheduler.step();
   EXPECT_EQ(scheduler.state_dict().at("last_batch_iteration"), 1.0);
@@ -79,6 +82,7 @@ TEST(SchedulerState, CosineStateCarriesEachGroupsInitialLr) {
   options.total_num_steps = 10;
   WarmupCosineLR scheduler(*optimizer, options);
   EXPECT_EQ(scheduler.state_dict(), (std::map<std::string, double>{{"last_batch_iteration", -1.0},
+                                                                   {"type.WarmupCosineLR", 1.0},
                                                                    {"initial_lr.0", 0.1},
                                                                    {"initial_lr.1", 0.02}}));
 }
@@ -179,6 +183,81 @@ TEST(SchedulerState, LoadingMinusOneRestoresTheConstructionValues) {
   scheduler.load_state_dict({{"last_batch_iteration", -1}});
   EXPECT_EQ(scheduler.last_batch_iteration(), -1);
   EXPECT_EQ(group_lr(*optimizer, 0), 0.01);
+}
+
+// A state knows the kind of scheduler that saved it: another kind would
+// take only its counter and go on along another curve, in silence.
+TEST(SchedulerState, AStateOfAnotherKindIsRefusedNamingItAndChangesNothing) {
+  const std::vector<ResumeCase> cases = resume_cases();
+  for (const auto& saver : cases) {
+    auto saving_optimizer = make_adamw({0.1, 0.05});
+    auto saving = saver.make(*saving_optimizer);
+    for (int i = 0; i < 3; ++i) saving->step();
+    const auto saved = saving->state_dict();
+    for (const auto& loader : cases) {
+      if (loader.name == saver.name) continue;
+      SCOPED_TRACE(saver.name + " into " + loader.name);
+      auto optimizer = make_adamw({0.1, 0.05});
+      auto scheduler = loader.make(*optimizer);
+      scheduler->step();
+      const double lr_before = group_lr(*optimizer, 0);
+      try {
+        scheduler->load_state_dict(saved);
+        ADD_FAILURE() << "loaded another kind's state";
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find("saved by a " + saver.name + " scheduler"),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(scheduler->last_batch_iteration(), 0);
+      EXPECT_EQ(group_lr(*optimizer, 0), lr_before);
+    }
+  }
+}
+
+// States saved before the kind was recorded hold only the counter (and
+// WarmupCosineLR's initial lrs); they still load.
+TEST(SchedulerState, AStateWithoutItsKindStillLoads) {
+  auto optimizer = make_adamw({0.1});
+  WarmupLROptions options;
+  options.warmup_num_steps = 10;
+  WarmupLR scheduler(*optimizer, options);
+  scheduler.load_state_dict({{"last_batch_iteration", 4}});
+  EXPECT_EQ(scheduler.last_batch_iteration(), 4);
+  auto reference_optimizer = make_adamw({0.1});
+  WarmupLR reference(*reference_optimizer, options);
+  for (int i = 0; i < 5; ++i) reference.step();
+  EXPECT_EQ(scheduler.get_last_lr(), reference.get_last_lr());
+}
+
+// WarmupLR without warmup_max_lr peaks at each group's lr as built. A plain
+// loop that restores its optimizer before building the scheduler builds it
+// over the scheduled (lower) lr; the saved peaks keep the curve.
+TEST(SchedulerState, WarmupLrResumeUsesTheSavedPeaksNotTheOptimizersCurrentLr) {
+  WarmupLROptions options;
+  options.warmup_num_steps = 20;
+  options.warmup_type = WarmupType::kLinear;
+  auto optimizer = make_adamw({1e-3, 3e-3});
+  WarmupLR original(*optimizer, options);
+  for (int i = 0; i < 7; ++i) original.step();
+  auto restored_optimizer = make_adamw({group_lr(*optimizer, 0), group_lr(*optimizer, 1)});
+  WarmupLR resumed(*restored_optimizer, options);
+  resumed.load_state_dict(original.state_dict());
+  for (int i = 0; i < 30; ++i) {
+    original.step();
+    resumed.step();
+    for (size_t g = 0; g < 2; ++g) {
+      ASSERT_EQ(group_lr(*restored_optimizer, g), group_lr(*optimizer, g))
+          << "step " << original.last_batch_iteration() << " group " << g;
+    }
+  }
+  // Peaks given in the options are the config's, and win over saved ones.
+  options.warmup_max_lr = 0.5;
+  auto configured_optimizer = make_adamw({1e-3, 3e-3});
+  WarmupLR configured(*configured_optimizer, options);
+  configured.load_state_dict(original.state_dict());
+  EXPECT_EQ(configured.state_dict().count("warmup_max_lr.0"), 0u);
+  EXPECT_EQ(group_lr(*configured_optimizer, 1), 0.5);  // past the warmup: the peak
 }
 
 }  // namespace

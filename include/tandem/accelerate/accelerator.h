@@ -125,9 +125,14 @@ class Accelerator {
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(
       std::shared_ptr<torch::optim::LRScheduler> scheduler,
       std::shared_ptr<AcceleratedOptimizer> optimizer = nullptr);
-  // The config's `scheduler` block over `optimizer`, "auto" values filled.
+  // The config's `scheduler` block over `optimizer`, "auto" values filled as
+  // Accelerate fills them for DummyScheduler(optimizer, total_num_steps,
+  // warmup_num_steps): warmup_min_lr 0, warmup_max_lr/cycle_max_lr the
+  // optimizer's lr, warmup_num_steps max(1, warmup_num_steps), and
+  // total_num_steps (0: not known, so an "auto" one is an error).
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler_from_config(
-      const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps = 0);
+      const std::shared_ptr<AcceleratedOptimizer>& optimizer, int64_t total_num_steps = 0,
+      int64_t warmup_num_steps = 0);
   // Shards tensors, a fetch function or a dataset across ranks; the first
   // loader prepared is the training data (its batch completes the config).
   std::shared_ptr<PreparedLoader> prepare_data_loader(std::vector<at::Tensor> tensors,

@@ -61,13 +61,17 @@ class LRScheduler {
   int64_t last_batch_iteration() const;
 
   // The scheduler's position as plain numbers, for checkpoints:
-  // "last_batch_iteration", plus "initial_lr.<group>" for WarmupCosineLR.
+  // "last_batch_iteration", "type.<name()>" = 1 (the kind that saved it),
+  // plus "initial_lr.<group>" for WarmupCosineLR and "warmup_max_lr.<group>"
+  // for a WarmupLR whose peaks are its groups' own learning rates.
   std::map<std::string, double> state_dict() const;
 
   // Restores a state_dict() of the same kind of scheduler and writes the
   // learning rate (and momentum) for that position into the optimizer, so
   // the next step() continues the saved sequence. Throws UsageError, changing
-  // nothing, on missing or unknown keys, or values that are not valid.
+  // nothing, on a state of another kind, missing or unknown keys, or values
+  // that are not valid. A state without "type." (saved by tandem before it
+  // recorded the kind) or without a WarmupLR's peaks is still read.
   void load_state_dict(const std::map<std::string, double>& state);
 
   // The optimizer whose learning rates it writes.
@@ -85,6 +89,9 @@ class LRScheduler {
   // Extra state_dict() entries and their restore; load_extra_state() sees
   // only validated keys from extra_state_keys().
   virtual std::vector<std::string> extra_state_keys() const;
+  // Keys a state may carry or lack (older saves lack them); load_extra_state()
+  // sees them only when present.
+  virtual std::vector<std::string> optional_state_keys() const;
   virtual void save_extra_state(std::map<std::string, double>& state) const;
   virtual void load_extra_state(const std::map<std::string, double>& state);
 
@@ -140,10 +147,17 @@ class WarmupLR : public LRScheduler {
   virtual double gamma(int64_t iteration) const;
   double warmup_gamma(int64_t iteration) const;
   int64_t warmup_steps() const { return warmup_num_steps_; }
+  // Peaks read from the groups' learning rates travel with the state: a
+  // resumed run may build the scheduler over an optimizer whose lr the
+  // checkpoint already changed.
+  std::vector<std::string> optional_state_keys() const override;
+  void save_extra_state(std::map<std::string, double>& state) const override;
+  void load_extra_state(const std::map<std::string, double>& state) override;
 
  private:
   double min_lr_;
   std::vector<double> max_lrs_;  // per param group
+  bool peaks_from_groups_ = false;  // no warmup_max_lr: each group's lr
   int64_t warmup_num_steps_;  // already max(2, n)
   WarmupType warmup_type_;
 };
