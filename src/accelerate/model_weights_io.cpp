@@ -85,7 +85,11 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir) {
   };
   guarded([&] {
     make_directories(dir);
-    writer = std::make_unique<SafetensorsStreamWriter>(tmp_path, specs);
+    // {"format": "pt"}, as Accelerate's save_model (safetensors' save_file
+    // with metadata={"format": "pt"}) writes it: transformers' loaders
+    // refuse a file whose metadata lacks it.
+    writer = std::make_unique<SafetensorsStreamWriter>(
+        tmp_path, specs, std::map<std::string, std::string>{{"format", "pt"}});
   });
   // Collective even after a rank-0 failure, so no rank is left waiting.
   if (partitioned != nullptr) {

@@ -132,6 +132,13 @@ std::vector<int64_t> accelerate_batch_shard(const std::vector<int64_t>& order,
   const auto world = static_cast<size_t>(replicas);
   const auto me = static_cast<size_t>(rank);
   if (dispatched) return dispatch(order, bs * world, world, me, drop_last);
+  if (world == 1) {
+    // One process: Accelerate's prepare_data_loader shards nothing (no
+    // BatchSamplerShard), so the epoch is the plain loader's, its last batch
+    // short rather than completed from the epoch's start.
+    const size_t kept = drop_last ? order.size() / bs * bs : order.size();
+    return Indices(order.begin(), order.begin() + kept);
+  }
   return split ? split_batches(order, bs, world, me, drop_last, even_batches)
                : deal_batches(order, bs, world, me, drop_last, even_batches);
 }

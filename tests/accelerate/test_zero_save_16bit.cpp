@@ -96,6 +96,8 @@ TEST(ZeroSave16Bit, NotGivenKeepsTheParametersDtype) {
   const Save16Result saved = save16_train_and_save(3, MixedPrecision::kBf16, std::nullopt, dir.path());
   ASSERT_EQ(saved.errors[0], "");
   SafetensorsReader file(dir.path() + "/model.safetensors");
+  // Accelerate's save_model metadata, which transformers' loaders require.
+  EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
   for (const auto& [name, value] : saved.whole) {
     EXPECT_EQ(file.find(name)->dtype, at::kFloat) << name;
     EXPECT_TRUE(torch::equal(file.read(name), value)) << name;

@@ -2,7 +2,8 @@
 // loader with split_batches or dispatch_batches): every rank's batches are
 // the ones HF Accelerate's prepared loaders give it, index for index, from
 // vectors recorded with Accelerate itself
-// (tests/data/vectors/record_accelerate_shard_vectors.py), at worlds 2 and 3.
+// (tests/data/vectors/record_accelerate_shard_vectors.py), at worlds 1, 2 and 3
+// (at 1 Accelerate shards nothing: the plain loader's batches, the last one short).
 
 #include <fstream>
 #include <string>
@@ -57,9 +58,10 @@ TEST(AccelerateSharding, EveryRankGetsTheBatchesAcceleratesLoadersGive) {
       ++compared;
     }
   }
+  EXPECT_GT(worlds_seen[1], 300);
   EXPECT_GT(worlds_seen[2], 300);
   EXPECT_GT(worlds_seen[3], 300);
-  EXPECT_GT(compared, 1500);
+  EXPECT_GT(compared, 1800);
 }
 
 TEST(AccelerateSharding, SplitBatchesNeedsAnAccelerateSharding) {

@@ -5,7 +5,7 @@ tests/data/test_accelerate_sharding.cpp checks tandem's prepared loaders
 with split_batches / dispatch_batches (DistributedLoaderOptions::Sharding
 kBatches and kDispatched) against accelerate_shards.json, index for index.
 
-How: for each world size (2 and 3) that many processes join a Gloo group
+How: for each world size (1, 2 and 3) that many processes join a Gloo group
 (torch.multiprocessing, loopback) and initialise Accelerate's PartialState
 on the CPU; each then runs accelerate.data_loader.prepare_data_loader over a
 DataLoader of TensorDataset(arange(n)) (shuffle off; batch_size per process,
@@ -14,6 +14,7 @@ case, and records the sample indices of each batch it yields. The
 dispatching cases run Accelerate's DataLoaderDispatcher for real: process 0
 draws the batches and broadcasts them.
 
+Worlds 1, 2 and 3 (at 1 Accelerate shards nothing: the plain loader).
 Cases: n in {1, 5, 7, 10, 13, 24}, per-process batch in {1, 2, 3, 4},
 split_batches, dispatch_batches, drop_last and even_batches each on and off.
 A case where Accelerate itself fails (its dispatcher over a loader with no
@@ -76,7 +77,7 @@ def run_rank(rank, world, port, out_dir):
 
 def main():
     cases = []
-    for world in (2, 3):
+    for world in (1, 2, 3):
         with tempfile.TemporaryDirectory() as out_dir:
             mp.spawn(run_rank, args=(world, free_port(), out_dir), nprocs=world, join=True)
             per_rank = []
