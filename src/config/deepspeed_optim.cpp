@@ -289,14 +289,10 @@ const KeyTable& scheduler_params_keys(const std::string& type) {
           "decay_mom_rate"}}};
     std::map<std::string, KeyTable> by_type;
     for (const auto& [name, params] : params_of) {
-      // DeepSpeed's resume position; tandem resumes from checkpoints instead.
-      KeyTable table{params,
-                     {{"last_batch_iteration",
-                       "is not implemented: tandem resumes the schedule from checkpoints; "
-                       "ignored",
-                       {"-1"}, check_whole(-1)}},
-                     {}};
-      by_type.emplace(name, std::move(table));
+      // Every type takes DeepSpeed's resume position too.
+      std::vector<std::string> keys = params;
+      keys.push_back("last_batch_iteration");
+      by_type.emplace(name, KeyTable{keys, {}, {}});
     }
     return by_type;
   }();
@@ -317,7 +313,7 @@ void read_scheduler(const Value& block, Config& config) {
       {"warmup_num_steps", 1},        {"total_num_steps", 0},
       {"cycle_first_step_size", 1},   {"cycle_second_step_size", 0},
       {"cycle_first_stair_count", 0}, {"cycle_second_stair_count", 0},
-      {"decay_step_size", 0}};
+      {"decay_step_size", 0},         {"last_batch_iteration", -1}};
   // Fractions of the learning rate or momentum.
   static const std::set<std::string> ratios = {"warmup_min_ratio", "cos_min_ratio",
                                                "cycle_min_mom", "cycle_max_mom"};

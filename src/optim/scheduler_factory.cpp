@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <optional>
+#include <string>
 
 #include "config/did_you_mean.h"
 #include "tandem/core/error.h"
@@ -97,6 +100,8 @@ WarmupType warmup_type_of(const SchedulerConfig& config) {
 
 int64_t as_count(double value) { return static_cast<int64_t>(value); }
 
+constexpr const char* kIterationParam = "last_batch_iteration";
+
 std::unique_ptr<LRScheduler> make_warmup_lr(const SchedulerConfig& config,
                                             torch::optim::Optimizer& optimizer,
                                             const std::map<std::string, double>& auto_values) {
@@ -188,12 +193,38 @@ std::unique_ptr<LRScheduler> make_lr_scheduler(const SchedulerConfig& config,
                    "the scheduler config has no type; set scheduler.type to one of {} (or build "
                    "no scheduler when the config has none)",
                    config_detail::join_alternatives(types));
-  if (config.type == "WarmupLR") return make_warmup_lr(config, optimizer, auto_values);
-  if (config.type == "WarmupDecayLR") return make_warmup_decay_lr(config, optimizer, auto_values);
-  if (config.type == "WarmupCosineLR") {
-    return make_warmup_cosine_lr(config, optimizer, auto_values);
+  // DeepSpeed's last_batch_iteration: the schedule continues from that
+  // counter. Taken out here, set once the scheduler is built.
+  SchedulerConfig rest = config;
+  TANDEM_CHECK_ARG(rest.auto_params.count(kIterationParam) == 0,
+                   "scheduler.params.{} cannot be \"auto\"; write the counter to continue from "
+                   "(-1: from the start)",
+                   kIterationParam);
+  std::optional<int64_t> start;
+  if (const auto it = rest.params.find(kIterationParam); it != rest.params.end()) {
+    const double value = checked(kIterationParam, ParamKind::kCount, it->second);
+    TANDEM_CHECK_ARG(value >= -1, "scheduler.params.{} must be an integer >= -1, got {}",
+                     kIterationParam, value);
+    start = as_count(value);
+    rest.params.erase(it);
   }
-  if (config.type == "OneCycle") return make_one_cycle(config, optimizer, auto_values);
+  std::unique_ptr<LRScheduler> scheduler;
+  if (rest.type == "WarmupLR") scheduler = make_warmup_lr(rest, optimizer, auto_values);
+  if (rest.type == "WarmupDecayLR") scheduler = make_warmup_decay_lr(rest, optimizer, auto_values);
+  if (rest.type == "WarmupCosineLR") {
+    scheduler = make_warmup_cosine_lr(rest, optimizer, auto_values);
+  }
+  if (rest.type == "OneCycle") scheduler = make_one_cycle(rest, optimizer, auto_values);
+  if (scheduler) {
+    // As a checkpoint's state at that counter: the optimizer gets the rates
+    // of step `start`, and the next step() those of start + 1.
+    if (start && *start != -1) {
+      std::map<std::string, double> state = scheduler->state_dict();
+      state[kIterationParam] = static_cast<double>(*start);
+      scheduler->load_state_dict(state);
+    }
+    return scheduler;
+  }
   TANDEM_CHECK_ARG(config.type != "LRRangeTest",
                    "scheduler.type LRRangeTest (DeepSpeed's lr range test) is not implemented in "
                    "tandem; use one of {}",

@@ -402,13 +402,19 @@ TEST(DeepSpeedJson, WhatDeepSpeedRefusesOfTheZeroFlagStaysRefused) {
                        "zero_optimization: expected a mapping of keys"));
 }
 
-TEST(DeepSpeedJson, LastBatchIterationMinusOneIsAcceptedSilently) {
-  Config c = parse_config_text(
-      R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1}}})",
-      "ds.json");
-  EXPECT_EQ(c.scheduler.type, "WarmupLR");
-  EXPECT_TRUE(c.scheduler.params.empty());
-  EXPECT_TRUE(c.warnings.empty());
+TEST(DeepSpeedJson, LastBatchIterationIsReadForEveryType) {
+  for (const char* type : {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle"}) {
+    Config c = parse_config_text(fmt::format(R"({{"scheduler": {{"type": "{}", "params": )"
+                                             R"({{"last_batch_iteration": 20}}}}}})",
+                                             type),
+                                 "ds.json");
+    EXPECT_EQ(c.scheduler.params.at("last_batch_iteration"), 20.0) << type;
+    EXPECT_TRUE(c.warnings.empty()) << type;
+  }
+  EXPECT_TRUE(contains(
+      parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -2}}})",
+                  "ds.json"),
+      "scheduler.params.last_batch_iteration"));
 }
 
 TEST(DeepSpeedJson, CountsWrittenWithExponentsMustBeWhole) {

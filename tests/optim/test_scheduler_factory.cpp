@@ -215,5 +215,38 @@ TEST(MakeLRScheduler, CycleMomentumIsAFlag) {
   EXPECT_NE(what.find("cycle_momentum must be true or false"), std::string::npos) << what;
 }
 
+// DeepSpeed's last_batch_iteration: a scheduler built at counter N is where a
+// fresh one is after N + 1 steps, and goes on from there, for every type
+// (WarmupCosineLR's initial lrs and a WarmupLR's peaks are the groups' own).
+TEST(MakeLRScheduler, LastBatchIterationContinuesTheScheduleAfterThatStep) {
+  const std::vector<SchedulerConfig> blocks = {
+      block("WarmupLR", {{"warmup_num_steps", 10}}),
+      block("WarmupDecayLR", {{"warmup_num_steps", 4}, {"total_num_steps", 30}}),
+      block("WarmupCosineLR", {{"warmup_num_steps", 4}, {"total_num_steps", 30}}),
+      block("OneCycle", {{"cycle_min_lr", 0.01}, {"cycle_max_lr", 0.1},
+                         {"cycle_first_step_size", 5}})};
+  for (SchedulerConfig config : blocks) {
+    SCOPED_TRACE(config.type);
+    auto fresh_optimizer = make_adamw({0.1, 0.03});
+    auto fresh = make_lr_scheduler(config, *fresh_optimizer);
+    for (int i = 0; i < 8; ++i) fresh->step();  // counter 7
+    config.params["last_batch_iteration"] = 7;
+    auto optimizer = make_adamw({0.1, 0.03});
+    auto resumed = make_lr_scheduler(config, *optimizer);
+    EXPECT_EQ(resumed->last_batch_iteration(), 7);
+    EXPECT_EQ(group_lr(*optimizer, 1), group_lr(*fresh_optimizer, 1));
+    EXPECT_EQ(lr_sequence(*resumed, *optimizer, 12), lr_sequence(*fresh, *fresh_optimizer, 12));
+  }
+  SchedulerConfig minus_one = blocks[0];
+  minus_one.params["last_batch_iteration"] = -1;  // DeepSpeed's default: from the start
+  auto optimizer = make_adamw({0.1});
+  EXPECT_EQ(make_lr_scheduler(minus_one, *optimizer)->last_batch_iteration(), -1);
+  SchedulerConfig bad = blocks[0];
+  bad.params["last_batch_iteration"] = -3;
+  EXPECT_NE(usage_error_message([&] { make_lr_scheduler(bad, *optimizer); })
+                .find("last_batch_iteration must be an integer >= -1"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem
