@@ -29,6 +29,14 @@ bool Accelerator::sync_gradients() const {
 
 int64_t Accelerator::step() const { return impl_->prepared.controller()->state().optimizer_steps; }
 
+bool Accelerator::optimizer_step_was_skipped() const {
+  const detail::StepController& controller = *impl_->prepared.controller();
+  for (int id = 0; id < controller.num_optimizers(); ++id) {
+    if (controller.optimizer(id).last_sync_skipped) return true;
+  }
+  return false;
+}
+
 bool Accelerator::is_shadow_batch() const {
   return impl_->prepared.controller()->state().shadow_batch;
 }

@@ -65,6 +65,7 @@ void StepController::optimizer_step(int id, bool taken) {
   OptimizerRecord& r = record(id);
   if (taken) ++r.steps;
   r.last_step_skipped = !taken;
+  r.last_sync_skipped = !taken;
   r.zeroed = false;
   r.deferred = false;
   r.begun_at_step = micro_steps_begun_;
@@ -130,6 +131,7 @@ void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>
     r.deferred = false;
     r.clipped = false;
     r.last_step_skipped = false;
+    r.last_sync_skipped = false;
   }
   state_.optimizer_steps = optimizer_steps;
   state_.micro_step = 0;

@@ -55,6 +55,9 @@ struct OptimizerRecord {
   bool deferred = false;       // step() deferred (no sync) since its last real or skipped step
   bool clipped = false;        // clip_grad_norm() ran for the pending step
   bool last_step_skipped = false;
+  // Its last synchronising step() found inf/NaN gradients (Accelerate's
+  // step_was_skipped: micro-steps in between leave it as it was).
+  bool last_sync_skipped = false;
 };
 
 class StepController {

@@ -67,6 +67,7 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     const auto before = snapshot(*model);
     step(true);
     EXPECT_TRUE(optimizer->step_was_skipped());
+    EXPECT_TRUE(accelerator.optimizer_step_was_skipped());
     EXPECT_EQ(accelerator.step(), 1);
     EXPECT_EQ(accelerator.skipped_steps(), 1);
     EXPECT_EQ(accelerator.loss_scale(), 32768.0);
@@ -77,6 +78,42 @@ TEST(AcceleratorScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
     step(false);  // training resumes at the lower scale
     EXPECT_EQ(accelerator.step(), 2);
     EXPECT_FALSE(optimizer->step_was_skipped());
+    EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
+  });
+}
+
+// Accelerate's optimizer_step_was_skipped reports overflows only: a
+// micro-step that only accumulates leaves it as the last real step left it,
+// while the optimizer's own step_was_skipped() says that step changed nothing.
+TEST(AcceleratorScaler, OptimizerStepWasSkippedIsTheLastSynchronisingStepsOverflow) {
+  const Mlp init = reference_init();
+  AcceleratorOptions options = scaled();
+  options.gradient_accumulation_steps = 2;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, options);
+    Mlp model(kIn, kHidden, kOut);
+    copy_state(*model, *init);
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(1e-2)));
+    auto micro_step = [&](bool poison) {
+      auto x = torch::ones({4, kIn});
+      if (poison) x[0][0] = INFINITY;
+      accelerator.backward(torch::mse_loss(model->forward(x), torch::zeros({4, kOut})));
+      optimizer->step();
+      optimizer->zero_grad();
+    };
+    micro_step(false);  // accumulates
+    EXPECT_TRUE(optimizer->step_was_skipped());
+    EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
+    micro_step(true);  // synchronises: an overflow
+    EXPECT_TRUE(accelerator.optimizer_step_was_skipped());
+    micro_step(false);  // accumulates: still the last real step's overflow
+    EXPECT_TRUE(accelerator.optimizer_step_was_skipped());
+    micro_step(false);  // synchronises: taken
+    EXPECT_FALSE(optimizer->step_was_skipped());
+    EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
+    EXPECT_EQ(accelerator.step(), 1);
   });
 }
 

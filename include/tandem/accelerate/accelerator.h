@@ -217,6 +217,11 @@ class Accelerator {
   TrainStep train_step(std::shared_ptr<AcceleratedOptimizer> optimizer, LossFunction loss);
   bool sync_gradients() const;  // this micro-step synchronises gradients
   int64_t step() const;         // real optimizer steps so far
+  // Accelerate's optimizer_step_was_skipped: whether any prepared
+  // optimizer's last synchronising step() was skipped because the loss
+  // scaler found inf/NaN gradients. Unlike AcceleratedOptimizer::
+  // step_was_skipped(), micro-steps that only accumulate do not change it.
+  bool optimizer_step_was_skipped() const;
   // Clips to a global norm (unscaled first); returns the norm before, NaN
   // on a non-syncing micro-step, inf on overflow.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);

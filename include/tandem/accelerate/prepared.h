@@ -94,7 +94,9 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
   // inside or outside an accumulate() guard. In place (DDP's gradients are
   // views of its buckets), so it takes no set_to_none.
   void zero_grad();
-  // True when the last step() changed nothing.
+  // True when the last step() changed nothing: an fp16 overflow, or a
+  // micro-step that only accumulates. (Accelerate's step_was_skipped is the
+  // overflow alone: Accelerator::optimizer_step_was_skipped().)
   bool step_was_skipped() const;
 
   // LibTorch serialisation of the wrapped optimizer (torch::save/load).
