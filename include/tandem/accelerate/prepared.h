@@ -58,7 +58,9 @@ double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, doubl
 //   * param_groups() and state() are the live ones: change the learning
 //     rate here, or through a scheduler built over either object (learning
 //     rates set on the optimizer you passed are carried over at the next
-//     step(), and by a prepared scheduler's step());
+//     step(), and by a prepared scheduler's step()). Read them here too:
+//     what a scheduler or load_state() writes lands here, and the optimizer
+//     you passed shows it only after the next step();
 //   * the optimizer you passed keeps no parameters. Calling its step() or
 //     zero_grad() changes nothing, and the next step(), zero_grad() or
 //     Accelerator::backward() throws UsageError saying so, instead of
