@@ -43,6 +43,29 @@ TEST(HostFilter, ExcludeRemovesSlots) {
 }
 
 TEST(HostFilter, KeepsTheOrderTheFilterNamesHostsIn) {
+// As --include is: DeepSpeed refuses "No slot '7' specified on host" and
+// "Hostname ... not found"; before, both ran the job with every slot.
+TEST(HostFilter, ExcludeOfASlotOrHostThatDoesNotExistIsRefused) {
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string slot = message([] { layout_nodes(2, 1, std::nullopt, "", "localhost:7", kNames); });
+  EXPECT_NE(slot.find("--exclude slot 7 is outside this node's 2 slots (0-1)"), std::string::npos)
+      << slot;
+  const std::string host = message([] { layout_nodes(2, 1, std::nullopt, "", "nohost", kNames); });
+  EXPECT_NE(host.find("--exclude 'nohost': host 'nohost' is not this node (worker7), the only "
+                      "node of this job"),
+            std::string::npos)
+      << host;
+  // A c10d node of several: other hosts' entries are theirs to apply.
+  EXPECT_EQ(select_local_slots(2, "", "other:5@worker7:1", kNames), (std::vector<int>{0}));
+}
+
   auto hosts = parse_host_filter_in_order("zeta:1@alpha@mid:0,2", "--include");
   ASSERT_EQ(hosts.size(), 3u);
   EXPECT_EQ(hosts[0].first, "zeta");
