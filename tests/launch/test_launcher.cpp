@@ -147,6 +147,29 @@ TEST(Launch, BindCoreListThatCannotGiveEachRankItsOwnCoresIsRefused) {
                  "at least one core of its own");
 }
 
+// Rank 1 fails; rank 0 ignores the launcher's SIGTERM, so the launcher
+// waits out its grace period, and a SIGTERM to the launcher then ends it
+// (143). The failure that began the stop is still the reported cause.
+TEST(Launch, ASignalDuringAFailuresGracePeriodStillReportsTheFailure) {
+  TempDir dir;
+  const std::string d = dir.path();
+  BackgroundProcess job(launch(
+      {"--nproc-per-node", "2", "--grace-period", "4", "/bin/sh", "-c",
+       "if [ $RANK = 1 ]; then while [ ! -e " + d + "/ready ]; do sleep 0.05; done; exit 3; fi; "
+       "trap 'touch " + d + "/term' TERM; touch " + d + "/ready; while :; do sleep 0.05; done"}));
+  // rank 0 has its SIGTERM: the launcher is stopping the workers.
+  ASSERT_TRUE(testing::wait_for_files(
+      d, [&] { return ::access((d + "/term").c_str(), F_OK) == 0; }, 30));
+  job.send(SIGTERM);
+  auto r = job.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 143) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM; stopped all 2 workers"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Before it, the job had failed: Root cause: rank 1"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
+}
+
 TEST(Launch, FourRanksAllReduce) {
   auto r = run_process(launch({"--nproc-per-node", "4", "--standalone", worker(), "allreduce"}), 60);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -139,8 +139,9 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
       continue;  // a node failed after this one's workers finished: run again
     }
     if (result.launcher_signal != 0) {
-      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
-                   sigabbrev_np(result.launcher_signal), result.exits.size());
+      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers%s\n",
+                   sigabbrev_np(result.launcher_signal), result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
       return 128 + result.launcher_signal;
     }
     if (!result.stop_reason.empty()) {

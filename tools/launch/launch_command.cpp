@@ -133,17 +133,19 @@ Plan plan_slots(const LaunchOptions& opts) {
 // when it must stop, 0 when the group is to be restarted.
 int report_failure(const GroupResult& result, const LaunchOptions& opts,
                    const RunDirectory& run_dir, int attempt) {
+  const std::string attempt_dir = run_dir.attempt_dir(attempt);
   if (result.launcher_signal != 0) {
     if (opts.env_from_stdin && result.launcher_signal == SIGHUP) {
       std::fprintf(stderr, "tandem launch: the --hostfile job's head stopped this host (or is "
-                   "gone); stopped all %zu workers\n", result.exits.size());
+                   "gone); stopped all %zu workers%s\n", result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
     } else {
-      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
-                   sigabbrev_np(result.launcher_signal), result.exits.size());
+      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers%s\n",
+                   sigabbrev_np(result.launcher_signal), result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
     }
     return 128 + result.launcher_signal;
   }
-  const std::string attempt_dir = run_dir.attempt_dir(attempt);
   FailureReport report = make_failure_report(result, attempt_dir);
   const std::string logs =
       run_dir.kept() ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
