@@ -276,6 +276,14 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   EXPECT_EQ(elastic.rdzv_last_call_s, 2);
   EXPECT_EQ(elastic.rdzv_keep_alive_interval_s, 1);
   EXPECT_EQ(elastic.rdzv_keep_alive_attempts, 5);
+  EXPECT_FALSE(elastic.rdzv_is_host.has_value()) << "inferred from the endpoint";
+  auto host = parse({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=True", "train"}, &help);
+  EXPECT_EQ(host.rdzv_is_host, std::optional<bool>(true)) << "torch's get_as_bool, any case";
+  auto guest = parse({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=0", "train"}, &help);
+  EXPECT_EQ(guest.rdzv_is_host, std::optional<bool>(false));
+  EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "train"})
+                .find("--rdzv-conf is_host: 'maybe' is not a boolean"),
+            std::string::npos);
   EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "read_timeout=5", "train"})
                 .find("--rdzv-conf read_timeout: not supported"),
             std::string::npos);

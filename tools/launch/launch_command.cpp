@@ -38,6 +38,7 @@
 #include "launch/worker_plan.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/slurm.h"
 
@@ -368,11 +369,51 @@ int run_launch_command(int argc, char** argv) {
                      "node its --node-rank");
     // The node whose address the endpoint names hosts the store and
     // coordinates the rounds (elastic_node.h).
+    // A signal stops the waits as it stops the workers (128+signal), even
+    // one that a script's `cmd &` left ignored.
+    install_launcher_signal_handlers();
     ElasticNode node;
-    node.coordinator = names_this_node(opts.master_addr);
-    if (node.coordinator) host_store();
-    const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
-    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
+    node.coordinator =
+        opts.rdzv_is_host ? *opts.rdzv_is_host : names_this_node(opts.master_addr);
+    bool joins_busy_port = false;
+    if (node.coordinator) {
+      try {
+        host_store();
+      } catch (const PortInUseError&) {
+        // Every node of one machine takes itself for the endpoint's host:
+        // the first to bind hosts the store and the others join it, as
+        // torch's _create_tcp_store does. A port held by something else
+        // then fails at the connection (no answer, or a token refused).
+        if (opts.rdzv_is_host) throw;
+        log_info("rendezvous store port {} on {} is in use, probably by another node of this "
+                 "machine that hosts it: joining it as a client (--rdzv-conf is_host=true "
+                 "makes this node host it or fail)",
+                 opts.master_port, opts.master_addr);
+        node.coordinator = false;
+        joins_busy_port = true;
+      }
+    }
+    std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
+    // A store that holds the port listens already: one that does not
+    // answer soon is not this job's.
+    if (joins_busy_port) timeout = std::min(timeout, std::chrono::milliseconds(10000));
+    c10::intrusive_ptr<c10d::Store> meeting;
+    try {
+      meeting = connect_rendezvous_store(opts.master_addr, opts.master_port, store_token, timeout);
+    } catch (const CommError& e) {
+      if (!joins_busy_port) throw;
+      TANDEM_THROW(CommError,
+                   "cannot host the rendezvous store on {} port {}: the port is already in "
+                   "use, and no store of this job answers there ({}); probably another job "
+                   "holds it; {}",
+                   opts.master_addr, opts.master_port, e.what(), port_in_use_advice(opts));
+    } catch (const StoppedBySignal& stopped) {
+      std::fprintf(stderr,
+                   "tandem launch: received SIG%s while waiting for the rendezvous store at "
+                   "%s:%d; stopped\n",
+                   sigabbrev_np(stopped.signal), opts.master_addr.c_str(), opts.master_port);
+      return 128 + stopped.signal;
+    }
     // Connected: from now on a store that does not answer within the
     // keep-alive time is lost (a node cut off stops, rather than hangs).
     meeting->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(

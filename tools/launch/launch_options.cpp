@@ -1,6 +1,7 @@
 #include "launch/launch_options.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -83,6 +84,21 @@ void apply_rdzv_conf(const std::string& conf, LaunchOptions& opts) {
     const auto eq = item.find('=');
     const std::string name = item.substr(0, eq);
     const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (name == "is_host") {
+      // torch's RendezvousParameters.get_as_bool.
+      std::string lower = value;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool yes = lower == "1" || lower == "true" || lower == "t" || lower == "yes" ||
+                       lower == "y";
+      const bool no = lower == "0" || lower == "false" || lower == "f" || lower == "no" ||
+                      lower == "n";
+      TANDEM_CHECK_ARG(yes || no,
+                       "--rdzv-conf is_host: '{}' is not a boolean; write is_host=true on the "
+                       "node that hosts the store, is_host=false on the others",
+                       value);
+      opts.rdzv_is_host = yes;
+      continue;
+    }
     double seconds = 0;
     try {
       size_t used = 0;
@@ -107,8 +123,8 @@ void apply_rdzv_conf(const std::string& conf, LaunchOptions& opts) {
     } else {
       TANDEM_THROW(UsageError,
                    "--rdzv-conf {}: not supported. tandem's rendezvous reads join_timeout, "
-                   "last_call_timeout, keep_alive_interval and keep_alive_max_attempt; the node the endpoint names always hosts the store "
-                   "(is_host), and its store has no separate read or close timeouts",
+                   "last_call_timeout, keep_alive_interval, keep_alive_max_attempt and "
+                   "is_host; its store has no separate read or close timeouts",
                    name);
     }
   }

@@ -59,6 +59,11 @@ struct LaunchOptions {
   // heartbeat stops for their product is lost.
   double rdzv_keep_alive_interval_s = 5;
   int rdzv_keep_alive_attempts = 3;
+  // --rdzv-conf is_host: whether this node hosts the c10d rendezvous store.
+  // Unset: the node whose address --rdzv-endpoint names hosts it, and a
+  // node that finds the port taken (another node of the same machine
+  // hosts it) joins that store instead, as torchrun does.
+  std::optional<bool> rdzv_is_host;
   // --monitor-interval: how often a c10d node looks at the store for
   // restarts and waiting nodes (default 0.5 s), and how often a --hostfile
   // head probes the hosts an elastic job runs without (default 5 s); the

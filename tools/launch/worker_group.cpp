@@ -62,6 +62,16 @@ void install_launcher_signal_handlers() {
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 
+int take_stop_signal() {
+  int first = 0;
+  unsigned char sig = 0;
+  while (g_signal_pipe[0] >= 0 && ::read(g_signal_pipe[0], &sig, 1) == 1) {
+    const bool stops = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+    if (stops && first == 0) first = sig;
+  }
+  return first;
+}
+
 WorkerGroup::WorkerGroup(std::vector<std::string> argv, std::vector<WorkerSpec> workers,
                          double grace_period_s, bool prefix_output)
     : argv_(std::move(argv)),
