@@ -213,6 +213,19 @@ TEST(Launch, BadInputExitsWithCodeTwoAndSaysWhy) {
   auto not_found = run_process(launch({"./no/such/program"}), 10);
   EXPECT_EQ(not_found.exit_code, 2);
   EXPECT_NE(not_found.err.find("'./no/such/program' was not found"), std::string::npos);
+  // A path is checked as a path; a bare name is looked up on PATH.
+  auto no_path = run_process(launch({"build/nonexistent"}), 10);
+  EXPECT_EQ(no_path.exit_code, 2);
+  EXPECT_NE(no_path.err.find("'build/nonexistent' was not found or is not executable; check the "
+                             "path"),
+            std::string::npos)
+      << no_path.err;
+  EXPECT_EQ(no_path.err.find("bin/build"), std::string::npos) << no_path.err;
+  auto no_name = run_process(launch({"tandem-no-such-program"}), 10);
+  EXPECT_EQ(no_name.exit_code, 2);
+  EXPECT_NE(no_name.err.find("it is not on PATH: give its path, such as ./tandem-no-such-program"),
+            std::string::npos)
+      << no_name.err;
 
   auto bad_node = run_process(launch({"--nnodes", "2", "--node-rank", "2", "/bin/true"}), 10);
   EXPECT_EQ(bad_node.exit_code, 2);

@@ -295,10 +295,16 @@ int run_launch_command(int argc, char** argv) {
     if (opts.module) interpreter.push_back("-m");
     opts.program.insert(opts.program.begin(), interpreter.begin(), interpreter.end());
   }
-  TANDEM_CHECK_ARG(!executable_path(opts.program[0]).empty(),
-                   "program '{}' was not found or is not executable; give a path such as "
-                   "./build/bin/{} or put it on PATH",
-                   opts.program[0], opts.program[0]);
+  const std::string& program = opts.program[0];
+  // A name with a slash is a path (execvp does not search PATH for it).
+  TANDEM_CHECK_ARG(!executable_path(program).empty(),
+                   "program '{}' was not found or is not executable; {}", program,
+                   program.find('/') != std::string::npos
+                       ? "check the path (a relative one starts from the directory you launch "
+                         "from) and that the file is executable (chmod +x)"
+                       : fmt::format("it is not on PATH: give its path, such as ./{}, or put "
+                                     "its directory on PATH",
+                                     program));
   // Node 0's launcher hosts the rendezvous store itself. Binding it before
   // any worker starts makes a busy port a clear, immediate error, and lets
   // port 0 pick a free port without the bind-probe-release race. It is
