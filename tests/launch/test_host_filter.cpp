@@ -7,6 +7,7 @@
 
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "support/scoped_env.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -42,7 +43,6 @@ TEST(HostFilter, ExcludeRemovesSlots) {
   EXPECT_THROW(select_local_slots(2, "worker7:0", "worker7:1", kNames), UsageError);
 }
 
-TEST(HostFilter, KeepsTheOrderTheFilterNamesHostsIn) {
 // As --include is: DeepSpeed refuses "No slot '7' specified on host" and
 // "Hostname ... not found"; before, both ran the job with every slot.
 TEST(HostFilter, ExcludeOfASlotOrHostThatDoesNotExistIsRefused) {
@@ -66,6 +66,7 @@ TEST(HostFilter, ExcludeOfASlotOrHostThatDoesNotExistIsRefused) {
   EXPECT_EQ(select_local_slots(2, "", "other:5@worker7:1", kNames), (std::vector<int>{0}));
 }
 
+TEST(HostFilter, KeepsTheOrderTheFilterNamesHostsIn) {
   auto hosts = parse_host_filter_in_order("zeta:1@alpha@mid:0,2", "--include");
   ASSERT_EQ(hosts.size(), 3u);
   EXPECT_EQ(hosts[0].first, "zeta");
@@ -158,6 +159,50 @@ std::string refusal(std::vector<std::string> args) {
   return "accepted";
 }
 
+// A range refusal states the range and echoes the value given.
+TEST(LaunchFlags, RangeErrorsStateTheTrueRangeAndTheValue) {
+  EXPECT_NE(refusal({"--monitor-interval", "0", "train"})
+                .find("--monitor-interval must be more than 0 and at most 3600 seconds, got 0"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--grace-period", "601", "train"})
+                .find("--grace-period must be from 0 to 600 seconds, got 601"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--max-restarts", "-1", "train"})
+                .find("--max-restarts must be 0 or more, got -1"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--tee", "4", "--log-dir", "d", "train"}).find("got --tee 4 --redirects 0"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--hostfile", "h", "--master-port", "29500", "--ssh-port", "0", "train"})
+                .find("--ssh-port must be from 1 to 65535, got 0"),
+            std::string::npos);
+}
+
+// Any --ssh-port without --hostfile is refused, 0 as well as 22.
+TEST(LaunchFlags, SshPortWithoutHostfileIsRefusedWhateverItsValue) {
+  for (const char* port : {"0", "22"}) {
+    EXPECT_NE(refusal({"--ssh-port", port, "train"})
+                  .find("--launcher, --launcher-args and --ssh-port go with --hostfile"),
+              std::string::npos)
+        << port;
+  }
+}
+
+// A PET_* variable (torchrun's environment for a flag) that does not
+// parse is named, with the flag it stands for.
+TEST(LaunchFlags, AnEnvironmentVariableThatDoesNotParseIsNamed) {
+  testing::ScopedEnv env;
+  env.set("PET_MAX_RESTARTS", "abc");
+  const std::string message = refusal({"train"});
+  EXPECT_NE(message.find("the environment variable PET_MAX_RESTARTS=abc is not a valid "
+                         "--max-restarts"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Fix or unset PET_MAX_RESTARTS"), std::string::npos) << message;
+  bool help = false;
+  EXPECT_EQ(parse({"--max-restarts", "2", "train"}, &help).max_restarts, 2)
+      << "the flag beats the variable";
+}
+
 TEST(LaunchOptions, AcceptsDashesUnderscoresAndEquals) {
   bool help = false;
   auto opts = parse({"--nproc_per_node=3", "--master-port", "1234", "--node_rank", "1", "--nnodes=2",
@@ -233,7 +278,7 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   EXPECT_TRUE(monitored.monitor_interval_given) << "warned about where it has no effect";
   EXPECT_DOUBLE_EQ(monitor_interval(monitored, 5.0), 2.5) << "given, it wins in every mode";
   EXPECT_NE(refusal({"--monitor-interval", "0", "prog"})
-                .find("--monitor-interval must be between 0 and 3600 seconds"),
+                .find("--monitor-interval must be more than 0 and at most 3600 seconds"),
             std::string::npos);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -231,11 +232,14 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.master_port >= 0 && opts.master_port <= 65535,
                    "--master-port {} is out of range 0-65535", opts.master_port);
   TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
-                   "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
-  TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
+                   "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both), "
+                   "got --tee {} --redirects {}",
+                   opts.tee, opts.redirects);
+  TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be 0 or more, got {}",
+                   opts.max_restarts);
   TANDEM_CHECK_ARG(!opts.monitor_interval_given ||
                        (opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600),
-                   "--monitor-interval must be between 0 and 3600 seconds, got {}",
+                   "--monitor-interval must be more than 0 and at most 3600 seconds, got {}",
                    opts.monitor_interval_s);
   TANDEM_CHECK_ARG(!(opts.module && opts.no_python),
                    "--module runs PROGRAM as `python -m PROGRAM`, and --no-python runs it "
@@ -266,7 +270,7 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.bind_core_list.empty() || opts.bind_cores_to_rank,
                    "--bind_core_list goes with --bind_cores_to_rank, which it restricts");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
-                   "--grace-period must be between 0 and 600 seconds");
+                   "--grace-period must be from 0 to 600 seconds, got {}", opts.grace_period_s);
   TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty() || rendezvous_at_store(opts),
                    "--nnodes {}:{} asks for an elastic job, which needs nodes that meet at the "
                    "store: --rdzv-backend c10d --rdzv-endpoint HOST:PORT without --node-rank "
@@ -295,11 +299,12 @@ void validate_launch_options(LaunchOptions& opts) {
     TANDEM_CHECK_ARG(!opts.gpu_ids_given,
                      "--gpu_ids goes with one machine: with --hostfile, each host's slots "
                      "(and --include/--exclude) choose its GPUs");
-    TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
-                     "--ssh-port {} is out of range", opts.ssh_port);
+    TANDEM_CHECK_ARG(!opts.ssh_port_given || (opts.ssh_port >= 1 && opts.ssh_port <= 65535),
+                     "--ssh-port must be from 1 to 65535, got {}", opts.ssh_port);
   } else {
-    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0,
-                     "--launcher, --launcher-args and --ssh-port go with --hostfile");
+    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && !opts.ssh_port_given,
+                     "--launcher, --launcher-args and --ssh-port go with --hostfile, which "
+                     "starts the hosts over ssh; drop them, or give --hostfile");
     TANDEM_CHECK_ARG(!opts.keep_global_batch || rendezvous_at_store(opts),
                      "--keep-global-batch goes with jobs whose world size can change between "
                      "restarts: --hostfile, or --rdzv-backend c10d without --node-rank");
@@ -343,6 +348,35 @@ void validate_launch_options(LaunchOptions& opts) {
   // Unlike torchrun, --log-dir alone already keeps every stream's file.
   if (!opts.log_dir.empty() && opts.tee == 0 && opts.redirects == 0) opts.tee = 3;
 }
+
+namespace {
+
+// A value CLI11 refused that came from a PET_* variable, not from a flag
+// on the command line: throws UsageError naming the variable and the flag
+// it stands for (CLI11 names the flag only). Returns otherwise.
+void env_variable_error(const CLI::App& app, const std::vector<std::string>& own,
+                        const CLI::ParseError& error) {
+  const std::string what = error.what();
+  for (const CLI::Option* option : app.get_options()) {
+    const std::string& variable = option->get_envname();
+    const char* value = variable.empty() ? nullptr : std::getenv(variable.c_str());
+    if (value == nullptr || option->get_lnames().empty()) continue;
+    const std::string flag = "--" + option->get_lnames().front();
+    const bool on_command_line = std::any_of(own.begin(), own.end(), [&](const std::string& a) {
+      return a == flag || a.rfind(flag + "=", 0) == 0;
+    });
+    if (on_command_line || what.find(flag) == std::string::npos ||
+        what.find(value) == std::string::npos) {
+      continue;
+    }
+    TANDEM_THROW(UsageError,
+                 "the environment variable {}={} is not a valid {} (it stands for that flag, "
+                 "as in torchrun): {}. Fix or unset {}, or give {} on the command line",
+                 variable, value, flag, what, variable, flag);
+  }
+}
+
+}  // namespace
 
 LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   *help_printed = false;
@@ -406,7 +440,8 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--launcher", opts.launcher, "how --hostfile reaches the hosts: ssh (the only one)");
   app.add_option("--launcher-args", opts.launcher_args,
                  "options for ssh, e.g. \"-i KEY -o StrictHostKeyChecking=no\" (--hostfile)");
-  app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)");
+  app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)")
+      ->each([&](const std::string&) { opts.ssh_port_given = true; });
   app.add_flag("--keep-global-batch", opts.keep_global_batch,
                "--hostfile restarts on fewer or more hosts scale gradient accumulation so that "
                "accumulation x world size stays the same");
@@ -516,6 +551,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     *help_printed = true;
     return opts;
   } catch (const CLI::ParseError& e) {
+    env_variable_error(app, own, e);
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;

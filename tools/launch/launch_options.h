@@ -79,6 +79,7 @@ struct LaunchOptions {
   std::string launcher = "ssh";
   std::string launcher_args;
   int ssh_port = 0;  // 0: ssh's own default
+  bool ssh_port_given = false;
   // --keep-global-batch: a restart at another world size scales gradient
   // accumulation (TANDEM_GRADIENT_ACCUMULATION_STEPS) to keep
   // accumulation x world; base_accumulation is the first attempt's (from the
