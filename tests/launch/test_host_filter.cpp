@@ -351,6 +351,13 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   auto named = parse({"--rdzv-endpoint", "head", "train"}, &help);
   EXPECT_EQ(named.master_addr, "head");
   EXPECT_EQ(named.master_port, 29500) << "no port: the default";
+  // torchrun's c10d backend listens on 29400 when the endpoint has no port.
+  auto c10d = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "train"}, &help);
+  EXPECT_EQ(c10d.master_port, 29400);
+  auto c10d_port = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "--master-port",
+                          "29611", "train"},
+                         &help);
+  EXPECT_EQ(c10d_port.master_port, 29611) << "a port given otherwise stays";
   for (const char* bad : {"localhost:2941x", "localhost:", "localhost:70000", "localhost:-1"}) {
     EXPECT_NE(refusal({"--rdzv-endpoint", bad, "train"}).find("is not a number from 0 to 65535"),
               std::string::npos)

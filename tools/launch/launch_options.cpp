@@ -324,6 +324,12 @@ void validate_launch_options(LaunchOptions& opts) {
                    "Use c10d (the nodes agree on node ranks there) or static (each node gives "
                    "--node-rank)",
                    opts.rdzv_backend);
+  if (opts.rdzv_backend == "c10d" && opts.rdzv_endpoint_given && !opts.master_port_given &&
+      !opts.master_port_in_config) {
+    // `--rdzv-endpoint HOST`: torchrun's c10d backend listens on 29400
+    // (c10d_rendezvous_backend.py's DEFAULT_PORT), not on --master-port's 29500.
+    opts.master_port = kC10dDefaultPort;
+  }
   TANDEM_CHECK_ARG(opts.rdzv_timeout_s > 0, "--rdzv-timeout must be > 0 seconds, got {}",
                    opts.rdzv_timeout_s);
   TANDEM_CHECK_ARG(opts.rdzv_keep_alive_interval_s > 0,

@@ -12,6 +12,9 @@
 
 namespace tandem::cli {
 
+// The port of a c10d --rdzv-endpoint that names none: torchrun's.
+constexpr int kC10dDefaultPort = 29400;
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_given = false;
@@ -22,7 +25,9 @@ struct LaunchOptions {
   int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX: an elastic job runs on no fewer nodes
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;  // 0: the launcher picks a free port
+  // 0: the launcher picks a free port. 29500 (torchrun's --master-port),
+  // or kC10dDefaultPort for a c10d --rdzv-endpoint without a port.
+  int master_port = 29500;
   bool standalone = false;
   int max_restarts = 0;  // restarts of the whole group after a failure
   std::string log_dir;
@@ -95,6 +100,7 @@ struct LaunchOptions {
   bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
   bool master_addr_in_config = false;  // the config's main_process_ip set master_addr
+  bool master_port_in_config = false;  // the config's main_process_port set master_port
   bool master_port_given = false;
   bool rdzv_endpoint_given = false;  // --rdzv-endpoint gave master_addr and master_port
   // How the user spelled the node rank's flag, for errors: --node-rank, or
