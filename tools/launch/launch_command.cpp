@@ -373,11 +373,12 @@ int run_launch_command(int argc, char** argv) {
                      "--rdzv-backend c10d without --node-rank runs tandem programs only: a "
                      "Python program's torch.distributed meets at c10d's own store. Give each "
                      "node its --node-rank");
-    // The node whose address the endpoint names hosts the store and
-    // coordinates the rounds (elastic_node.h).
     // A signal stops the waits as it stops the workers (128+signal), even
     // one that a script's `cmd &` left ignored.
     install_launcher_signal_handlers();
+    // The node whose address the endpoint names hosts the store and
+    // coordinates the rounds (elastic_node.h), unless --rdzv-conf is_host
+    // says otherwise.
     ElasticNode node;
     node.coordinator =
         opts.rdzv_is_host ? *opts.rdzv_is_host : names_this_node(opts.master_addr);
