@@ -1,7 +1,9 @@
 #include "comm/progress_monitor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -24,6 +26,42 @@ std::string join(const std::vector<std::string>& parts, const char* separator) {
   return text;
 }
 
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A published value, "@<unix ms> " and then what the rank reported.
+struct Report {
+  std::string body;               // "joined" or "<sequence> <description>"
+  std::optional<std::int64_t> ms;  // when it was published; none in an unstamped value
+};
+
+Report read_report(const std::string& value) {
+  Report report{value, std::nullopt};
+  if (value.empty() || value[0] != '@') return report;
+  const auto space = value.find(' ');
+  char* end = nullptr;
+  const long long ms = std::strtoll(value.c_str() + 1, &end, 10);
+  if (space == std::string::npos || end != value.c_str() + space) return report;
+  report.ms = ms;
+  report.body = value.substr(space + 1);
+  return report;
+}
+
+// The report may be old (a rank frozen by SIGSTOP or a debugger publishes
+// nothing more), so each note says when it was made: " (as of its last
+// report, 12.3 s ago)".
+std::string as_of(const Report& report, std::int64_t now_ms) {
+  if (!report.ms) return " (as of its last report)";
+  const double age_s = static_cast<double>(std::max<std::int64_t>(0, now_ms - *report.ms)) / 1000;
+  return fmt::format(" (as of its last report, {:.1f} s ago)", age_s);
+}
+
+// What rank `global`'s report says of where it was.
+std::string describe_report(int global, const Report& report, std::int64_t now_ms);
+
 // "<sequence> <description>" -> sequence; false for "joined" or garbage.
 bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::string& what) {
   char* end = nullptr;
@@ -31,6 +69,16 @@ bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::stri
   if (end == value.c_str() || *end != ' ') return false;
   what = std::string(end + 1);
   return true;
+}
+
+std::string describe_report(int global, const Report& report, std::int64_t now_ms) {
+  std::uint64_t seq = 0;
+  std::string what;
+  if (!parse_sequence(report.body, seq, what)) {
+    return fmt::format("rank {} had entered no collective{}", global, as_of(report, now_ms));
+  }
+  return fmt::format("rank {} last entered {}{}", global, what,
+                     report.ms ? as_of(report, now_ms) : "");
 }
 
 }  // namespace
@@ -89,7 +137,7 @@ void ProgressMonitor::publish_latest() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!dirty_) return;
-    value = latest_;
+    value = fmt::format("@{} {}", unix_ms_now(), latest_);
     dirty_ = false;
   }
   try {
@@ -126,13 +174,8 @@ std::string ProgressMonitor::explain_peer(int peer) {
     const std::string key = progress_key(peer);
     if (!store_->check({key})) return fmt::format("rank {} never reported", global);
     auto bytes = store_->get(key);
-    const std::string value(bytes.begin(), bytes.end());
-    std::uint64_t seq = 0;
-    std::string what;
-    if (!parse_sequence(value, seq, what)) {
-      return fmt::format("rank {} entered no collective yet", global);
-    }
-    return fmt::format("rank {} last entered {}", global, what);
+    return describe_report(global, read_report(std::string(bytes.begin(), bytes.end())),
+                           unix_ms_now());
   } catch (const std::exception& e) {
     std::string reason = e.what();
     reason.resize(std::min(reason.find('\n'), reason.size()));
@@ -142,7 +185,8 @@ std::string ProgressMonitor::explain_peer(int peer) {
 
 std::string explain_progress(std::uint64_t sequence, int self,
                              const std::vector<std::optional<std::string>>& values,
-                             const GroupRanks& group) {
+                             const GroupRanks& group, std::int64_t now_unix_ms) {
+  if (now_unix_ms == 0) now_unix_ms = unix_ms_now();
   std::vector<int> missing;
   std::vector<int> ahead;
   std::vector<std::string> missing_notes;
@@ -156,15 +200,15 @@ std::string explain_progress(std::uint64_t sequence, int self,
     if (!value) {
       missing.push_back(r);
       missing_notes.push_back(fmt::format("rank {} never reported", global));
-    } else if (!parse_sequence(*value, seq, what)) {
+      continue;
+    }
+    const Report report = read_report(*value);
+    if (!parse_sequence(report.body, seq, what) || seq < sequence) {
       missing.push_back(r);
-      missing_notes.push_back(fmt::format("rank {} entered no collective yet", global));
-    } else if (seq < sequence) {
-      missing.push_back(r);
-      missing_notes.push_back(fmt::format("rank {} last entered {}", global, what));
+      missing_notes.push_back(describe_report(global, report, now_unix_ms));
     } else if (seq > sequence) {
       ahead.push_back(r);
-      ahead_notes.push_back(fmt::format("rank {} last entered {}", global, what));
+      ahead_notes.push_back(describe_report(global, report, now_unix_ms));
     }
   }
   std::string text;

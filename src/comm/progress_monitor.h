@@ -48,11 +48,13 @@ class ProgressMonitor {
 
   // After collective `sequence` timed out on this rank: reads every rank's
   // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
-  // last entered barrier #9; rank 3 never reported)". Never throws.
+  // last entered barrier #9 (as of its last report, 0.4 s ago); rank 3 never
+  // reported)". Never throws.
   std::string explain_timeout(std::uint64_t sequence);
 
   // After a send or recv with `peer` timed out: where that rank last was,
-  // e.g. "rank 2 last entered barrier #9". Never throws.
+  // e.g. "rank 2 last entered barrier #9 (as of its last report, 0.4 s
+  // ago)". Never throws.
   std::string explain_peer(int peer);
 
  private:
@@ -78,10 +80,13 @@ class ProgressMonitor {
 std::string progress_key(int rank);
 
 // Pure part of explain_timeout: `values[r]` is rank r's published value
-// ("joined", or "<sequence> <description>"), nullopt when it has none.
-// `group` names the ranks (group ranks index `values`).
+// ("@<unix ms> " when it was published, then "joined" or "<sequence>
+// <description>"), nullopt when it has none. `group` names the ranks (group
+// ranks index `values`). A value is only what the rank said when it last
+// published (a frozen rank says nothing more), so a stamped one's note
+// gives its age against `now_unix_ms` (0: the current time).
 std::string explain_progress(std::uint64_t sequence, int self,
                              const std::vector<std::optional<std::string>>& values,
-                             const GroupRanks& group = {});
+                             const GroupRanks& group = {}, std::int64_t now_unix_ms = 0);
 
 }  // namespace tandem::detail

@@ -115,7 +115,7 @@ StoreServer::StoreServer(const StoreServerOptions& options)
   ::freeaddrinfo(result);
   if (listen_fd_ < 0) {
     if (first_errno == EADDRINUSE) {
-      TANDEM_THROW(CommError,
+      TANDEM_THROW(PortInUseError,
                    "cannot host the rendezvous store on {} port {}: the port is already in use, "
                    "probably by another job; {}",
                    options.host, options.port,

@@ -88,7 +88,8 @@ void expect_skipped_call_named(const std::map<int, std::string>& by_rank,
               std::string::npos)
         << message;
     EXPECT_NE(message.find("rank 1 did not arrive (rank 1 last entered " +
-                           fmt::format(fmt::runtime(described), 0) + ")"),
+                           fmt::format(fmt::runtime(described), 0) +
+                           " (as of its last report, "),
               std::string::npos)
         << message;
     EXPECT_NE(message.find("TANDEM_TIMEOUT_S"), std::string::npos) << message;
@@ -169,7 +170,7 @@ TEST(Timeouts, ARankThatEnteredNoCollectiveIsNamedAtABarrier) {
   ASSERT_EQ(messages.by_rank.size(), 1u);
   const std::string& message = messages.by_rank[0];
   EXPECT_NE(message.find("barrier #0 timed out after 1500 ms: rank 1 did not arrive (rank 1 "
-                         "entered no collective yet)"),
+                         "had entered no collective (as of its last report, "),
             std::string::npos)
       << message;
 }
@@ -237,6 +238,21 @@ TEST(ProgressExplanation, NamesMissingRanksWithWhereTheyLastWere) {
       std::string("12 all_reduce #12 Float[4, 8] on gloo"), std::nullopt};
   EXPECT_EQ(detail::explain_progress(12, 0, values),
             "ranks 1, 3 did not arrive (rank 1 last entered barrier #9; rank 3 never reported)");
+}
+
+// A published value is only what the rank said when it last published: a
+// rank frozen (SIGSTOP) before its publisher ran again still shows "joined"
+// after 28 collectives. The note gives the report's age, never "yet".
+TEST(ProgressExplanation, NotesSayHowOldEachRanksLastReportIs) {
+  const std::int64_t now = 1'800'000'000'000;
+  std::vector<std::optional<std::string>> values = {
+      std::string("@" + std::to_string(now) + " 29 barrier #29"),
+      std::string("@" + std::to_string(now - 12'000) + " joined"),
+      std::string("@" + std::to_string(now - 3'500) + " 20 all_reduce #20 Float[2] on gloo")};
+  EXPECT_EQ(detail::explain_progress(29, 0, values, {}, now),
+            "ranks 1, 2 did not arrive (rank 1 had entered no collective (as of its last "
+            "report, 12.0 s ago); rank 2 last entered all_reduce #20 Float[2] on gloo (as of its "
+            "last report, 3.5 s ago))");
 }
 
 TEST(ProgressExplanation, RanksAlreadyPastTheCollectiveMeanADesync) {

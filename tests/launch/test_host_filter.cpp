@@ -7,6 +7,7 @@
 
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
+#include "support/scoped_env.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -40,6 +41,29 @@ TEST(HostFilter, ExcludeRemovesSlots) {
   EXPECT_EQ(select_local_slots(2, "", "other:0", kNames), (std::vector<int>{0, 1}));
   EXPECT_THROW(select_local_slots(2, "", "worker7", kNames), UsageError);
   EXPECT_THROW(select_local_slots(2, "worker7:0", "worker7:1", kNames), UsageError);
+}
+
+// As --include is: DeepSpeed refuses "No slot '7' specified on host" and
+// "Hostname ... not found"; before, both ran the job with every slot.
+TEST(HostFilter, ExcludeOfASlotOrHostThatDoesNotExistIsRefused) {
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string slot = message([] { layout_nodes(2, 1, std::nullopt, "", "localhost:7", kNames); });
+  EXPECT_NE(slot.find("--exclude slot 7 is outside this node's 2 slots (0-1)"), std::string::npos)
+      << slot;
+  const std::string host = message([] { layout_nodes(2, 1, std::nullopt, "", "nohost", kNames); });
+  EXPECT_NE(host.find("--exclude 'nohost': host 'nohost' is not this node (worker7), the only "
+                      "node of this job"),
+            std::string::npos)
+      << host;
+  // A c10d node of several: other hosts' entries are theirs to apply.
+  EXPECT_EQ(select_local_slots(2, "", "other:5@worker7:1", kNames), (std::vector<int>{0}));
 }
 
 TEST(HostFilter, KeepsTheOrderTheFilterNamesHostsIn) {
@@ -135,6 +159,50 @@ std::string refusal(std::vector<std::string> args) {
   return "accepted";
 }
 
+// A range refusal states the range and echoes the value given.
+TEST(LaunchFlags, RangeErrorsStateTheTrueRangeAndTheValue) {
+  EXPECT_NE(refusal({"--monitor-interval", "0", "train"})
+                .find("--monitor-interval must be more than 0 and at most 3600 seconds, got 0"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--grace-period", "601", "train"})
+                .find("--grace-period must be from 0 to 600 seconds, got 601"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--max-restarts", "-1", "train"})
+                .find("--max-restarts must be 0 or more, got -1"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--tee", "4", "--log-dir", "d", "train"}).find("got --tee 4 --redirects 0"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--hostfile", "h", "--master-port", "29500", "--ssh-port", "0", "train"})
+                .find("--ssh-port must be from 1 to 65535, got 0"),
+            std::string::npos);
+}
+
+// Any --ssh-port without --hostfile is refused, 0 as well as 22.
+TEST(LaunchFlags, SshPortWithoutHostfileIsRefusedWhateverItsValue) {
+  for (const char* port : {"0", "22"}) {
+    EXPECT_NE(refusal({"--ssh-port", port, "train"})
+                  .find("--launcher, --launcher-args and --ssh-port go with --hostfile"),
+              std::string::npos)
+        << port;
+  }
+}
+
+// A PET_* variable (torchrun's environment for a flag) that does not
+// parse is named, with the flag it stands for.
+TEST(LaunchFlags, AnEnvironmentVariableThatDoesNotParseIsNamed) {
+  testing::ScopedEnv env;
+  env.set("PET_MAX_RESTARTS", "abc");
+  const std::string message = refusal({"train"});
+  EXPECT_NE(message.find("the environment variable PET_MAX_RESTARTS=abc is not a valid "
+                         "--max-restarts"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Fix or unset PET_MAX_RESTARTS"), std::string::npos) << message;
+  bool help = false;
+  EXPECT_EQ(parse({"--max-restarts", "2", "train"}, &help).max_restarts, 2)
+      << "the flag beats the variable";
+}
+
 TEST(LaunchOptions, AcceptsDashesUnderscoresAndEquals) {
   bool help = false;
   auto opts = parse({"--nproc_per_node=3", "--master-port", "1234", "--node_rank", "1", "--nnodes=2",
@@ -210,7 +278,7 @@ TEST(LaunchOptions, RendezvousFlagsAreUsedOrRefusedNeverIgnored) {
   EXPECT_TRUE(monitored.monitor_interval_given) << "warned about where it has no effect";
   EXPECT_DOUBLE_EQ(monitor_interval(monitored, 5.0), 2.5) << "given, it wins in every mode";
   EXPECT_NE(refusal({"--monitor-interval", "0", "prog"})
-                .find("--monitor-interval must be between 0 and 3600 seconds"),
+                .find("--monitor-interval must be more than 0 and at most 3600 seconds"),
             std::string::npos);
 }
 
@@ -253,6 +321,14 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   EXPECT_EQ(elastic.rdzv_last_call_s, 2);
   EXPECT_EQ(elastic.rdzv_keep_alive_interval_s, 1);
   EXPECT_EQ(elastic.rdzv_keep_alive_attempts, 5);
+  EXPECT_FALSE(elastic.rdzv_is_host.has_value()) << "inferred from the endpoint";
+  auto host = parse({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=True", "train"}, &help);
+  EXPECT_EQ(host.rdzv_is_host, std::optional<bool>(true)) << "torch's get_as_bool, any case";
+  auto guest = parse({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=0", "train"}, &help);
+  EXPECT_EQ(guest.rdzv_is_host, std::optional<bool>(false));
+  EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "train"})
+                .find("--rdzv-conf is_host: 'maybe' is not a boolean"),
+            std::string::npos);
   EXPECT_NE(refusal({"--rdzv-backend", "c10d", "--rdzv-conf", "read_timeout=5", "train"})
                 .find("--rdzv-conf read_timeout: not supported"),
             std::string::npos);
@@ -275,6 +351,13 @@ TEST(LaunchOptions, AccelerateAndDeepSpeedSpellingsMapToTandemFlags) {
   auto named = parse({"--rdzv-endpoint", "head", "train"}, &help);
   EXPECT_EQ(named.master_addr, "head");
   EXPECT_EQ(named.master_port, 29500) << "no port: the default";
+  // torchrun's c10d backend listens on 29400 when the endpoint has no port.
+  auto c10d = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "train"}, &help);
+  EXPECT_EQ(c10d.master_port, 29400);
+  auto c10d_port = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "head", "--master-port",
+                          "29611", "train"},
+                         &help);
+  EXPECT_EQ(c10d_port.master_port, 29611) << "a port given otherwise stays";
   for (const char* bad : {"localhost:2941x", "localhost:", "localhost:70000", "localhost:-1"}) {
     EXPECT_NE(refusal({"--rdzv-endpoint", bad, "train"}).find("is not a number from 0 to 65535"),
               std::string::npos)

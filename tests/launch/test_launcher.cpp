@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
@@ -86,23 +88,86 @@ TEST(Launch, LocalRanksFilterShowsOnlyTheNamedRanks) {
   EXPECT_EQ(read_file(logs.path() + "/attempt_0/rank_1/stdout.log"), "out 1\n");
 }
 
+// The CPUs this test may run on, ascending.
+std::vector<int> test_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
 // accelerate launch's training flags reach the workers as TANDEM_*
 // variables (which resolve_config reads); deepspeed's --bind_cores_to_rank
-// pins each worker and sets OMP_NUM_THREADS to its share.
+// pins each worker to its own share of --bind_core_list and sets
+// OMP_NUM_THREADS to its size.
 TEST(Launch, AccelerateTrainingFlagsAndCoreBindingReachTheWorkers) {
+  const std::vector<int> cpus = test_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs to give 2 workers one each";
+  const std::string a = std::to_string(cpus[0]);
+  const std::string b = std::to_string(cpus[1]);
   auto r = run_process(
       launch({"--nproc-per-node", "2", "--no-prefix", "--use_deepspeed", "--zero_stage", "3",
               "--offload_optimizer_device", "cpu", "--gradient_clipping", "0.5",
               "--gradient_accumulation_steps", "2", "--bind_cores_to_rank", "--bind_core_list",
-              "0", "/bin/sh", "-c",
+              a + "," + b, "/bin/sh", "-c",
               "echo $LOCAL_RANK $TANDEM_ZERO_STAGE $TANDEM_OFFLOAD_OPTIMIZER_DEVICE "
               "$TANDEM_GRADIENT_CLIPPING $TANDEM_GRADIENT_ACCUMULATION_STEPS $OMP_NUM_THREADS "
               "$(grep Cpus_allowed_list /proc/self/status | tr -d '\t ')"}),
       30);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  // One CPU for two workers: each gets it (cpu_share wraps), one thread each.
-  EXPECT_NE(r.out.find("0 3 cpu 0.5 2 1 Cpus_allowed_list:0\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 3 cpu 0.5 2 1 Cpus_allowed_list:0\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 3 cpu 0.5 2 1 Cpus_allowed_list:" + a + "\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1 3 cpu 0.5 2 1 Cpus_allowed_list:" + b + "\n"), std::string::npos)
+      << r.out;
+}
+
+// A --bind-core-list that cannot give each local rank cores of its own (a
+// core the launcher may not use, one listed twice, fewer cores than ranks)
+// is refused before any worker starts, naming the core, as deepspeed
+// refuses it; before, the workers ran unpinned or shared a core.
+TEST(Launch, BindCoreListThatCannotGiveEachRankItsOwnCoresIsRefused) {
+  const std::vector<int> cpus = test_cpus();
+  ASSERT_FALSE(cpus.empty());
+  const std::string first = std::to_string(cpus[0]);
+  auto refused = [&](const std::string& list, const std::string& why) {
+    auto r = run_process(launch({"--nproc-per-node", "2", "--bind-cores-to-rank",
+                                 "--bind-core-list", list, "/bin/sh", "-c", "echo worker ran"}),
+                         30);
+    EXPECT_EQ(r.exit_code, 2) << list << ": " << r.err;
+    EXPECT_NE(r.err.find(why), std::string::npos) << list << ": " << r.err;
+    EXPECT_EQ(r.out.find("worker ran"), std::string::npos) << list << ": " << r.out;
+  };
+  refused("1023", "--bind-core-list 1023: core 1023 is not one this launcher may run on");
+  refused(first + "," + first, "core " + first + " is listed twice");
+  refused(first, "--bind-core-list " + first + ": 1 core(s) for 2 local ranks; each rank needs "
+                 "at least one core of its own");
+}
+
+// Rank 1 fails; rank 0 ignores the launcher's SIGTERM, so the launcher
+// waits out its grace period, and a SIGTERM to the launcher then ends it
+// (143). The failure that began the stop is still the reported cause.
+TEST(Launch, ASignalDuringAFailuresGracePeriodStillReportsTheFailure) {
+  TempDir dir;
+  const std::string d = dir.path();
+  BackgroundProcess job(launch(
+      {"--nproc-per-node", "2", "--grace-period", "4", "/bin/sh", "-c",
+       "if [ $RANK = 1 ]; then while [ ! -e " + d + "/ready ]; do sleep 0.05; done; exit 3; fi; "
+       "trap 'touch " + d + "/term' TERM; touch " + d + "/ready; while :; do sleep 0.05; done"}));
+  // rank 0 has its SIGTERM: the launcher is stopping the workers.
+  ASSERT_TRUE(testing::wait_for_files(
+      d, [&] { return ::access((d + "/term").c_str(), F_OK) == 0; }, 30));
+  job.send(SIGTERM);
+  auto r = job.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 143) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM; stopped all 2 workers"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Before it, the job had failed: Root cause: rank 1"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
 }
 
 TEST(Launch, FourRanksAllReduce) {
@@ -148,6 +213,19 @@ TEST(Launch, BadInputExitsWithCodeTwoAndSaysWhy) {
   auto not_found = run_process(launch({"./no/such/program"}), 10);
   EXPECT_EQ(not_found.exit_code, 2);
   EXPECT_NE(not_found.err.find("'./no/such/program' was not found"), std::string::npos);
+  // A path is checked as a path; a bare name is looked up on PATH.
+  auto no_path = run_process(launch({"build/nonexistent"}), 10);
+  EXPECT_EQ(no_path.exit_code, 2);
+  EXPECT_NE(no_path.err.find("'build/nonexistent' was not found or is not executable; check the "
+                             "path"),
+            std::string::npos)
+      << no_path.err;
+  EXPECT_EQ(no_path.err.find("bin/build"), std::string::npos) << no_path.err;
+  auto no_name = run_process(launch({"tandem-no-such-program"}), 10);
+  EXPECT_EQ(no_name.exit_code, 2);
+  EXPECT_NE(no_name.err.find("it is not on PATH: give its path, such as ./tandem-no-such-program"),
+            std::string::npos)
+      << no_name.err;
 
   auto bad_node = run_process(launch({"--nnodes", "2", "--node-rank", "2", "/bin/true"}), 10);
   EXPECT_EQ(bad_node.exit_code, 2);

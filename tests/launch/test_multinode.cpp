@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -119,12 +121,107 @@ TEST(MultiNode, APortInUseOnNode0NamesTheFlagThatChoseIt) {
                            "--rdzv-endpoint", "127.0.0.1:" + port, bin("launch_test_worker"),
                            "allreduce"},
                           30, env);
+  // The c10d node only inferred it hosts the store: it tries the port as a
+  // client first (another node of this machine may host it), briefly.
   EXPECT_EQ(c10d.exit_code, 1) << c10d.err;
+  EXPECT_NE(c10d.err.find("the port is already in use, and no store of this job answers there"),
+            std::string::npos)
+      << c10d.err;
   EXPECT_NE(c10d.err.find("pick another port in --rdzv-endpoint HOST:PORT, the same on every "
                           "node"),
             std::string::npos)
       << c10d.err;
   EXPECT_EQ(c10d.err.find("--standalone"), std::string::npos) << c10d.err;
+}
+
+// `tandem launch --rdzv-backend c10d` without --node-rank, as one node of
+// a job whose store is on this machine.
+std::vector<std::string> c10d_node(int port, const std::string& processes,
+                                   std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {bin("tandem"), "launch", "--nnodes", "2", "--nproc-per-node",
+                                   processes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port), "--rdzv-id", "onebox",
+                                   "--rdzv-timeout", "60"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), {bin("launch_test_worker"), "allreduce"});
+  return argv;
+}
+
+// Both nodes take themselves for the endpoint's host (it is this machine):
+// the one that binds the port hosts the store, the other joins it, as
+// torchrun's nodes do.
+TEST(MultiNode, TwoC10dNodesOnOneMachineFormOneJob) {
+  testing::ReservedPort reserved(/*shareable=*/true);
+  ASSERT_NE(reserved.port(), 0);
+  const std::vector<std::string> env = {"TANDEM_STORE_TOKEN=" + std::string(64, 'c')};
+  BackgroundProcess a(c10d_node(reserved.port(), "2"), env);
+  BackgroundProcess b(c10d_node(reserved.port(), "1"), env);
+  auto ra = a.wait(120);
+  auto rb = b.wait(120);
+  ASSERT_EQ(ra.exit_code, 0) << ra.out << ra.err;
+  ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE((ra.out + rb.out).find("rank " + std::to_string(rank) + "/3 allreduce ok sum=6"),
+              std::string::npos)
+        << ra.out << rb.out;
+  }
+  EXPECT_NE((ra.err + rb.err).find("joining it as a client"), std::string::npos)
+      << ra.err << rb.err;
+}
+
+// --rdzv-conf is_host=true: this node hosts the store or fails; no
+// fallback to a store already there.
+TEST(MultiNode, AC10dNodeToldToHostTheStoreFailsOnAPortInUse) {
+  testing::ReservedPort taken(/*shareable=*/false);
+  ASSERT_NE(taken.port(), 0);
+  auto r = run_process(c10d_node(taken.port(), "1", {"--rdzv-conf", "is_host=true"}), 30,
+                       {"TANDEM_STORE_TOKEN=" + std::string(64, 'c')});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("the port is already in use, probably by another job"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("joining it as a client"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 10);
+}
+
+// A c10d node waiting for the others stops on SIGINT or SIGTERM as a
+// running one does: at once, with a message, exit 128+signal; also when
+// SIGINT came ignored (a script's `cmd &`).
+void expect_waiting_node_stops_on(int sig, bool sigint_ignored) {
+  testing::ReservedPort reserved(/*shareable=*/true);
+  ASSERT_NE(reserved.port(), 0);
+  struct sigaction ignore {}, saved {};
+  ignore.sa_handler = SIG_IGN;
+  if (sigint_ignored) ::sigaction(SIGINT, &ignore, &saved);
+  BackgroundProcess node(c10d_node(reserved.port(), "1"),
+                         {"TANDEM_STORE_TOKEN=" + std::string(64, 'c')});
+  if (sigint_ignored) ::sigaction(SIGINT, &saved, nullptr);
+  // The loopback note comes once the node hosts its store and waits.
+  const std::string dir = node.err_path().substr(0, node.err_path().rfind('/'));
+  ASSERT_TRUE(testing::wait_for_files(
+      dir,
+      [&] {
+        return testing::read_file(node.err_path()).find("a loopback address") !=
+               std::string::npos;
+      },
+      30))
+      << testing::read_file(node.err_path());
+  node.send(sig);
+  auto r = node.wait(10);
+  ASSERT_FALSE(r.timed_out) << "still waiting at the rendezvous: " << r.err;
+  EXPECT_EQ(r.signal, 0) << "killed by the signal's default action";
+  EXPECT_EQ(r.exit_code, 128 + sig) << r.err;
+  EXPECT_NE(r.err.find(std::string("received SIG") + sigabbrev_np(sig) +
+                       " while waiting at rendezvous 'onebox'"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(MultiNode, AC10dNodeWaitingForTheOthersStopsOnSigterm) {
+  expect_waiting_node_stops_on(SIGTERM, false);
+}
+
+TEST(MultiNode, AC10dNodeWaitingForTheOthersStopsOnSigintEvenWhenItCameIgnored) {
+  expect_waiting_node_stops_on(SIGINT, true);
 }
 
 TEST(ForeignLauncher, MpirunStartsAWorkingJob) {

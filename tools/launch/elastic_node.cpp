@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -17,7 +18,9 @@
 #include "launch/failure_report.h"
 #include "launch/node_names.h"
 #include "launch/node_rendezvous.h"
+#include "launch/worker_group.h"
 #include "launch/worker_plan.h"
+#include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -61,9 +64,56 @@ std::string short_cause(const FailureReport& report) {
                      describe_exit(report.root_cause.exit));
 }
 
+// The rounds of run_elastic_node(), whose waits may throw StoppedBySignal.
+int run_rounds(const LaunchOptions& opts, const ElasticNode& node);
+
 }  // namespace
 
+void throw_if_stop_signal() {
+  if (const int sig = take_stop_signal(); sig != 0) throw StoppedBySignal{sig};
+}
+
+c10::intrusive_ptr<c10d::Store> connect_rendezvous_store(const std::string& host, int port,
+                                                         const std::string& token,
+                                                         milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    throw_if_stop_signal();
+    const auto left = std::chrono::duration_cast<milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      return connect_store(host, port, token,
+                           std::max(milliseconds(1), std::min(left, milliseconds(1000))));
+    } catch (const TimeoutError& e) {
+      // Not up yet: look at the signals, then try again, until the deadline.
+      if (left > milliseconds(1000)) continue;
+      // The last slice's error, with the whole wait in it.
+      std::string why = e.what();
+      const auto within = why.find(" within ");
+      const auto ms = why.find(" ms", within);
+      if (within != std::string::npos && ms != std::string::npos) {
+        why.replace(within, ms - within, fmt::format(" within {}", timeout.count()));
+      }
+      TANDEM_THROW(TimeoutError, "{}", why);
+    }
+  }
+}
+
 int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
+  try {
+    return run_rounds(opts, node);
+  } catch (const StoppedBySignal& stopped) {
+    std::fprintf(stderr,
+                 "tandem launch: received SIG%s while waiting at rendezvous '%s'; stopped "
+                 "(no worker of this node was running)\n",
+                 sigabbrev_np(stopped.signal), opts.rdzv_id.c_str());
+    return 128 + stopped.signal;
+  }
+}
+
+namespace {
+
+int run_rounds(const LaunchOptions& opts, const ElasticNode& node) {
   RendezvousSettings settings;
   settings.run_id = opts.rdzv_id;
   settings.max_nodes = opts.nnodes;
@@ -74,6 +124,7 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
   settings.join_timeout = to_ms(opts.rdzv_timeout_s);
   settings.last_call = to_ms(opts.rdzv_last_call_s);
   settings.keep_alive = to_ms(opts.rdzv_keep_alive_interval_s * opts.rdzv_keep_alive_attempts);
+  settings.on_wait = throw_if_stop_signal;
   NodeRendezvous rendezvous(*node.store, settings);
   rendezvous.set_max_restarts(opts.max_restarts);
   const RunDirectory run_dir(opts.log_dir);
@@ -139,8 +190,9 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
       continue;  // a node failed after this one's workers finished: run again
     }
     if (result.launcher_signal != 0) {
-      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
-                   sigabbrev_np(result.launcher_signal), result.exits.size());
+      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers%s\n",
+                   sigabbrev_np(result.launcher_signal), result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
       return 128 + result.launcher_signal;
     }
     if (!result.stop_reason.empty()) {
@@ -184,5 +236,7 @@ int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node) {
     }
   }
 }
+
+}  // namespace
 
 }  // namespace tandem::cli

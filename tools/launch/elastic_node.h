@@ -5,8 +5,12 @@
 // moves with the other nodes to the next round on a failure anywhere, a
 // node that joins, or a node that is lost, as torchrun's elastic agent does.
 
+#include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
+
+#include <c10/util/intrusive_ptr.h>
 
 #include "launch/launch_options.h"
 
@@ -27,9 +31,29 @@ struct ElasticNode {
   std::function<void(int world_size)> check_world;
 };
 
+// A signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that came while this node
+// waited for the others, with no worker running: the waits throw it, and
+// the launcher exits 128+signal.
+struct StoppedBySignal {
+  int signal = 0;
+};
+
+// Throws StoppedBySignal when the launcher received a stop signal since
+// the last look (take_stop_signal()). Call after
+// install_launcher_signal_handlers().
+void throw_if_stop_signal();
+
+// connect_store(), in slices so that a stop signal ends the wait for a
+// store that is not up yet: throws StoppedBySignal then, TimeoutError when
+// nothing answers within `timeout`.
+c10::intrusive_ptr<c10d::Store> connect_rendezvous_store(const std::string& host, int port,
+                                                         const std::string& token,
+                                                         std::chrono::milliseconds timeout);
+
 // Runs the node's rounds until the job ends; returns the launcher's exit
 // code: 0 when the job finished (with or without this node), 1 when it
-// failed or lost its store, 128+N when a signal stopped this node.
+// failed or lost its store, 128+N when a signal stopped this node (also
+// while it waited at the rendezvous).
 int run_elastic_node(const LaunchOptions& opts, const ElasticNode& node);
 
 }  // namespace tandem::cli

@@ -97,4 +97,14 @@ std::string render_failure_report(const FailureReport& report, const std::string
   return text;
 }
 
+std::string failure_before_signal(const GroupResult& result, const std::string& attempt_dir,
+                                  bool logs_kept) {
+  if (!result.has_first_failure) return "";
+  const FailureReport report = make_failure_report(result, attempt_dir);
+  const std::string logs =
+      logs_kept ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
+                : "";
+  return ". Before it, the job had failed: " + render_failure_report(report, logs);
+}
+
 }  // namespace tandem::cli

@@ -44,6 +44,13 @@ FailureReport make_failure_report(const GroupResult& result, const std::string& 
 // are kept ("": they are not kept).
 std::string render_failure_report(const FailureReport& report, const std::string& logs);
 
+// A signal that stopped the launcher while its workers were already
+// stopping for a failure must not hide that failure: ". Before it, the job
+// had failed: <render_failure_report>", or "" when no worker had failed.
+// `logs_kept`: the attempt's logs stay under `attempt_dir` (--log-dir).
+std::string failure_before_signal(const GroupResult& result, const std::string& attempt_dir,
+                                  bool logs_kept);
+
 // "exited with code 3" / "was killed by signal 9 (SIGKILL)".
 std::string describe_exit(const WorkerExit& exit);
 

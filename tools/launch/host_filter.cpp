@@ -100,6 +100,12 @@ std::vector<int> select_local_slots(int pool_size, const std::string& include,
     if (mine == nullptr) return pool;
     TANDEM_CHECK_ARG(!mine->empty(), "--exclude '{}' removes every slot of this node ({})",
                      exclude, this_node);
+    for (int slot : *mine) {
+      TANDEM_CHECK_ARG(slot < pool_size,
+                       "--exclude slot {} is outside this node's {} slots (0-{}); name slots "
+                       "this node has",
+                       slot, pool_size, pool_size - 1);
+    }
     std::vector<int> kept;
     std::copy_if(pool.begin(), pool.end(), std::back_inserter(kept),
                  [&](int slot) { return !mine->count(slot); });
@@ -114,6 +120,16 @@ NodeLayout layout_nodes(int pool_size, int nnodes, std::optional<int> node_rank,
                         const std::vector<std::string>& names) {
   NodeLayout layout;
   if (nnodes == 1 || (include.empty() && exclude.empty())) {
+    if (nnodes == 1 && !exclude.empty()) {
+      // A job of this node alone: a host that is not this node is a typo,
+      // as DeepSpeed says ("Hostname ... not found").
+      for (const auto& [host, slots] : parse_host_filter_in_order(exclude, "--exclude")) {
+        TANDEM_CHECK_ARG(std::find(names.begin(), names.end(), host) != names.end(),
+                         "--exclude '{}': host '{}' is not this node ({}), the only node of "
+                         "this job; name it as it appears in `hostname` or as localhost",
+                         exclude, host, names.empty() ? "this node" : names.front());
+      }
+    }
     layout.slots = select_local_slots(pool_size, include, exclude, names);
     const int local = static_cast<int>(layout.slots.size());
     layout.node_rank = node_rank.value_or(0);

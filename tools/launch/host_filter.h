@@ -36,7 +36,7 @@ struct NodeLayout {
 // by hostname or address, a localhost entry only when none does; `node_rank`,
 // when given, must point at an entry that names this node. --exclude across
 // nodes is refused: a node cannot know the others' slots, so the nodes would
-// disagree on the world size.
+// disagree on the world size. On one node, --exclude may name this node only.
 NodeLayout layout_nodes(int pool_size, int nnodes, std::optional<int> node_rank,
                         const std::string& include, const std::string& exclude,
                         const std::vector<std::string>& names);
@@ -44,7 +44,8 @@ NodeLayout layout_nodes(int pool_size, int nnodes, std::optional<int> node_rank,
 // Slots this node runs, given the pool 0..pool_size-1 and the filters
 // (at most one of include/exclude may be non-empty). `names` are the names
 // this node answers to (hostname, localhost, ...). Throws UsageError when
-// this node is filtered out entirely or a slot is outside the pool.
+// this node is filtered out entirely or a slot of this node's entry is
+// outside the pool.
 std::vector<int> select_local_slots(int pool_size, const std::string& include,
                                     const std::string& exclude,
                                     const std::vector<std::string>& names);

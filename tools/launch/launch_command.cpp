@@ -38,6 +38,7 @@
 #include "launch/worker_plan.h"
 #include "tandem/config/config.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
 #include "tandem/core/rank_env.h"
 #include "tandem/core/slurm.h"
 
@@ -133,17 +134,19 @@ Plan plan_slots(const LaunchOptions& opts) {
 // when it must stop, 0 when the group is to be restarted.
 int report_failure(const GroupResult& result, const LaunchOptions& opts,
                    const RunDirectory& run_dir, int attempt) {
+  const std::string attempt_dir = run_dir.attempt_dir(attempt);
   if (result.launcher_signal != 0) {
     if (opts.env_from_stdin && result.launcher_signal == SIGHUP) {
       std::fprintf(stderr, "tandem launch: the --hostfile job's head stopped this host (or is "
-                   "gone); stopped all %zu workers\n", result.exits.size());
+                   "gone); stopped all %zu workers%s\n", result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
     } else {
-      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers\n",
-                   sigabbrev_np(result.launcher_signal), result.exits.size());
+      std::fprintf(stderr, "tandem launch: received SIG%s; stopped all %zu workers%s\n",
+                   sigabbrev_np(result.launcher_signal), result.exits.size(),
+                   failure_before_signal(result, attempt_dir, run_dir.kept()).c_str());
     }
     return 128 + result.launcher_signal;
   }
-  const std::string attempt_dir = run_dir.attempt_dir(attempt);
   FailureReport report = make_failure_report(result, attempt_dir);
   const std::string logs =
       run_dir.kept() ? fmt::format("{}/rank_{}/", attempt_dir, report.root_cause.exit.global_rank)
@@ -292,10 +295,16 @@ int run_launch_command(int argc, char** argv) {
     if (opts.module) interpreter.push_back("-m");
     opts.program.insert(opts.program.begin(), interpreter.begin(), interpreter.end());
   }
-  TANDEM_CHECK_ARG(!executable_path(opts.program[0]).empty(),
-                   "program '{}' was not found or is not executable; give a path such as "
-                   "./build/bin/{} or put it on PATH",
-                   opts.program[0], opts.program[0]);
+  const std::string& program = opts.program[0];
+  // A name with a slash is a path (execvp does not search PATH for it).
+  TANDEM_CHECK_ARG(!executable_path(program).empty(),
+                   "program '{}' was not found or is not executable; {}", program,
+                   program.find('/') != std::string::npos
+                       ? "check the path (a relative one starts from the directory you launch "
+                         "from) and that the file is executable (chmod +x)"
+                       : fmt::format("it is not on PATH: give its path, such as ./{}, or put "
+                                     "its directory on PATH",
+                                     program));
   // Node 0's launcher hosts the rendezvous store itself. Binding it before
   // any worker starts makes a busy port a clear, immediate error, and lets
   // port 0 pick a free port without the bind-probe-release race. It is
@@ -364,13 +373,54 @@ int run_launch_command(int argc, char** argv) {
                      "--rdzv-backend c10d without --node-rank runs tandem programs only: a "
                      "Python program's torch.distributed meets at c10d's own store. Give each "
                      "node its --node-rank");
+    // A signal stops the waits as it stops the workers (128+signal), even
+    // one that a script's `cmd &` left ignored.
+    install_launcher_signal_handlers();
     // The node whose address the endpoint names hosts the store and
-    // coordinates the rounds (elastic_node.h).
+    // coordinates the rounds (elastic_node.h), unless --rdzv-conf is_host
+    // says otherwise.
     ElasticNode node;
-    node.coordinator = names_this_node(opts.master_addr);
-    if (node.coordinator) host_store();
-    const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
-    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
+    node.coordinator =
+        opts.rdzv_is_host ? *opts.rdzv_is_host : names_this_node(opts.master_addr);
+    bool joins_busy_port = false;
+    if (node.coordinator) {
+      try {
+        host_store();
+      } catch (const PortInUseError&) {
+        // Every node of one machine takes itself for the endpoint's host:
+        // the first to bind hosts the store and the others join it, as
+        // torch's _create_tcp_store does. A port held by something else
+        // then fails at the connection (no answer, or a token refused).
+        if (opts.rdzv_is_host) throw;
+        log_info("rendezvous store port {} on {} is in use, probably by another node of this "
+                 "machine that hosts it: joining it as a client (--rdzv-conf is_host=true "
+                 "makes this node host it or fail)",
+                 opts.master_port, opts.master_addr);
+        node.coordinator = false;
+        joins_busy_port = true;
+      }
+    }
+    std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
+    // A store that holds the port listens already: one that does not
+    // answer soon is not this job's.
+    if (joins_busy_port) timeout = std::min(timeout, std::chrono::milliseconds(10000));
+    c10::intrusive_ptr<c10d::Store> meeting;
+    try {
+      meeting = connect_rendezvous_store(opts.master_addr, opts.master_port, store_token, timeout);
+    } catch (const CommError& e) {
+      if (!joins_busy_port) throw;
+      TANDEM_THROW(CommError,
+                   "cannot host the rendezvous store on {} port {}: the port is already in "
+                   "use, and no store of this job answers there ({}); probably another job "
+                   "holds it; {}",
+                   opts.master_addr, opts.master_port, e.what(), port_in_use_advice(opts));
+    } catch (const StoppedBySignal& stopped) {
+      std::fprintf(stderr,
+                   "tandem launch: received SIG%s while waiting for the rendezvous store at "
+                   "%s:%d; stopped\n",
+                   sigabbrev_np(stopped.signal), opts.master_addr.c_str(), opts.master_port);
+      return 128 + stopped.signal;
+    }
     // Connected: from now on a store that does not answer within the
     // keep-alive time is lost (a node cut off stops, rather than hangs).
     meeting->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(

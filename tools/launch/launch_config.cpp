@@ -72,6 +72,7 @@ void apply_launch_config(const Config& config, int local_gpus, LaunchOptions& op
     }
     if (!opts.master_port_given && config.main_process_port) {
       opts.master_port = *config.main_process_port;
+      opts.master_port_in_config = true;
     }
     // The reader has refused any rdzv_backend but static and c10d.
     if (!opts.rdzv_backend_given && opts.hostfile.empty()) opts.rdzv_backend = config.rdzv_backend;

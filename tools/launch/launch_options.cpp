@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include "launch/cpu_affinity.h"
+#include "launch/rdzv_flags.h"
 
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
@@ -41,77 +43,6 @@ std::string normalize(const std::string& arg) {
     if (c == '_') c = '-';
   }
   return eq == std::string::npos ? name : name + arg.substr(eq);
-}
-
-// torchrun's endpoint forms: HOST, HOST:PORT, [IPv6] and [IPv6]:PORT (the
-// brackets are not part of the address); a port is 0-65535 in digits only.
-void apply_rdzv_endpoint(const std::string& endpoint, LaunchOptions& opts) {
-  auto bracketed = [](const std::string& text) {
-    return text.size() > 1 && text.front() == '[' && text.back() == ']';
-  };
-  std::string host = endpoint;
-  std::optional<std::string> port;
-  if (!bracketed(host)) {
-    const auto colon = host.rfind(':');
-    if (colon != std::string::npos) {
-      port = host.substr(colon + 1);
-      host = host.substr(0, colon);
-    }
-  }
-  if (bracketed(host)) host = host.substr(1, host.size() - 2);
-  TANDEM_CHECK_ARG(!host.empty(), "--rdzv-endpoint '{}' has no host; write HOST:PORT", endpoint);
-  opts.master_addr_given = true;
-  opts.rdzv_endpoint_given = true;
-  opts.master_addr = host;
-  if (!port) return;
-  const bool digits = !port->empty() && port->size() <= 5 &&
-                      port->find_first_not_of("0123456789") == std::string::npos;
-  TANDEM_CHECK_ARG(digits && std::stoi(*port) <= 65535,
-                   "--rdzv-endpoint '{}': the port '{}' is not a number from 0 to 65535; write "
-                   "HOST:PORT",
-                   endpoint, *port);
-  opts.master_port_given = true;
-  opts.master_port = std::stoi(*port);
-}
-
-// torchrun's --rdzv-conf "join_timeout=60,last_call_timeout=5".
-void apply_rdzv_conf(const std::string& conf, LaunchOptions& opts) {
-  std::stringstream items(conf);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    if (item.empty()) continue;
-    const auto eq = item.find('=');
-    const std::string name = item.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    double seconds = 0;
-    try {
-      size_t used = 0;
-      seconds = std::stod(value, &used);
-      if (used != value.size()) throw std::invalid_argument(value);
-    } catch (const std::exception&) {
-      TANDEM_CHECK_ARG(name != "join_timeout" && name != "last_call_timeout" &&
-                           name != "keep_alive_interval" && name != "keep_alive_max_attempt",
-                       "--rdzv-conf {}: '{}' is not a number", name, value);
-    }
-    if (name == "join_timeout") {
-      opts.rdzv_timeout_s = seconds;
-    } else if (name == "last_call_timeout") {
-      opts.rdzv_last_call_s = seconds;
-    } else if (name == "keep_alive_interval") {
-      opts.rdzv_keep_alive_interval_s = seconds;
-    } else if (name == "keep_alive_max_attempt") {
-      TANDEM_CHECK_ARG(seconds >= 1 && seconds == static_cast<int>(seconds),
-                       "--rdzv-conf keep_alive_max_attempt: '{}' is not a whole number >= 1",
-                       value);
-      opts.rdzv_keep_alive_attempts = static_cast<int>(seconds);
-    } else {
-      TANDEM_THROW(UsageError,
-                   "--rdzv-conf {}: not supported. tandem's rendezvous reads join_timeout, "
-                   "last_call_timeout, keep_alive_interval and keep_alive_max_attempt; the node the endpoint names always hosts the store "
-                   "(is_host), and its store has no separate read or close timeouts",
-                   name);
-    }
-  }
 }
 
 // `text` as a whole int, all of it; nullopt otherwise.
@@ -215,11 +146,14 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.master_port >= 0 && opts.master_port <= 65535,
                    "--master-port {} is out of range 0-65535", opts.master_port);
   TANDEM_CHECK_ARG(opts.tee >= 0 && opts.tee <= 3 && opts.redirects >= 0 && opts.redirects <= 3,
-                   "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both)");
-  TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be >= 0");
+                   "--tee and --redirects take 0 (none), 1 (stdout), 2 (stderr) or 3 (both), "
+                   "got --tee {} --redirects {}",
+                   opts.tee, opts.redirects);
+  TANDEM_CHECK_ARG(opts.max_restarts >= 0, "--max-restarts must be 0 or more, got {}",
+                   opts.max_restarts);
   TANDEM_CHECK_ARG(!opts.monitor_interval_given ||
                        (opts.monitor_interval_s > 0 && opts.monitor_interval_s <= 3600),
-                   "--monitor-interval must be between 0 and 3600 seconds, got {}",
+                   "--monitor-interval must be more than 0 and at most 3600 seconds, got {}",
                    opts.monitor_interval_s);
   TANDEM_CHECK_ARG(!(opts.module && opts.no_python),
                    "--module runs PROGRAM as `python -m PROGRAM`, and --no-python runs it "
@@ -250,7 +184,7 @@ void validate_launch_options(LaunchOptions& opts) {
   TANDEM_CHECK_ARG(opts.bind_core_list.empty() || opts.bind_cores_to_rank,
                    "--bind_core_list goes with --bind_cores_to_rank, which it restricts");
   TANDEM_CHECK_ARG(opts.grace_period_s >= 0 && opts.grace_period_s <= 600,
-                   "--grace-period must be between 0 and 600 seconds");
+                   "--grace-period must be from 0 to 600 seconds, got {}", opts.grace_period_s);
   TANDEM_CHECK_ARG(opts.min_nodes == 0 || !opts.hostfile.empty() || rendezvous_at_store(opts),
                    "--nnodes {}:{} asks for an elastic job, which needs nodes that meet at the "
                    "store: --rdzv-backend c10d --rdzv-endpoint HOST:PORT without --node-rank "
@@ -279,11 +213,12 @@ void validate_launch_options(LaunchOptions& opts) {
     TANDEM_CHECK_ARG(!opts.gpu_ids_given,
                      "--gpu_ids goes with one machine: with --hostfile, each host's slots "
                      "(and --include/--exclude) choose its GPUs");
-    TANDEM_CHECK_ARG(opts.ssh_port >= 0 && opts.ssh_port <= 65535,
-                     "--ssh-port {} is out of range", opts.ssh_port);
+    TANDEM_CHECK_ARG(!opts.ssh_port_given || (opts.ssh_port >= 1 && opts.ssh_port <= 65535),
+                     "--ssh-port must be from 1 to 65535, got {}", opts.ssh_port);
   } else {
-    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && opts.ssh_port == 0,
-                     "--launcher, --launcher-args and --ssh-port go with --hostfile");
+    TANDEM_CHECK_ARG(opts.launcher == "ssh" && opts.launcher_args.empty() && !opts.ssh_port_given,
+                     "--launcher, --launcher-args and --ssh-port go with --hostfile, which "
+                     "starts the hosts over ssh; drop them, or give --hostfile");
     TANDEM_CHECK_ARG(!opts.keep_global_batch || rendezvous_at_store(opts),
                      "--keep-global-batch goes with jobs whose world size can change between "
                      "restarts: --hostfile, or --rdzv-backend c10d without --node-rank");
@@ -303,6 +238,12 @@ void validate_launch_options(LaunchOptions& opts) {
                    "Use c10d (the nodes agree on node ranks there) or static (each node gives "
                    "--node-rank)",
                    opts.rdzv_backend);
+  if (opts.rdzv_backend == "c10d" && opts.rdzv_endpoint_given && !opts.master_port_given &&
+      !opts.master_port_in_config) {
+    // `--rdzv-endpoint HOST`: torchrun's c10d backend listens on 29400
+    // (c10d_rendezvous_backend.py's DEFAULT_PORT), not on --master-port's 29500.
+    opts.master_port = kC10dDefaultPort;
+  }
   TANDEM_CHECK_ARG(opts.rdzv_timeout_s > 0, "--rdzv-timeout must be > 0 seconds, got {}",
                    opts.rdzv_timeout_s);
   TANDEM_CHECK_ARG(opts.rdzv_keep_alive_interval_s > 0,
@@ -327,6 +268,35 @@ void validate_launch_options(LaunchOptions& opts) {
   // Unlike torchrun, --log-dir alone already keeps every stream's file.
   if (!opts.log_dir.empty() && opts.tee == 0 && opts.redirects == 0) opts.tee = 3;
 }
+
+namespace {
+
+// A value CLI11 refused that came from a PET_* variable, not from a flag
+// on the command line: throws UsageError naming the variable and the flag
+// it stands for (CLI11 names the flag only). Returns otherwise.
+void env_variable_error(const CLI::App& app, const std::vector<std::string>& own,
+                        const CLI::ParseError& error) {
+  const std::string what = error.what();
+  for (const CLI::Option* option : app.get_options()) {
+    const std::string& variable = option->get_envname();
+    const char* value = variable.empty() ? nullptr : std::getenv(variable.c_str());
+    if (value == nullptr || option->get_lnames().empty()) continue;
+    const std::string flag = "--" + option->get_lnames().front();
+    const bool on_command_line = std::any_of(own.begin(), own.end(), [&](const std::string& a) {
+      return a == flag || a.rfind(flag + "=", 0) == 0;
+    });
+    if (on_command_line || what.find(flag) == std::string::npos ||
+        what.find(value) == std::string::npos) {
+      continue;
+    }
+    TANDEM_THROW(UsageError,
+                 "the environment variable {}={} is not a valid {} (it stands for that flag, "
+                 "as in torchrun): {}. Fix or unset {}, or give {} on the command line",
+                 variable, value, flag, what, variable, flag);
+  }
+}
+
+}  // namespace
 
 LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   *help_printed = false;
@@ -390,7 +360,8 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
   app.add_option("--launcher", opts.launcher, "how --hostfile reaches the hosts: ssh (the only one)");
   app.add_option("--launcher-args", opts.launcher_args,
                  "options for ssh, e.g. \"-i KEY -o StrictHostKeyChecking=no\" (--hostfile)");
-  app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)");
+  app.add_option("--ssh-port", opts.ssh_port, "ssh port of every host (--hostfile)")
+      ->each([&](const std::string&) { opts.ssh_port_given = true; });
   app.add_flag("--keep-global-batch", opts.keep_global_batch,
                "--hostfile restarts on fewer or more hosts scale gradient accumulation so that "
                "accumulation x world size stays the same");
@@ -500,6 +471,7 @@ LaunchOptions parse_launch_flags(int argc, char** argv, bool* help_printed) {
     *help_printed = true;
     return opts;
   } catch (const CLI::ParseError& e) {
+    env_variable_error(app, own, e);
     TANDEM_THROW(UsageError, "{}. Run `tandem launch --help` for the options", e.what());
   }
   opts.prefix_output = !no_prefix;

@@ -12,6 +12,9 @@
 
 namespace tandem::cli {
 
+// The port of a c10d --rdzv-endpoint that names none: torchrun's.
+constexpr int kC10dDefaultPort = 29400;
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   bool nproc_given = false;
@@ -22,7 +25,9 @@ struct LaunchOptions {
   int min_nodes = 0;  // --nnodes MIN:MAX with MIN < MAX: an elastic job runs on no fewer nodes
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;  // 0: the launcher picks a free port
+  // 0: the launcher picks a free port. 29500 (torchrun's --master-port),
+  // or kC10dDefaultPort for a c10d --rdzv-endpoint without a port.
+  int master_port = 29500;
   bool standalone = false;
   int max_restarts = 0;  // restarts of the whole group after a failure
   std::string log_dir;
@@ -59,6 +64,11 @@ struct LaunchOptions {
   // heartbeat stops for their product is lost.
   double rdzv_keep_alive_interval_s = 5;
   int rdzv_keep_alive_attempts = 3;
+  // --rdzv-conf is_host: whether this node hosts the c10d rendezvous store.
+  // Unset: the node whose address --rdzv-endpoint names hosts it, and a
+  // node that finds the port taken (another node of the same machine
+  // hosts it) joins that store instead, as torchrun does.
+  std::optional<bool> rdzv_is_host;
   // --monitor-interval: how often a c10d node looks at the store for
   // restarts and waiting nodes (default 0.5 s), and how often a --hostfile
   // head probes the hosts an elastic job runs without (default 5 s); the
@@ -74,6 +84,7 @@ struct LaunchOptions {
   std::string launcher = "ssh";
   std::string launcher_args;
   int ssh_port = 0;  // 0: ssh's own default
+  bool ssh_port_given = false;
   // --keep-global-batch: a restart at another world size scales gradient
   // accumulation (TANDEM_GRADIENT_ACCUMULATION_STEPS) to keep
   // accumulation x world; base_accumulation is the first attempt's (from the
@@ -89,6 +100,7 @@ struct LaunchOptions {
   bool node_rank_given = false;  // by --node-rank, or by a multi-machine config's machine_rank
   bool master_addr_given = false;
   bool master_addr_in_config = false;  // the config's main_process_ip set master_addr
+  bool master_port_in_config = false;  // the config's main_process_port set master_port
   bool master_port_given = false;
   bool rdzv_endpoint_given = false;  // --rdzv-endpoint gave master_addr and master_port
   // How the user spelled the node rank's flag, for errors: --node-rank, or

@@ -46,6 +46,11 @@ std::string NodeRendezvous::round_key(int round, const std::string& name) const 
   return key(fmt::format("r{}/{}", round, name));
 }
 
+void NodeRendezvous::pause() {
+  if (settings_.on_wait) settings_.on_wait();
+  std::this_thread::sleep_for(settings_.poll);
+}
+
 int NodeRendezvous::current_round() {
   // Round 0 until the coordinator says otherwise: nodes may arrive first.
   if (settings_.coordinator) store_.compareSet(key("round"), {}, bytes("0"));
@@ -89,7 +94,7 @@ bool NodeRendezvous::join(Round& round) {
                          "--rdzv-id and --nnodes, or raise --rdzv-timeout",
                          settings_.run_id, r, as_seconds(settings_.join_timeout));
           }
-          std::this_thread::sleep_for(settings_.poll);
+          pause();
         }
         members = std::stoi(text(store_.get(closed)));
       }
@@ -108,7 +113,7 @@ bool NodeRendezvous::join(Round& round) {
                      settings_.run_id.c_str(), r);
         while (current_round() == r && !store_.check({key("failed")}) &&
                !store_.check({key("done")})) {
-          std::this_thread::sleep_for(settings_.poll);
+          pause();
         }
         continue;
       }
@@ -143,7 +148,7 @@ int NodeRendezvous::close_round(int r) {
                    "--rdzv-endpoint, --rdzv-id and --nnodes, or raise --rdzv-timeout",
                    settings_.run_id, why);
     }
-    std::this_thread::sleep_for(settings_.poll);
+    pause();
   }
   Round round;
   read_members(r, members, 0, round);
@@ -264,7 +269,7 @@ bool NodeRendezvous::finish(const Round& round, std::chrono::milliseconds exit_b
   while (!store_.check(keys)) {
     if (current_round() != r) return false;
     if (store_.check({key("failed")}) || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(settings_.poll);
+    pause();
   }
   store_.set(key("done"), bytes("1"));
   return true;

@@ -19,6 +19,7 @@
 // restarts, first_world, failed (why the job stopped).
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,10 @@ struct RendezvousSettings {
   // this long is lost: the coordinator restarts the job without it.
   // torchrun's keep_alive_interval x keep_alive_max_attempt.
   std::chrono::milliseconds keep_alive{15000};
+  // Called at each poll while this node waits (to join, to close a round,
+  // for the others to finish); what it throws ends the wait (a signal that
+  // stops the launcher).
+  std::function<void()> on_wait;
 };
 
 class NodeRendezvous {
@@ -102,6 +107,7 @@ class NodeRendezvous {
  private:
   std::string key(const std::string& name) const;
   std::string round_key(int round, const std::string& name) const;
+  void pause();  // on_wait, then one poll interval
   int current_round();
   void throw_if_failed();
   int close_round(int round);

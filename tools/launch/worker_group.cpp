@@ -15,6 +15,9 @@
 #include <csignal>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "launch/cpu_affinity.h"
 #include "tandem/comm/shm_cleanup.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
@@ -59,6 +62,16 @@ void install_launcher_signal_handlers() {
   ::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
 }
 
+int take_stop_signal() {
+  int first = 0;
+  unsigned char sig = 0;
+  while (g_signal_pipe[0] >= 0 && ::read(g_signal_pipe[0], &sig, 1) == 1) {
+    const bool stops = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+    if (stops && first == 0) first = sig;
+  }
+  return first;
+}
+
 WorkerGroup::WorkerGroup(std::vector<std::string> argv, std::vector<WorkerSpec> workers,
                          double grace_period_s, bool prefix_output)
     : argv_(std::move(argv)),
@@ -85,6 +98,9 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   for (int cpu : spec.cpus) CPU_SET(cpu, &cpus);
+  const std::string pin_failed = fmt::format(
+      "tandem launch: rank {}: enable_cpu_affinity: cannot pin to CPUs {} (sched_setaffinity: ",
+      spec.global_rank, cpu_list_text(spec.cpus));
   const pid_t launcher = ::getpid();
   sigset_t empty_mask;
   sigemptyset(&empty_mask);
@@ -118,8 +134,11 @@ void WorkerGroup::spawn(const WorkerSpec& spec) {
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
-      const char* msg = "tandem launch: enable_cpu_affinity: sched_setaffinity failed\n";
-      (void)!::write(STDERR_FILENO, msg, std::strlen(msg));
+      const char* why = std::strerror(errno);
+      const char* tail = "); running unpinned\n";
+      (void)!::write(STDERR_FILENO, pin_failed.data(), pin_failed.size());
+      (void)!::write(STDERR_FILENO, why, std::strlen(why));
+      (void)!::write(STDERR_FILENO, tail, std::strlen(tail));
     }
     ::execvpe(c_argv[0], c_argv.data(), c_env.data());
     const char* msg = "tandem launch: cannot execute the program: ";

@@ -128,6 +128,14 @@ class WorkerGroup {
 };
 
 // Installs the launcher's signal handlers (self-pipe). Call once, before run().
+// Also replaces an ignored SIGINT (a `cmd &` in a script), so the launcher
+// always stops on it.
 void install_launcher_signal_handlers();
+
+// While no WorkerGroup runs (a c10d node waiting for the others): drains
+// the signals received since the last call and returns the first of
+// SIGINT, SIGTERM, SIGHUP or SIGQUIT, 0 when none came. Call after
+// install_launcher_signal_handlers(); single-threaded, as run().
+int take_stop_signal();
 
 }  // namespace tandem::cli

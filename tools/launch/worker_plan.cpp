@@ -62,6 +62,9 @@ std::vector<WorkerSpec> make_workers(const LaunchOptions& opts, const Plan& plan
   std::string visible;
   for (int slot : plan.layout.slots) visible += (visible.empty() ? "" : ",") + std::to_string(slot);
 
+  if (!opts.bind_core_list.empty()) {
+    check_bind_core_list(opts.bind_core_list, allowed_cpus(), local_world);
+  }
   const std::vector<int> launcher_cpus =
       !opts.bind_core_list.empty() ? opts.bind_core_list
       : opts.cpu_affinity          ? allowed_cpus()

@@ -15,6 +15,8 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "tandem/core/error.h"
+
 namespace c10d {
 class Store;
 }  // namespace c10d
@@ -34,10 +36,18 @@ struct StoreServerOptions {
   std::chrono::milliseconds handshake_timeout{10000};
 };
 
+// The store's port is taken (EADDRINUSE): a caller that only guessed it
+// should host the store may join the one already there instead.
+class PortInUseError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 class StoreServer {
  public:
-  // Binds, listens and starts serving. Throws CommError naming the address
-  // and port when the port is in use or the address is not this machine's.
+  // Binds, listens and starts serving. Throws PortInUseError when the port
+  // is in use, CommError naming the address and port when the address is
+  // not this machine's.
   explicit StoreServer(const StoreServerOptions& options);
   // Stops the loop and closes every connection. Clients then see EOF.
   ~StoreServer();
