@@ -13,6 +13,9 @@ namespace tandem::detail {
 namespace {
 
 constexpr const char* kJoined = "joined";
+// Appended to the last report when the rank's process group is destroyed:
+// the rank stopped taking part (its program ended, or threw past it).
+constexpr const char* kLeft = " |left";
 // Longer lists are cut, as rank_list() cuts ranks: a message must stay readable
 // at 1000 ranks.
 constexpr std::size_t kMaxNamed = 16;
@@ -36,17 +39,24 @@ std::int64_t unix_ms_now() {
 struct Report {
   std::string body;               // "joined" or "<sequence> <description>"
   std::optional<std::int64_t> ms;  // when it was published; none in an unstamped value
+  bool left = false;              // its process group was destroyed after it
 };
 
 Report read_report(const std::string& value) {
   Report report{value, std::nullopt};
-  if (value.empty() || value[0] != '@') return report;
-  const auto space = value.find(' ');
+  const std::string left = kLeft;
+  if (report.body.size() >= left.size() &&
+      report.body.compare(report.body.size() - left.size(), left.size(), left) == 0) {
+    report.body.resize(report.body.size() - left.size());
+    report.left = true;
+  }
+  if (report.body.empty() || report.body[0] != '@') return report;
+  const auto space = report.body.find(' ');
   char* end = nullptr;
-  const long long ms = std::strtoll(value.c_str() + 1, &end, 10);
-  if (space == std::string::npos || end != value.c_str() + space) return report;
+  const long long ms = std::strtoll(report.body.c_str() + 1, &end, 10);
+  if (space == std::string::npos || end != report.body.c_str() + space) return report;
   report.ms = ms;
-  report.body = value.substr(space + 1);
+  report.body = report.body.substr(space + 1);
   return report;
 }
 
@@ -74,9 +84,14 @@ bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::stri
 std::string describe_report(int global, const Report& report, std::int64_t now_ms) {
   std::uint64_t seq = 0;
   std::string what;
+  // A rank that left says no more, so its note needs no age.
+  const char* left = " and then left the group: its process group was destroyed (the program "
+                     "ended, or an exception ended its training)";
   if (!parse_sequence(report.body, seq, what)) {
+    if (report.left) return fmt::format("rank {} entered no collective{}", global, left);
     return fmt::format("rank {} had entered no collective{}", global, as_of(report, now_ms));
   }
+  if (report.left) return fmt::format("rank {} last entered {}{}", global, what, left);
   return fmt::format("rank {} last entered {}{}", global, what,
                      report.ms ? as_of(report, now_ms) : "");
 }
@@ -102,9 +117,14 @@ ProgressMonitor::~ProgressMonitor() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    // The last word: where this rank was when it left, so a rank still
+    // waiting for it says so instead of quoting an older report.
+    latest_ += kLeft;
+    dirty_ = true;
   }
   wake_.notify_all();
   publisher_.join();
+  publish_latest();
 }
 
 void ProgressMonitor::entered(std::uint64_t sequence, const std::string& what) {

@@ -255,6 +255,50 @@ TEST(ProgressExplanation, NotesSayHowOldEachRanksLastReportIs) {
             "last report, 3.5 s ago))");
 }
 
+// A rank whose process group was destroyed (its program ended after fewer
+// batches than the others) published where it was as it left.
+TEST(ProgressExplanation, ARankThatLeftIsSaidToHaveLeftAfterItsLastCollective) {
+  const std::int64_t now = 1'800'000'000'000;
+  std::vector<std::optional<std::string>> values = {
+      std::string("@" + std::to_string(now) + " 5 all_gather #5"),
+      std::string("@" + std::to_string(now - 9'000) + " 4 all_gather #4 Int[1] on shm |left"),
+      std::string("@" + std::to_string(now - 9'000) + " joined |left")};
+  EXPECT_EQ(detail::explain_progress(5, 0, values, {}, now),
+            "ranks 1, 2 did not arrive (rank 1 last entered all_gather #4 Int[1] on shm and "
+            "then left the group: its process group was destroyed (the program ended, or an "
+            "exception ended its training); rank 2 entered no collective and then left the "
+            "group: its process group was destroyed (the program ended, or an exception ended "
+            "its training))");
+}
+
+// End to end: ranks 1 and 2 run out of work and end while rank 0 waits in
+// a shared-memory collective, where no closed connection tells it (Gloo's
+// TCP pairs do: "Connection closed by peer").
+TEST(Timeouts, RanksThatEndedAreNamedAsGoneNotAsStillOnTheirWay) {
+  Messages messages;
+  ProcessGroupOptions options = short_timeout(/*shared_memory=*/true);
+  options.progress_interval = std::chrono::seconds(60);  // only the last word is published
+  run_ranks(
+      3,
+      [&](ProcessGroup& pg) {
+        at::Tensor t = at::ones({2});
+        pg.all_reduce(t);  // #0 on every rank
+        if (pg.rank() != 0) return;  // ranks 1 and 2 end; their groups are destroyed
+        try {
+          pg.all_reduce(t);
+          ADD_FAILURE() << "the all_reduce completed without ranks 1 and 2";
+        } catch (const TimeoutError& e) {
+          messages.add(pg.rank(), e.what());
+        }
+      },
+      options);
+  const std::string& text = messages.by_rank[0];
+  EXPECT_NE(text.find("ranks 1, 2 did not arrive (rank 1 last entered all_reduce #0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("and then left the group"), std::string::npos) << text;
+}
+
 TEST(ProgressExplanation, RanksAlreadyPastTheCollectiveMeanADesync) {
   std::vector<std::optional<std::string>> values = {std::string("3 barrier #3"),
                                                     std::string("5 all_reduce #5 Float[2] on shm")};
