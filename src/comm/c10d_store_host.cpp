@@ -21,6 +21,12 @@ namespace {
 
 // A listening TCP socket on host:port; returns the fd and sets `bound_port`.
 int listen_on(const std::string& host, int port, int& bound_port, const std::string& advice) {
+  // c10d's store has no authentication: never on every interface at once.
+  TANDEM_CHECK_ARG(!host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]",
+                   "the c10d store listens on one address, not '{}' (every interface), since "
+                   "c10d's store protocol has no token: give node 0's own address "
+                   "(MASTER_ADDR, --master-addr), or 127.0.0.1 for a single node",
+                   host.empty() ? std::string("") : host);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -52,6 +58,12 @@ int listen_on(const std::string& host, int port, int& bound_port, const std::str
                  "probably by another job; {}",
                  host, port,
                  advice.empty() ? "pick another MASTER_PORT, the same for every rank" : advice);
+  }
+  if (fd < 0 && error == EADDRNOTAVAIL) {
+    TANDEM_THROW(CommError,
+                 "cannot host the c10d store on {}: it is not an address of this machine. "
+                 "MASTER_ADDR (--master-addr) must name node 0's own interface",
+                 host);
   }
   if (fd < 0) {
     TANDEM_THROW(CommError,

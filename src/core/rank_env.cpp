@@ -4,10 +4,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 
 #include <fcntl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/text.h"
@@ -114,13 +115,57 @@ std::string slurm_first_host(const std::string& node_list) {
   return expand_slurm_host_list(node_list).front();
 }
 
+namespace {
+
+// The token in `path`, "" when there is no such file. The file is the job's
+// secret, so it must be a regular file (not a link someone else could aim)
+// that this user owns and nobody else may read or write; otherwise another
+// user of a shared file system could read the token, or plant one of theirs.
+std::string read_store_token_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return "";
+    TANDEM_CHECK_ARG(error != ELOOP,
+                     "TANDEM_STORE_TOKEN_FILE={} is a symbolic link; the token is read only "
+                     "from a regular file this user owns: name the file itself",
+                     path);
+    TANDEM_THROW(UsageError, "TANDEM_STORE_TOKEN_FILE={}: cannot open it: {}", path,
+                 std::strerror(error));
+  }
+  struct stat st {};
+  const bool stated = ::fstat(fd, &st) == 0;
+  std::string text;
+  if (stated && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 077) == 0) {
+    char buffer[4096];
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got > 0) text.assign(buffer, static_cast<size_t>(got));
+  }
+  ::close(fd);
+  TANDEM_CHECK_ARG(stated && S_ISREG(st.st_mode),
+                   "TANDEM_STORE_TOKEN_FILE={} is not a regular file; name a file (tandem "
+                   "creates it, mode 0600, when it does not exist)",
+                   path);
+  TANDEM_CHECK_ARG(st.st_uid == ::geteuid(),
+                   "TANDEM_STORE_TOKEN_FILE={} belongs to uid {}, not to this user (uid {}): "
+                   "another user could have planted its token. Remove it, or use a file in a "
+                   "folder only you can write",
+                   path, st.st_uid, ::geteuid());
+  TANDEM_CHECK_ARG((st.st_mode & 077) == 0,
+                   "TANDEM_STORE_TOKEN_FILE={} has mode {:04o}: other users may read or change "
+                   "the job's token. `chmod 600 {}`, or remove it so that the job creates a "
+                   "new one with mode 0600",
+                   path, st.st_mode & 07777, path);
+  std::istringstream in(text);
+  std::string token;
+  in >> token;
+  return token;
+}
+
+}  // namespace
+
 std::string store_token_from_file(const std::string& path) {
-  auto read_token = [&]() -> std::string {
-    std::ifstream in(path);
-    std::string token;
-    in >> token;
-    return token;
-  };
+  auto read_token = [&]() { return read_store_token_file(path); };
   std::string token = read_token();
   if (!token.empty()) return token;
   token = detail::random_token_hex();

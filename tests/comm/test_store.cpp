@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/store_protocol.h"
+#include "tandem/comm/c10d_store_host.h"
 #include "tandem/comm/store_server.h"
 #include "comm/token_store.h"
 #include "support/proc_net.h"
@@ -346,6 +347,30 @@ TEST(Store, WildcardAddressAndBusyPortAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("port " + std::to_string(first.port())), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("already in use"), std::string::npos) << e.what();
   }
+}
+
+// The c10d store (Python workers, --c10d-store) has no token, so it must
+// not listen on every interface either; an address of another machine is
+// named as such, not blamed on the port.
+TEST(Store, TheC10dStoreRefusesTheWildcardAndNamesAForeignAddress) {
+  for (const char* wildcard : {"0.0.0.0", "::", ""}) {
+    try {
+      C10dStoreHost host(wildcard, 0, std::chrono::seconds(5));
+      ADD_FAILURE() << "the c10d store listened on '" << wildcard << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("every interface"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    C10dStoreHost host("198.51.100.77", 0, std::chrono::seconds(5));  // TEST-NET-2
+    ADD_FAILURE() << "listened on an address this machine does not have";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("198.51.100.77: it is not an address of this machine"),
+              std::string::npos)
+        << e.what();
+  }
+  C10dStoreHost local("127.0.0.1", 0, std::chrono::seconds(5));
+  EXPECT_GT(local.port(), 0);
 }
 
 TEST(Store, RandomTokensAreLongAndDistinct) {

@@ -1,5 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <string>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "support/scratch_dir.h"
+#include "support/usage_error.h"
+
 #include "tandem/core/error.h"
 #include "tandem/core/rank_env.h"
 
@@ -102,6 +111,46 @@ TEST(RankEnv, MalformedValuesNameTheVariable) {
   EXPECT_THROW(RankEnv::from_map({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), UsageError);
   EXPECT_THROW(RankEnv::from_map({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
                UsageError);
+}
+
+// TANDEM_STORE_TOKEN_FILE: made once with mode 0600 and read back; a file
+// another user could have planted or can read is refused, not trusted.
+TEST(StoreTokenFile, IsMadePrivateOnceAndAnythingOthersCouldTouchIsRefused) {
+  testing::ScratchDir dir;
+  const std::string path = dir.path() + "/token";
+  const std::string token = store_token_from_file(path);
+  EXPECT_EQ(token.size(), 64u);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(store_token_from_file(path), token);  // every other task reads the same
+
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  std::string what = testing::usage_error_message([&] { store_token_from_file(path); });
+  EXPECT_NE(what.find("has mode 0644: other users may read or change the job's token. `chmod "
+                      "600 "),
+            std::string::npos)
+      << what;
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+
+  const std::string link = dir.path() + "/link";
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  what = testing::usage_error_message([&] { store_token_from_file(link); });
+  EXPECT_NE(what.find("is a symbolic link"), std::string::npos) << what;
+  const std::string dangling = dir.path() + "/dangling";
+  ASSERT_EQ(::symlink((dir.path() + "/nowhere").c_str(), dangling.c_str()), 0);
+  what = testing::usage_error_message([&] { store_token_from_file(dangling); });
+  EXPECT_NE(what.find("is a symbolic link"), std::string::npos) << what;
+
+  if (::geteuid() == 0) {  // only root can give a file away
+    const std::string planted = dir.path() + "/planted";
+    std::ofstream(planted) << "attacker-known-token\n";
+    ASSERT_EQ(::chmod(planted.c_str(), 0600), 0);
+    ASSERT_EQ(::chown(planted.c_str(), 65534, 65534), 0);
+    what = testing::usage_error_message([&] { store_token_from_file(planted); });
+    EXPECT_NE(what.find("belongs to uid 65534, not to this user (uid 0)"), std::string::npos)
+        << what;
+  }
 }
 
 }  // namespace

@@ -24,10 +24,17 @@ nlohmann::json env_json(const std::vector<std::string>& extra_env = {}) {
 
 TEST(EnvCommand, JsonReportsEverySection) {
   auto report = env_json();
-  for (const char* key : {"versions", "backends", "cuda", "libtorch", "cpu", "threads", "blas",
-                          "rank_env", "config", "warnings"}) {
+  for (const char* key : {"versions", "backends", "cuda", "libtorch", "platform", "cpu",
+                          "threads", "blas", "rank_env", "config", "warnings"}) {
     EXPECT_TRUE(report.contains(key)) << key;
   }
+  // What a bug report needs of the machine, as accelerate env's Platform line.
+  const auto& platform = report["platform"];
+  EXPECT_NE(platform["kernel"].get<std::string>().find("Linux"), std::string::npos)
+      << platform.dump();
+  EXPECT_EQ(platform["libc"].get<std::string>().rfind("glibc 2.", 0), 0u) << platform.dump();
+  EXPECT_GT(platform["memory_bytes"].get<int64_t>(), int64_t{1} << 30) << platform.dump();
+  EXPECT_FALSE(platform["os"].get<std::string>().empty()) << platform.dump();
   EXPECT_EQ(report["backends"]["gloo"], true);
   EXPECT_EQ(report["backends"]["tandem_cuda_kernels"], built_with_cuda_kernels());
   EXPECT_EQ(report["versions"]["libtorch"].get<std::string>().substr(0, 1),

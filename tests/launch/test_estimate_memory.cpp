@@ -254,7 +254,7 @@ TEST(EstimateMemoryCli, BadInputExitsTwoWithAClearMessage) {
       {},                                                   // --params is required
       {"--params", "1B", "--world-size", "0"},
       {"--params", "1B", "--world-size", "four"},
-      {"--params", "1B", "--world-size", "64", "--gpus-per-node", "3"},
+      {"--params", "1B", "--world-size", "64", "--offload", "--gpus-per-node", "3"},
       {"--params", "1B", "--bogus"},
   };
   for (const auto& args : others) {
@@ -264,6 +264,15 @@ TEST(EstimateMemoryCli, BadInputExitsTwoWithAClearMessage) {
     EXPECT_EQ(r.exit_code, 2) << ::testing::PrintToString(args) << "\n" << r.err;
     EXPECT_FALSE(r.err.empty()) << ::testing::PrintToString(args);
   }
+
+  // Without --offload the flag would change nothing: refused, not ignored.
+  auto per_node = run_process({bin("tandem"), "estimate-memory", "--params", "1B",
+                               "--world-size", "16", "--gpus-per-node", "8"},
+                              60);
+  EXPECT_EQ(per_node.exit_code, 2) << per_node.out;
+  EXPECT_NE(per_node.err.find("add --offload to see them, or drop --gpus-per-node"),
+            std::string::npos)
+      << per_node.err;
 }
 
 }  // namespace

@@ -57,6 +57,11 @@ nlohmann::json to_json(const SystemReport& report) {
         {"device_count", report.cuda_device_count},
         {"devices", devices}}},
       {"libtorch", {{"cpu_capability", report.aten_cpu_capability}, {"build_settings", settings}}},
+      {"platform",
+       {{"os", or_null(report.os)},
+        {"kernel", or_null(report.kernel)},
+        {"libc", or_null(report.libc)},
+        {"memory_bytes", report.memory_bytes < 0 ? json() : json(report.memory_bytes)}}},
       {"cpu",
        {{"model", report.cpu_model},
         {"logical_cpus", report.logical_cpus},
@@ -144,6 +149,15 @@ std::string to_text(const SystemReport& report) {
     line("cuda:" + std::to_string(device.index),
          or_text(device.name, "(name unavailable)") + memory);
   }
+
+  heading("machine");
+  line("os", or_text(report.os, "unknown"));
+  line("kernel", or_text(report.kernel, "unknown"));
+  line("c library", or_text(report.libc, "unknown"));
+  line("memory", report.memory_bytes < 0
+                     ? std::string("unknown")
+                     : fmt::format("{:.1f} GiB", static_cast<double>(report.memory_bytes) /
+                                                     (1024.0 * 1024 * 1024)));
 
   heading("cpu and libtorch build");
   line("cpu model", or_text(report.cpu_model, "unknown"));

@@ -3,10 +3,15 @@
 #include <dlfcn.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/utsname.h>
+#if defined(__GLIBC__)
+#include <gnu/libc-version.h>
+#endif
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +85,34 @@ std::string compiler_string() {
 
 // Fills the CPU section from /proc/cpuinfo (Linux); x86 reports "flags",
 // ARM "Features". Only the first processor's entry is read.
+// What a bug report needs to know of the machine itself, as accelerate env's
+// "Platform" line: the distribution, kernel, C library and memory.
+void probe_platform(SystemReport& report) {
+  std::istringstream os_release(read_text_file("/etc/os-release"));
+  for (std::string line; std::getline(os_release, line);) {
+    if (line.rfind("PRETTY_NAME=", 0) != 0) continue;
+    std::string value = line.substr(12);
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'')) {
+      value = value.substr(1, value.size() - 2);
+    }
+    report.os = value;
+  }
+  utsname names{};
+  if (::uname(&names) == 0) {
+    report.kernel = std::string(names.sysname) + " " + names.release + " " + names.machine;
+  }
+#if defined(__GLIBC__)
+  report.libc = std::string("glibc ") + ::gnu_get_libc_version();
+#endif
+  std::istringstream meminfo(read_text_file("/proc/meminfo"));
+  for (std::string line; std::getline(meminfo, line);) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemTotal: %lld kB", &kib) == 1) {
+      report.memory_bytes = static_cast<std::int64_t>(kib) * 1024;
+    }
+  }
+}
+
 void probe_cpu(SystemReport& report) {
   std::istringstream cpuinfo(read_text_file("/proc/cpuinfo"));
   std::string flags_line;
@@ -385,6 +418,7 @@ SystemReport probe_system(const tandem::RankEnv& env) {
 #endif
   report.cuda_kernels = built_with_cuda_kernels();
 
+  probe_platform(report);
   probe_cuda(report);
   probe_torch_config(report);
   probe_cpu(report);

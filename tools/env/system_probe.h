@@ -77,6 +77,14 @@ struct SystemReport {
   std::string aten_cpu_capability;
   std::vector<std::pair<std::string, std::string>> torch_build_settings;
 
+  // The machine: "Debian GNU/Linux 12 (bookworm)" (/etc/os-release), the
+  // kernel release (uname), the C library ("glibc 2.36") and the memory
+  // (/proc/meminfo MemTotal); empty or -1 when unknown.
+  std::string os;
+  std::string kernel;
+  std::string libc;
+  std::int64_t memory_bytes = -1;
+
   std::string cpu_model;
   int logical_cpus = 0;  // CPUs in the machine
   int usable_cpus = 0;   // CPUs in this process's affinity mask

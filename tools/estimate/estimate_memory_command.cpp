@@ -175,8 +175,8 @@ int run_estimate_memory_command(int argc, char** argv) {
                "also show ZeRO with offload_optimizer (stages 1-3) and offload_param (stage 3) "
                "to the CPU, with the host memory they need");
   app.add_option("--gpus-per-node", gpus_per_node,
-                 "ranks per node (a divisor of --world-size): with --offload, also show "
-                 "the host memory per node");
+                 "ranks per node (a divisor of --world-size), with --offload only: also "
+                 "show the host memory per node");
   app.add_flag("--json", json, "print one JSON object instead of the table");
   app.footer(kFooter);
   if (auto code = parse_cli(app, argc, argv)) return *code;
@@ -193,6 +193,9 @@ int run_estimate_memory_command(int argc, char** argv) {
   }
   options.offload = offload;
   if (gpus_per_node) {
+    TANDEM_CHECK_ARG(offload,
+                     "--gpus-per-node only adds the host memory per node of the offload rows; "
+                     "add --offload to see them, or drop --gpus-per-node");
     TANDEM_CHECK_ARG(*gpus_per_node >= 1 && *gpus_per_node <= world_size &&
                          world_size % *gpus_per_node == 0,
                      "--gpus-per-node {} does not split --world-size {} into whole nodes; give "

@@ -75,8 +75,10 @@ struct RankEnv {
 // system (TANDEM_STORE_TOKEN_FILE): the first process to get there writes a
 // fresh random token (mode 0600, linked into place whole, so no process reads
 // half a file); every other process, and a later run of the same job, reads
-// it. Throws UsageError, naming the path, when it can be neither read nor
-// created.
+// it. The file is the job's secret: a symbolic link, a file another user
+// owns, or one other users may read or write (mode & 077) is refused rather
+// than trusted. Throws UsageError, naming the path and the fix, for those and
+// when it can be neither read nor created.
 std::string store_token_from_file(const std::string& path);
 
 // First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03"
