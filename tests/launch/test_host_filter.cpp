@@ -8,6 +8,7 @@
 #include "launch/host_filter.h"
 #include "launch/launch_options.h"
 #include "support/scoped_env.h"
+#include "support/usage_error.h"
 #include "tandem/core/error.h"
 
 namespace tandem::cli {
@@ -46,18 +47,12 @@ TEST(HostFilter, ExcludeRemovesSlots) {
 // As --include is: DeepSpeed refuses "No slot '7' specified on host" and
 // "Hostname ... not found"; before, both ran the job with every slot.
 TEST(HostFilter, ExcludeOfASlotOrHostThatDoesNotExistIsRefused) {
-  auto message = [](auto&& call) {
-    try {
-      call();
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  const std::string slot = message([] { layout_nodes(2, 1, std::nullopt, "", "localhost:7", kNames); });
+  const std::string slot = testing::usage_error_message(
+      [] { layout_nodes(2, 1, std::nullopt, "", "localhost:7", kNames); });
   EXPECT_NE(slot.find("--exclude slot 7 is outside this node's 2 slots (0-1)"), std::string::npos)
       << slot;
-  const std::string host = message([] { layout_nodes(2, 1, std::nullopt, "", "nohost", kNames); });
+  const std::string host = testing::usage_error_message(
+      [] { layout_nodes(2, 1, std::nullopt, "", "nohost", kNames); });
   EXPECT_NE(host.find("--exclude 'nohost': host 'nohost' is not this node (worker7), the only "
                       "node of this job"),
             std::string::npos)
@@ -113,30 +108,22 @@ TEST(NodeLayout, WithoutAFilterEveryNodeRunsTheSameSlots) {
 }
 
 TEST(NodeLayout, FiltersThatWouldSplitTheJobAreRefusedWithTheFix) {
-  auto message = [](auto&& call) {
-    try {
-      call();
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  const std::string wrong_count = message(
+  const std::string wrong_count = testing::usage_error_message(
       [] { layout_nodes(2, 3, std::nullopt, "worker7:0@other:0", "", kNames); });
   EXPECT_NE(wrong_count.find("names 2 host(s) but --nnodes is 3"), std::string::npos)
       << wrong_count;
-  const std::string disagreeing = message(
+  const std::string disagreeing = testing::usage_error_message(
       [] { layout_nodes(2, 2, 0, "other:0@worker7:0", "", kNames); });
   EXPECT_NE(disagreeing.find("--node-rank 0 disagrees"), std::string::npos) << disagreeing;
   EXPECT_NE(disagreeing.find("node 0 is 'other'"), std::string::npos) << disagreeing;
-  const std::string exclude = message(
+  const std::string exclude = testing::usage_error_message(
       [] { layout_nodes(2, 2, 0, "", "worker7:0", kNames); });
   EXPECT_NE(exclude.find("would disagree on the world size"), std::string::npos) << exclude;
   EXPECT_NE(exclude.find("--include"), std::string::npos) << exclude;
-  const std::string absent = message(
+  const std::string absent = testing::usage_error_message(
       [] { layout_nodes(2, 2, std::nullopt, "a:0@b:0", "", kNames); });
   EXPECT_NE(absent.find("does not name this node"), std::string::npos) << absent;
-  const std::string outside = message(
+  const std::string outside = testing::usage_error_message(
       [] { layout_nodes(2, 2, std::nullopt, "worker7:5@b:0", "", kNames); });
   EXPECT_NE(outside.find("slot 5 is outside"), std::string::npos) << outside;
 }
