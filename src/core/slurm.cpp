@@ -152,9 +152,19 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& list) {
   return counts;
 }
 
-int slurm_job_port(const std::string& job_id) {
+int slurm_step_port(const std::string& job_id, const std::string& step_id) {
+  TANDEM_CHECK_ARG(all_digits(job_id),
+                   "SLURM_JOB_ID='{}' is not a job id (a number), so no rendezvous port can be "
+                   "derived from it; unset it outside a Slurm job, or give MASTER_PORT",
+                   job_id);
+  TANDEM_CHECK_ARG(step_id.empty() || all_digits(step_id),
+                   "SLURM_STEP_ID='{}' is not a step id (a number), so no rendezvous port can be "
+                   "derived from it; unset it outside a Slurm job, or give MASTER_PORT",
+                   step_id);
   const std::string digits = job_id.size() > 4 ? job_id.substr(job_id.size() - 4) : job_id;
-  return 15000 + (all_digits(digits) ? std::stoi(digits) : 0);
+  const std::string step_digits = step_id.size() > 4 ? step_id.substr(step_id.size() - 4) : step_id;
+  const int step = step_digits.empty() ? 0 : std::stoi(step_digits) % 5;
+  return 15000 + std::stoi(digits) + 10000 * step;
 }
 
 std::string SlurmStep::describe() const {

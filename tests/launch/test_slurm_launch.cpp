@@ -54,7 +54,7 @@ TEST(SlurmLaunch, OneLauncherPerNodeBecomesThatNodeOfTheStep) {
     EXPECT_EQ(opts.nnodes, 2);
     EXPECT_EQ(opts.node_rank, node);
     EXPECT_EQ(opts.master_addr, "gpu-07");
-    EXPECT_EQ(opts.master_port, slurm_job_port("7301"));
+    EXPECT_EQ(opts.master_port, slurm_step_port("7301", "0"));
     EXPECT_EQ(opts.master_port, 22301);
     EXPECT_NE(told.find("Slurm job 7301.0 on gpu-[07-08]: node " + std::to_string(node) + " of 2"),
               std::string::npos)
@@ -83,6 +83,18 @@ TEST(SlurmLaunch, FlagsTheUserGaveWin) {
   opts = slurm_launch_flags({"--standalone", "--nproc-per-node", "2"});
   EXPECT_EQ(apply_slurm_step(srun_step(1, 1), opts), "");
   EXPECT_EQ(opts.nnodes, 1);
+}
+
+// Two steps of one job at once (job 10068's steps a and b): their launchers
+// must not meet at one store.
+TEST(SlurmLaunch, TwoStepsOfOneJobTakeDifferentPorts) {
+  LaunchOptions step0 = slurm_launch_flags({"--nproc-per-node", "2"});
+  LaunchOptions step1 = slurm_launch_flags({"--nproc-per-node", "2"});
+  apply_slurm_step(srun_step(0, 1, "0"), step0);
+  const std::string told = apply_slurm_step(srun_step(1, 1, "1"), step1);
+  EXPECT_NE(step0.master_port, step1.master_port);
+  EXPECT_EQ(step1.master_port, slurm_step_port("7301", "1"));
+  EXPECT_NE(told.find("(from the job and step id)"), std::string::npos) << told;
 }
 
 TEST(SlurmLaunch, SeveralTasksPerNodeIsAnErrorNamingBothWaysToRun) {

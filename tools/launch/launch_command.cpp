@@ -239,8 +239,11 @@ int run_launch_command(int argc, char** argv) {
   // Flags, then the Slurm step this launcher runs in, then the environment,
   // then the config file: a bad file or value stops here (exit 2), before
   // any worker starts.
-  if (const std::string told = apply_slurm_step(SlurmStep::from_environment(), opts);
-      !told.empty()) {
+  const std::optional<SlurmStep> slurm = SlurmStep::from_environment();
+  // The store refuses launchers and workers of another step of the job
+  // (StoreServerOptions::run_scope); the workers read the same step.
+  const std::string run_scope = slurm ? slurm->name() : "";
+  if (const std::string told = apply_slurm_step(slurm, opts); !told.empty()) {
     std::fprintf(stderr, "%s\n", told.c_str());
   }
   // What the workers will read: the environment, with the flags the launcher
@@ -356,6 +359,7 @@ int run_launch_command(int argc, char** argv) {
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
+    store_options.run_scope = run_scope;
     store_options.port_in_use_advice = port_in_use_advice(opts);
     store = std::make_unique<StoreServer>(store_options);
   };
@@ -370,7 +374,8 @@ int run_launch_command(int argc, char** argv) {
     node.coordinator = names_this_node(opts.master_addr);
     if (node.coordinator) host_store();
     const std::chrono::milliseconds timeout(static_cast<int64_t>(opts.rdzv_timeout_s * 1000));
-    auto meeting = connect_store(opts.master_addr, opts.master_port, store_token, timeout);
+    auto meeting =
+        connect_store(opts.master_addr, opts.master_port, store_token, timeout, run_scope);
     // Connected: from now on a store that does not answer within the
     // keep-alive time is lost (a node cut off stops, rather than hangs).
     meeting->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(
@@ -428,7 +433,7 @@ int run_launch_command(int argc, char** argv) {
     const char* limit = std::getenv("TANDEM_TIMEOUT_S");
     const int timeout_s = limit != nullptr && std::atoi(limit) > 0 ? std::atoi(limit) : 600;
     auto meeting = connect_store(opts.master_addr, master_port, store_token,
-                                 std::chrono::seconds(timeout_s));
+                                 std::chrono::seconds(timeout_s), run_scope);
     check_node_layouts(*meeting, plan.layout, opts.nnodes, /*hosts_store=*/store != nullptr);
   }
 

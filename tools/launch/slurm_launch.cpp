@@ -57,9 +57,9 @@ std::string apply_slurm_step(const std::optional<SlurmStep>& step, LaunchOptions
     note(fmt::format("--master-addr {} (the step's first host)", opts.master_addr));
   }
   if (!opts.master_port_given && opts.nnodes > 1) {
-    opts.master_port = slurm_job_port(step->job_id);
+    opts.master_port = slurm_step_port(step->job_id, step->step_id);
     opts.master_port_given = true;
-    note(fmt::format("--master-port {} (from the job id)", opts.master_port));
+    note(fmt::format("--master-port {} (from the job and step id)", opts.master_port));
   }
   return fmt::format("tandem launch: {}: {}{}", step->describe(),
                      taken.empty() ? "every node setting from flags" : taken,
