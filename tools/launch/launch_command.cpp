@@ -243,7 +243,8 @@ int run_launch_command(int argc, char** argv) {
   // The store refuses launchers and workers of another step of the job
   // (StoreServerOptions::run_scope); the workers read the same step.
   const std::string run_scope = slurm ? slurm->name() : "";
-  if (const std::string told = apply_slurm_step(slurm, opts); !told.empty()) {
+  if (const std::string told = apply_slurm_step(slurm, opts, std::getenv("MASTER_PORT"));
+      !told.empty()) {
     std::fprintf(stderr, "%s\n", told.c_str());
   }
   // What the workers will read: the environment, with the flags the launcher
