@@ -1,7 +1,10 @@
 // What Slurm does to a job, without Slurm: the environment srun gives a
-// task, reproduced on one machine with real processes. The same situations under a real Slurm are in tests/slurm/.
+// task, and the signals Slurm sends, reproduced on one machine with real
+// processes. The same situations under a real Slurm are in tests/slurm/.
 
 #include <gtest/gtest.h>
+
+#include <sys/stat.h>
 
 #include <fstream>
 #include <string>
@@ -15,7 +18,12 @@ namespace {
 
 using testing::BackgroundProcess;
 using testing::bin;
+using testing::file_exists;
+using testing::launch;
+using testing::none_alive;
 using testing::ReservedPort;
+using testing::TempDir;
+using testing::wait_for_pids;
 
 // The environment srun gives task `proc` of step `step` of job 10068
 // (2 tasks on one node), with the batch script's MASTER_PORT and token.
@@ -57,6 +65,75 @@ TEST(SlurmFaults, ARankOfAnotherStepOfTheJobIsRefusedByTheStoreNamingBothSteps) 
   const auto own = step0_rank1.wait(60);
   EXPECT_EQ(own.exit_code, 0) << own.err;
   EXPECT_EQ(step0_rank0.wait(60).exit_code, 0);
+}
+
+// A worker that, on SIGTERM or SIGINT, writes DIR/stopping<RANK>, takes a
+// moment (its checkpoint), then writes DIR/saved<RANK> and exits 75, as a
+// preemption save does.
+std::string slow_saving_worker(const TempDir& dir) {
+  const std::string path = dir.path() + "/slow_saver.sh";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "D=\"$TANDEM_TEST_PID_DIR\"\n"
+                         "trap 'touch \"$D/stopping$RANK\"; sleep 1; "
+                         "touch \"$D/saved$RANK\"; exit 75' TERM INT\n"
+                         "echo $$ > \"$D/rank$RANK.pid.tmp\"; mv \"$D/rank$RANK.pid.tmp\" "
+                         "\"$D/rank$RANK.pid\"\n"
+                         "while :; do sleep 0.05; done\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+bool both_stopping(const TempDir& dir) {
+  return testing::wait_for_files(dir.path(), [&] {
+    return file_exists(dir.path() + "/stopping0") && file_exists(dir.path() + "/stopping1");
+  }, 30);
+}
+
+// At a time limit or scancel, a launcher that srun started gets SIGTERM
+// twice: from slurmstepd, and from srun forwarding its own (jobs 10060 and
+// 10062). The repeat must not be taken for a second Ctrl-C: the workers keep
+// their grace period and save.
+TEST(SlurmFaults, ASigtermRepeatedInASlurmJobLetsTheWorkersFinishSaving) {
+  TempDir dir;
+  BackgroundProcess p(launch({"--nproc-per-node", "2", "--standalone", slow_saving_worker(dir)}),
+                      {"TANDEM_TEST_PID_DIR=" + dir.path(), "SLURM_JOB_ID=10060"});
+  const auto pids = wait_for_pids(dir.path(), 2);
+  ASSERT_EQ(pids.size(), 2u) << "workers did not start";
+  p.send(SIGTERM);
+  // The repeat comes once the first has reached the workers (two signals
+  // sent at once may be delivered as one).
+  ASSERT_TRUE(both_stopping(dir));
+  p.send(SIGTERM);
+  const auto r = p.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  // The workers stopped for preemption, and the launcher says so (75).
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  EXPECT_TRUE(file_exists(dir.path() + "/saved0")) << "rank 0 was killed before it saved\n"
+                                                   << r.err;
+  EXPECT_TRUE(file_exists(dir.path() + "/saved1")) << "rank 1 was killed before it saved\n"
+                                                   << r.err;
+  EXPECT_TRUE(none_alive(pids, 1.0));
+}
+
+// Ctrl-C twice still means "stop now", in a Slurm job too (srun forwards
+// SIGINT from an interactive user).
+TEST(SlurmFaults, ASecondSigintInASlurmJobStillStopsTheWorkersAtOnce) {
+  TempDir dir;
+  BackgroundProcess p(launch({"--nproc-per-node", "2", "--standalone", slow_saving_worker(dir)}),
+                      {"TANDEM_TEST_PID_DIR=" + dir.path(), "SLURM_JOB_ID=10060"});
+  const auto pids = wait_for_pids(dir.path(), 2);
+  ASSERT_EQ(pids.size(), 2u) << "workers did not start";
+  p.send(SIGINT);
+  // The repeat comes once the first has reached the workers (two signals
+  // sent at once may be delivered as one).
+  ASSERT_TRUE(both_stopping(dir));
+  p.send(SIGINT);
+  const auto r = p.wait(30);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_FALSE(file_exists(dir.path() + "/saved0")) << r.err;
+  EXPECT_FALSE(file_exists(dir.path() + "/saved1")) << r.err;
+  EXPECT_TRUE(none_alive(pids, 1.0));
 }
 
 }  // namespace

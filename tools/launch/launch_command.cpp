@@ -240,6 +240,7 @@ int run_launch_command(int argc, char** argv) {
   // then the config file: a bad file or value stops here (exit 2), before
   // any worker starts.
   const std::optional<SlurmStep> slurm = SlurmStep::from_environment();
+  set_launcher_in_slurm_job(std::getenv("SLURM_JOB_ID") != nullptr);
   // The store refuses launchers and workers of another step of the job
   // (StoreServerOptions::run_scope); the workers read the same step.
   const std::string run_scope = slurm ? slurm->name() : "";
