@@ -1,6 +1,7 @@
 #include "tandem/core/slurm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -165,6 +166,19 @@ int slurm_step_port(const std::string& job_id, const std::string& step_id) {
   const std::string step_digits = step_id.size() > 4 ? step_id.substr(step_id.size() - 4) : step_id;
   const int step = step_digits.empty() ? 0 : std::stoi(step_digits) % 5;
   return 15000 + std::stoi(digits) + 10000 * step;
+}
+
+std::optional<bool> slurm_batch_flag(const std::string& scontrol_show_job) {
+  // Fields are "Key=Value" separated by spaces (one line with -o).
+  const std::string key = "BatchFlag=";
+  for (std::size_t at = scontrol_show_job.find(key); at != std::string::npos;
+       at = scontrol_show_job.find(key, at + 1)) {
+    if (at > 0 && !std::isspace(static_cast<unsigned char>(scontrol_show_job[at - 1]))) continue;
+    const std::size_t value_at = at + key.size();
+    const char value = value_at < scontrol_show_job.size() ? scontrol_show_job[value_at] : '\0';
+    if (value == '0' || value == '1') return value == '1';
+  }
+  return std::nullopt;
 }
 
 std::string SlurmStep::describe() const {

@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -134,6 +135,60 @@ TEST(SlurmFaults, ASecondSigintInASlurmJobStillStopsTheWorkersAtOnce) {
   EXPECT_FALSE(file_exists(dir.path() + "/saved0")) << r.err;
   EXPECT_FALSE(file_exists(dir.path() + "/saved1")) << r.err;
   EXPECT_TRUE(none_alive(pids, 1.0));
+}
+
+// A stand-in for scontrol that says job 10070 was started by srun (no
+// sbatch: BatchFlag=0), refuses a requeue as Slurm does, and notes in
+// DIR/requeued that one was asked for.
+std::string fake_scontrol(const TempDir& dir) {
+  const std::string path = dir.path() + "/scontrol";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "if [ \"$1\" = show ]; then\n"
+                         "  echo \"JobId=10070 JobName=train UserId=u(1) Restarts=0 BatchFlag=0 "
+                         "Reboot=0 ExitCode=0:0\"; exit 0\n"
+                         "fi\n"
+                         "if [ \"$1\" = requeue ]; then\n"
+                         "  touch \"$(dirname \"$0\")/requeued\"\n"
+                         "  echo 'Requeue of JobId=10070 returned an error: Only batch jobs are "
+                         "accepted or processed' >&2; exit 1\n"
+                         "fi\n"
+                         "exit 2\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+// `requeue: auto` in a job srun started interactively: Slurm cannot requeue
+// it, so the program says the checkpoint is saved and to start the job
+// again, without trying the requeue or telling the user to do it by hand.
+TEST(SlurmFaults, RequeueAutoInAJobSrunStartedSaysToStartItAgainInsteadOfRequeuing) {
+  TempDir dir;
+  fake_scontrol(dir);
+  const std::string ckpt = dir.path() + "/ckpt";
+  const std::string config = dir.path() + "/preempt.yaml";
+  std::ofstream(config) << "preemption:\n  enabled: true\n  checkpoint_dir: " << ckpt
+                        << "\n  signals: [USR1, TERM]\n  requeue: auto\n";
+  BackgroundProcess p({bin("quickstart_worker"), "400", "8", dir.path() + "/out.safetensors"},
+                      {"SLURM_JOB_ID=10070", "TANDEM_CONFIG_FILE=" + config,
+                       "TANDEM_TEST_STEP_DELAY_MS=20",
+                       "PATH=" + dir.path() + ":" + std::string(std::getenv("PATH"))});
+  const std::string out_dir = p.out_path().substr(0, p.out_path().rfind('/'));
+  ASSERT_TRUE(testing::wait_for_files(
+      out_dir, [&] { return testing::read_file(p.out_path()).find("step 2") != std::string::npos; },
+      60))
+      << testing::read_file(p.err_path());
+  p.send(SIGUSR1);
+  const auto r = p.wait(60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 75) << r.err;
+  const std::string said = r.out + r.err;
+  EXPECT_NE(said.find("with a checkpoint in " + ckpt), std::string::npos) << said;
+  EXPECT_NE(said.find("Slurm job 10070 was started by srun or salloc, not sbatch"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("start it again to resume from " + ckpt), std::string::npos) << said;
+  EXPECT_EQ(said.find("requeuing Slurm job"), std::string::npos) << said;
+  EXPECT_EQ(said.find("requeue the job yourself"), std::string::npos) << said;
+  EXPECT_FALSE(file_exists(dir.path() + "/requeued")) << "scontrol requeue was run";
 }
 
 }  // namespace

@@ -33,6 +33,11 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& list);
 // UsageError naming SLURM_JOB_ID or SLURM_STEP_ID when one is not a number.
 int slurm_step_port(const std::string& job_id, const std::string& step_id);
 
+// What `scontrol show job -o JOB` says of the job's BatchFlag: true for a
+// job sbatch submitted (the only kind Slurm requeues), false for one srun or
+// salloc started; nullopt when the text has no BatchFlag (scontrol failed).
+std::optional<bool> slurm_batch_flag(const std::string& scontrol_show_job);
+
 // One task's view of the Slurm step it runs in.
 struct SlurmStep {
   std::string job_id;             // SLURM_JOB_ID
