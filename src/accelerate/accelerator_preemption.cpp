@@ -32,12 +32,14 @@ void Accelerator::Impl::preemption_boundary() {
     // Said before the requeue: Slurm ends the job's processes, and the
     // step's output forwarding with them, as soon as `scontrol requeue`
     // succeeds, and a line written after it can be lost.
-    const std::string job = preemption->job_to_requeue();
+    std::string not_requeued;
+    const std::string job = preemption->job_to_requeue(&not_requeued);
     log_warn("preemption: stopped at step {}{}; {}exiting with code {}", step,
              settings.save ? " with a checkpoint in " + settings.checkpoint_dir : "",
              job.empty() ? "" : "requeuing Slurm job " + job + ", ", kPreemptedExitCode);
+    if (!not_requeued.empty()) log_warn("preemption: {}", not_requeued);
     std::fflush(nullptr);
-    const std::string failed = preemption->requeue();
+    const std::string failed = preemption->requeue(job);
     if (!failed.empty()) log_warn("preemption: {}", failed);
   }
   std::fflush(nullptr);

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -95,16 +96,36 @@ int Preemption::poll() {
   return agreed == 0 ? 0 : 64 - agreed;
 }
 
-std::string Preemption::job_to_requeue() const {
+std::string Preemption::job_to_requeue(std::string* why_not) const {
   const char* job = std::getenv("SLURM_JOB_ID");
-  return config_.requeue == "false" || job == nullptr ? "" : job;
+  if (config_.requeue == "false" || job == nullptr) return "";
+  const std::string id = job;
+  if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) return id;
+  // Slurm refuses to requeue a job srun or salloc started ("Only batch jobs
+  // are accepted"), and nobody can requeue it by hand either.
+  std::string shown;
+  if (FILE* pipe = ::popen(("scontrol show job -o " + id + " 2>/dev/null").c_str(), "r")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
+      shown.append(buffer, n);
+    }
+    ::pclose(pipe);
+  }
+  // Unknown (scontrol failed): try the requeue, which reports its failure.
+  const std::optional<bool> batch = slurm_batch_flag(shown);
+  if (!batch.has_value() || *batch) return id;
+  if (why_not != nullptr) {
+    *why_not = fmt::format(
+        "Slurm job {} was started by srun or salloc, not sbatch, and Slurm requeues batch jobs "
+        "only: start it again to resume{}, or submit it with `sbatch --requeue` to have it "
+        "requeued",
+        id, config_.save ? " from " + config_.checkpoint_dir : "");
+  }
+  return "";
 }
 
-std::string Preemption::requeue() {
-  const std::string job = job_to_requeue();
+std::string Preemption::requeue(const std::string& job) {
   if (job.empty()) return "";
-  // A batch job (SLURM_JOB_ID without a step, or any step of a batch job)
-  // can be requeued; Slurm says so when it cannot.
   std::vector<std::string> args = {"scontrol", "requeue", job};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

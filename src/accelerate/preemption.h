@@ -41,15 +41,19 @@ class Preemption {
   // must call it at the same step boundaries.
   int poll();
 
-  // The Slurm job requeue() would requeue: SLURM_JOB_ID when the block asks
-  // for a requeue (auto or true) inside a job; "" otherwise.
-  std::string job_to_requeue() const;
+  // The Slurm job to requeue: SLURM_JOB_ID when the block asks for a
+  // requeue (auto or true) inside a job that sbatch submitted; "" otherwise.
+  // Slurm requeues batch jobs only: for a job srun or salloc started
+  // (`scontrol show job` says BatchFlag=0) it is "", and `*why_not`, when
+  // given, says so and what to do instead. Runs `scontrol show job`: for the
+  // main process, once, at the stop.
+  std::string job_to_requeue(std::string* why_not = nullptr) const;
 
-  // The main process's `scontrol requeue` of job_to_requeue(), if any: ""
-  // when it succeeded or none was asked for, else what went wrong and the
-  // fix. A successful requeue has Slurm end the job's processes at once, so
-  // whatever is to be said must be said before calling it.
-  std::string requeue();
+  // The main process's `scontrol requeue JOB`: "" when it succeeded, else
+  // what went wrong and the fix. A successful requeue has Slurm end the
+  // job's processes at once, so whatever is to be said must be said before
+  // calling it.
+  std::string requeue(const std::string& job);
 
   // The SIG name of `signal` ("SIGUSR1").
   static std::string signal_name(int signal);

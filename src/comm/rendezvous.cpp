@@ -70,9 +70,10 @@ c10::intrusive_ptr<TokenStore> host_store(const RankEnv& env, std::chrono::milli
   options.host = env.master_addr;
   options.port = env.master_port;
   options.token = env.store_token;
+  options.run_scope = env.slurm_step;
   auto server = std::make_shared<StoreServer>(options);
   auto store = c10::make_intrusive<TokenStore>(server->address(), server->port(),
-                                               env.store_token, timeout);
+                                               env.store_token, timeout, env.slurm_step);
   store->keep_alive(std::move(server));
   return store;
 }
@@ -99,7 +100,7 @@ compat::StorePtr connect_store(const RankEnv& env, std::chrono::milliseconds tim
     store = host_store(env, timeout);
   } else {
     store = c10::make_intrusive<TokenStore>(env.master_addr, env.master_port, env.store_token,
-                                            timeout);
+                                            timeout, env.slurm_step);
   }
   // Each restart of the job gets fresh keys in the launcher's long-lived store.
   return c10::make_intrusive<c10d::PrefixStore>(

@@ -38,8 +38,11 @@ bool parse_int64(const std::string& text, std::int64_t* value) {
 
 }  // namespace
 
-StoreEngine::StoreEngine(std::string token, std::chrono::milliseconds handshake_timeout)
-    : token_(std::move(token)), handshake_timeout_(handshake_timeout) {}
+StoreEngine::StoreEngine(std::string token, std::chrono::milliseconds handshake_timeout,
+                         std::string run_scope)
+    : token_(std::move(token)),
+      handshake_timeout_(handshake_timeout),
+      run_scope_(std::move(run_scope)) {}
 
 StoreEngine::ConnId StoreEngine::open(Clock::time_point now) {
   const ConnId id = next_id_++;
@@ -115,6 +118,10 @@ void StoreEngine::handle(ConnId id, Conn& conn, std::string_view body, Clock::ti
     }
     const std::uint32_t version = in.u32();
     const std::string_view token = in.bytes(wire::kMaxHelloBytes);
+    // The run scope is optional: a client without one (another program
+    // speaking the protocol, a host outside Slurm) is not asked for it.
+    const std::string_view scope =
+        in.at_end() ? std::string_view() : in.bytes(wire::kMaxHelloBytes);
     if (!in.at_end()) {
       refuse(id, conn, wire::Status::kBadRequest, "malformed hello");
     } else if (version != wire::kVersion) {
@@ -123,6 +130,10 @@ void StoreEngine::handle(ConnId id, Conn& conn, std::string_view body, Clock::ti
                  std::to_string(wire::kVersion) + ": run the same tandem build on every node");
     } else if (!wire::tokens_equal(token_, token)) {
       refuse(id, conn, wire::Status::kRefused, "the store token does not match");
+    } else if (!run_scope_.empty() && !scope.empty() && scope != run_scope_) {
+      // Checked after the token: only a client of the same job learns the
+      // step the store belongs to.
+      refuse(id, conn, wire::Status::kRefused, std::string(wire::kOtherRunPrefix) + run_scope_);
     } else {
       conn.authenticated = true;
       set_deadline(id, conn, std::nullopt);

@@ -29,8 +29,11 @@ class StoreEngine {
 
   // `token`: what a client's hello must carry (an empty token accepts only
   // an empty one). A connection that has not said hello within
-  // `handshake_timeout` of opening is closed.
-  StoreEngine(std::string token, std::chrono::milliseconds handshake_timeout);
+  // `handshake_timeout` of opening is closed. `run_scope`: the run this
+  // store belongs to (StoreServerOptions::run_scope); a hello naming
+  // another one is refused, one naming none is let in.
+  StoreEngine(std::string token, std::chrono::milliseconds handshake_timeout,
+              std::string run_scope = "");
 
   // A new connection, opened at `now`.
   ConnId open(Clock::time_point now);
@@ -96,6 +99,7 @@ class StoreEngine {
 
   std::string token_;
   std::chrono::milliseconds handshake_timeout_;
+  std::string run_scope_;
   ConnId next_id_ = 1;
   std::unordered_map<ConnId, Conn> conns_;
   std::size_t foreign_clients_ = 0;

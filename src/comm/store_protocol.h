@@ -6,7 +6,9 @@
 //   frame   = u32 body_length (little-endian) + body
 //   request = u8 Op + fields      reply = u8 Status + fields
 //   fields  : bytes = u32 length + data; i64 = 8 bytes little-endian
-// The first frame must be kHello(u32 version, bytes token). Lengths are
+// The first frame must be kHello(u32 version, bytes token[, bytes run_scope]):
+// a store with a run scope refuses a client that names another one
+// (kOtherRunPrefix + the store's scope). Lengths are
 // capped (kMaxHelloBytes before the hello is accepted, kMaxFrameBytes after)
 // so that no input can make the server allocate without bound.
 //
@@ -25,6 +27,9 @@ namespace tandem::detail::store_wire {
 inline constexpr char kMagic[4] = {'T', 'N', 'D', 'S'};
 inline constexpr std::uint32_t kVersion = 1;
 inline constexpr std::size_t kMaxHelloBytes = 1024;
+// How a refused hello's message starts when the client belongs to another
+// run than the store; the store's own run scope follows.
+inline constexpr char kOtherRunPrefix[] = "the store belongs to run ";
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;
 inline constexpr std::size_t kMaxKeyBytes = 64 * 1024;
 inline constexpr std::size_t kMaxKeysPerRequest = 64 * 1024;

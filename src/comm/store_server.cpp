@@ -81,7 +81,9 @@ bool is_loopback_host(const std::string& host) {
 std::string random_store_token() { return detail::random_token_hex(); }
 
 StoreServer::StoreServer(const StoreServerOptions& options)
-    : token_(options.token), handshake_timeout_(options.handshake_timeout) {
+    : token_(options.token),
+      run_scope_(options.run_scope),
+      handshake_timeout_(options.handshake_timeout) {
   TANDEM_CHECK_ARG(!options.host.empty() && options.host != "0.0.0.0" && options.host != "::",
                    "the rendezvous store listens on one address, not '{}' (every interface): "
                    "give node 0's own address, or 127.0.0.1 for a single node",
@@ -160,7 +162,7 @@ void StoreServer::run() {
   sigset_t all;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
-  StoreEngine engine(token_, handshake_timeout_);
+  StoreEngine engine(token_, handshake_timeout_, run_scope_);
   std::unordered_map<StoreEngine::ConnId, int> fds;
   std::unordered_map<StoreEngine::ConnId, bool> writing;  // EPOLLOUT armed
   std::vector<char> chunk(kReadChunk);

@@ -52,8 +52,9 @@ namespace tandem {
 
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
                                               const std::string& token,
-                                              std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<detail::TokenStore>(host, port, token, timeout);
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& run_scope) {
+  return c10::make_intrusive<detail::TokenStore>(host, port, token, timeout, run_scope);
 }
 
 }  // namespace tandem
@@ -61,8 +62,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
 namespace tandem::detail {
 
 TokenStore::TokenStore(std::string host, int port, std::string token,
-                       std::chrono::milliseconds timeout)
-    : compat::StoreBase(timeout), host_(std::move(host)), port_(port), token_(std::move(token)) {
+                       std::chrono::milliseconds timeout, std::string run_scope)
+    : compat::StoreBase(timeout),
+      host_(std::move(host)),
+      port_(port),
+      token_(std::move(token)),
+      run_scope_(std::move(run_scope)) {
   connect(timeout);
 }
 
@@ -99,12 +104,10 @@ void TokenStore::connect(std::chrono::milliseconds timeout) {
 }
 
 void TokenStore::hello(Clock::time_point deadline) {
-  const std::string frame = std::string(wire::kMagic, sizeof(wire::kMagic)) +
-                            wire::FrameWriter()
-                                .u8(static_cast<std::uint8_t>(wire::Op::kHello))
-                                .u32(wire::kVersion)
-                                .bytes(token_)
-                                .finish();
+  wire::FrameWriter hello;
+  hello.u8(static_cast<std::uint8_t>(wire::Op::kHello)).u32(wire::kVersion).bytes(token_);
+  if (!run_scope_.empty()) hello.bytes(run_scope_);
+  const std::string frame = std::string(wire::kMagic, sizeof(wire::kMagic)) + hello.finish();
   send_all(frame, deadline, "hello");
   Reply reply;
   try {
@@ -121,6 +124,17 @@ void TokenStore::hello(Clock::time_point deadline) {
   const std::string message(in.bytes(wire::kMaxHelloBytes));
   ::close(fd_);
   fd_ = -1;
+  if (message.rfind(wire::kOtherRunPrefix, 0) == 0) {
+    const std::string theirs = message.substr(std::strlen(wire::kOtherRunPrefix));
+    TANDEM_THROW(CommError,
+                 "the rendezvous store at {}:{} belongs to Slurm job step {}, but this process "
+                 "runs in step {}: two steps running at once use the same port, and this process "
+                 "would have joined the other step's job. Give each step that runs at the same "
+                 "time its own port: a different MASTER_PORT for each srun (`MASTER_PORT=29501 "
+                 "srun ...`), or no MASTER_PORT, so that tandem derives one per step "
+                 "(docs/slurm.md)",
+                 host_, port_, theirs, run_scope_);
+  }
   if (message.find("token") != std::string::npos) {
     TANDEM_THROW(CommError,
                  "the rendezvous store at {}:{} refused this process: the store token did not "
@@ -297,7 +311,7 @@ void TokenStore::wait(const std::vector<std::string>& keys,
 }
 
 c10::intrusive_ptr<c10d::Store> TokenStore::clone_store() {
-  auto copy = c10::make_intrusive<TokenStore>(host_, port_, token_, timeout_);
+  auto copy = c10::make_intrusive<TokenStore>(host_, port_, token_, timeout_, run_scope_);
   copy->keep_alive(server_);
   return copy;
 }

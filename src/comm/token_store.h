@@ -23,9 +23,11 @@ class TokenStore : public compat::StoreBase {
   // Connects to host:port, retrying until `timeout` has passed (rank 0 may
   // start after the others), and presents `token`. `timeout` is also the
   // store timeout of get() and wait(). Throws TimeoutError when nothing
-  // answers in time, CommError when the store refuses the token or is not
-  // tandem's store.
-  TokenStore(std::string host, int port, std::string token, std::chrono::milliseconds timeout);
+  // answers in time, CommError when the store refuses the token, belongs to
+  // another run than `run_scope` (StoreServerOptions::run_scope; empty:
+  // none) or is not tandem's store.
+  TokenStore(std::string host, int port, std::string token, std::chrono::milliseconds timeout,
+             std::string run_scope = "");
   ~TokenStore() override;
 
   // Keeps `server` running for as long as this store (and its clones) live:
@@ -70,6 +72,7 @@ class TokenStore : public compat::StoreBase {
   std::string host_;
   int port_;
   std::string token_;
+  std::string run_scope_;
   std::mutex mutex_;
   int fd_ = -1;
   std::shared_ptr<StoreServer> server_;

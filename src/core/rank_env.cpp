@@ -61,10 +61,16 @@ bool read_debug_detail(const VarMap& vars) {
 
 void read_master(const VarMap& vars, RankEnv& env) {
   env.master_addr = get(vars, "MASTER_ADDR", env.master_addr);
-  env.master_port = parse_int(vars, "MASTER_PORT", env.master_port, 0);
-  if (env.master_port > 65535) {
-    TANDEM_THROW(UsageError, "MASTER_PORT={} is out of range 1-65535", env.master_port);
+  const std::string* port = find_variable(vars, "MASTER_PORT");
+  if (port == nullptr) return;
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(port->c_str(), &end, 10);
+  if (errno != 0 || end == port->c_str() || *end != '\0' || value < 0 || value > 65535) {
+    TANDEM_THROW(UsageError, "MASTER_PORT='{}' is not a port number (1-65535); fix or unset it",
+                 *port);
   }
+  env.master_port = static_cast<int>(value);
 }
 
 void validate(const RankEnv& env, const char* rank_var, const char* world_var) {
@@ -210,6 +216,11 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
   env.debug_detail = read_debug_detail(vars);
   env.store_token = get(vars, "TANDEM_STORE_TOKEN", "");
   env.error_file = get(vars, "TANDEM_ERROR_FILE", get(vars, "TORCHELASTIC_ERROR_FILE", ""));
+  if (const std::string* job = find_variable(vars, "SLURM_JOB_ID")) {
+    // Also under a launcher: its workers inherit the step's variables.
+    const std::string* step = find_variable(vars, "SLURM_STEP_ID");
+    env.slurm_step = *job + "." + (step != nullptr && !step->empty() ? *step : "batch");
+  }
   if (find_variable(vars, "RANK") && find_variable(vars, "WORLD_SIZE")) {
     env.source = RankEnvSource::kTorchrun;
     env.rank = parse_int(vars, "RANK", 0, 0);
@@ -231,7 +242,11 @@ RankEnv RankEnv::from_map(const VarMap& vars) {
     env.local_world_size = step->local_tasks();
     env.node_rank = step->node_id;
     env.master_addr = step->hosts.front();
-    if (!step->job_id.empty()) env.master_port = slurm_job_port(step->job_id);
+    // Only without MASTER_PORT (read_master below): a job id that is not
+    // a number is an error only when the port comes from it.
+    if (!step->job_id.empty() && !find_variable(vars, "MASTER_PORT")) {
+      env.master_port = slurm_step_port(step->job_id, step->step_id);
+    }
     env.threads = step->cpus_per_task;
     read_master(vars, env);
     validate(env, "SLURM_PROCID", "SLURM_NTASKS");

@@ -1,6 +1,7 @@
 #include "tandem/core/slurm.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -152,9 +153,32 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& list) {
   return counts;
 }
 
-int slurm_job_port(const std::string& job_id) {
+int slurm_step_port(const std::string& job_id, const std::string& step_id) {
+  TANDEM_CHECK_ARG(all_digits(job_id),
+                   "SLURM_JOB_ID='{}' is not a job id (a number), so no rendezvous port can be "
+                   "derived from it; unset it outside a Slurm job, or give MASTER_PORT",
+                   job_id);
+  TANDEM_CHECK_ARG(step_id.empty() || all_digits(step_id),
+                   "SLURM_STEP_ID='{}' is not a step id (a number), so no rendezvous port can be "
+                   "derived from it; unset it outside a Slurm job, or give MASTER_PORT",
+                   step_id);
   const std::string digits = job_id.size() > 4 ? job_id.substr(job_id.size() - 4) : job_id;
-  return 15000 + (all_digits(digits) ? std::stoi(digits) : 0);
+  const std::string step_digits = step_id.size() > 4 ? step_id.substr(step_id.size() - 4) : step_id;
+  const int step = step_digits.empty() ? 0 : std::stoi(step_digits) % 5;
+  return 15000 + std::stoi(digits) + 10000 * step;
+}
+
+std::optional<bool> slurm_batch_flag(const std::string& scontrol_show_job) {
+  // Fields are "Key=Value" separated by spaces (one line with -o).
+  const std::string key = "BatchFlag=";
+  for (std::size_t at = scontrol_show_job.find(key); at != std::string::npos;
+       at = scontrol_show_job.find(key, at + 1)) {
+    if (at > 0 && !std::isspace(static_cast<unsigned char>(scontrol_show_job[at - 1]))) continue;
+    const std::size_t value_at = at + key.size();
+    const char value = value_at < scontrol_show_job.size() ? scontrol_show_job[value_at] : '\0';
+    if (value == '0' || value == '1') return value == '1';
+  }
+  return std::nullopt;
 }
 
 std::string SlurmStep::describe() const {

@@ -248,6 +248,36 @@ TEST(Store, WrongOrMissingTokenIsRefusedWithTheFix) {
   EXPECT_NO_THROW(client(server));
 }
 
+// Two Slurm steps of one job share the token; with one port, a rank of one
+// would join the other's job. The store knows its step and refuses.
+TEST(Store, AClientOfAnotherRunIsRefusedNamingBothRuns) {
+  StoreServerOptions o = options();
+  o.run_scope = "10068.0";
+  StoreServer server(o);
+  try {
+    c10::make_intrusive<TokenStore>("127.0.0.1", server.port(), kToken, milliseconds(2000),
+                                    "10068.1");
+    FAIL() << "a client of step 10068.1 was let into step 10068.0's store";
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("belongs to Slurm job step 10068.0"), std::string::npos) << what;
+    EXPECT_NE(what.find("runs in step 10068.1"), std::string::npos) << what;
+    EXPECT_NE(what.find("MASTER_PORT"), std::string::npos) << what;
+  }
+  // The same step, and a client that names none (outside Slurm), get in.
+  EXPECT_NO_THROW(c10::make_intrusive<TokenStore>("127.0.0.1", server.port(), kToken,
+                                                  milliseconds(2000), "10068.0"));
+  EXPECT_NO_THROW(client(server));
+  // A wrong token is refused for its token, before the step is looked at.
+  try {
+    c10::make_intrusive<TokenStore>("127.0.0.1", server.port(), "wrong", milliseconds(2000),
+                                    "10068.1");
+    FAIL();
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("token did not match"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Store, RefusedHelloGetsARefusalAndTheConnectionClosed) {
   StoreServer server(options());
   RawConnection raw(server.port());

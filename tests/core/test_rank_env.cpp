@@ -153,5 +153,18 @@ TEST(StoreTokenFile, IsMadePrivateOnceAndAnythingOthersCouldTouchIsRefused) {
   }
 }
 
+TEST(RankEnv, AMasterPortThatIsNotAPortSaysTheRange) {
+  for (const std::string port : {"abc", "-1", "70000"}) {
+    try {
+      RankEnv::from_map({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", port}});
+      FAIL() << port;
+    } catch (const UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("MASTER_PORT='" + port + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("1-65535"), std::string::npos) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem

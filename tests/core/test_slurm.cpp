@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "support/usage_error.h"
 #include "tandem/core/error.h"
 #include "tandem/core/rank_env.h"
@@ -55,11 +57,18 @@ TEST(SlurmTasksPerNode, ExpandsRepeats) {
   }
 }
 
-TEST(SlurmJobPort, IsTheSameOnEveryNodeAndStaysInItsRange) {
-  EXPECT_EQ(slurm_job_port("12"), 15012);
-  EXPECT_EQ(slurm_job_port("123456"), 18456);
-  EXPECT_EQ(slurm_job_port("9999"), 24999);
-  EXPECT_EQ(slurm_job_port("4_2"), 15000);  // an array task id: no digits to use
+TEST(SlurmStepPort, StepZeroKeepsLightningsRuleAndStaysInItsRange) {
+  EXPECT_EQ(slurm_step_port("12", "0"), 15012);
+  EXPECT_EQ(slurm_step_port("123456", "0"), 18456);
+  EXPECT_EQ(slurm_step_port("9999", "0"), 24999);
+  EXPECT_EQ(slurm_step_port("9999", ""), 24999);  // the batch script: no step
+  EXPECT_EQ(slurm_step_port("9999", "4"), 64999);  // the highest it gives
+}
+
+TEST(SlurmStepPort, AJobIdThatIsNotANumberIsAnErrorNamingTheVariable) {
+  EXPECT_USAGE_ERROR(slurm_step_port("abc", "0"), "SLURM_JOB_ID='abc'");
+  EXPECT_USAGE_ERROR(slurm_step_port("", "0"), "SLURM_JOB_ID=''");
+  EXPECT_USAGE_ERROR(slurm_step_port("12", "x"), "SLURM_STEP_ID='x'");
 }
 
 // As srun -N2 --ntasks-per-node=2 sets it for the last task.
@@ -84,6 +93,7 @@ TEST(SlurmStep, ReadsAnSrunTask) {
   EXPECT_EQ(step->local_tasks(), 2);
   EXPECT_EQ(step->cpus_per_task, 2);
   EXPECT_EQ(step->describe(), "Slurm job 42.0 on n[0-1]: node 1 of 2, task 3 of 4");
+  EXPECT_EQ(step->name(), "42.0");
   EXPECT_FALSE(SlurmStep::from_map({{"SLURM_PROCID", "0"}}).has_value());
   EXPECT_FALSE(SlurmStep::from_map({}).has_value());
 }
@@ -104,9 +114,48 @@ TEST(SlurmStep, AProgramTheBatchScriptRunsDirectlyIsAlone) {
   ASSERT_TRUE(step.has_value());
   EXPECT_TRUE(step->in_batch_script());
   EXPECT_EQ(step->describe(), "Slurm job 42 (batch script) on n[0-1]: node 0 of 2, task 0 of 4");
+  EXPECT_EQ(step->name(), "42.batch");
   const RankEnv env = RankEnv::from_map(vars);
   EXPECT_FALSE(env.launched());
   EXPECT_EQ(env.world_size, 1);
+}
+
+// Two srun steps of one job running at once on one node (job 10068's steps
+// a and b): each step's tasks agree on one port, and the steps' ports
+// differ, as do two jobs'.
+TEST(SlurmStep, TwoStepsOfOneJobDeriveDifferentPortsEveryTaskOfAStepTheSame) {
+  auto task = [](const std::string& job, const std::string& step, int node, int proc) {
+    auto vars = srun_task();
+    vars["SLURM_JOB_ID"] = job;
+    vars["SLURM_STEP_ID"] = step;
+    vars["SLURM_NODEID"] = std::to_string(node);
+    vars["SLURM_PROCID"] = std::to_string(proc);
+    vars["SLURM_LOCALID"] = std::to_string(proc % 2);
+    return RankEnv::from_map(vars);
+  };
+  EXPECT_EQ(task("10068", "0", 0, 0).master_port, 15068);
+  EXPECT_EQ(task("10068", "0", 1, 3).master_port, 15068);
+  EXPECT_EQ(task("10068", "1", 0, 0).master_port, task("10068", "1", 1, 3).master_port);
+  std::set<int> ports;
+  for (const std::string step : {"0", "1", "2", "3", "4"}) {
+    ports.insert(task("10068", step, 1, 2).master_port);
+  }
+  EXPECT_EQ(ports.size(), 5u) << "steps 0-4 of one job must not share a port";
+  for (const std::string step : {"0", "1", "2", "3", "4"}) {
+    EXPECT_EQ(ports.count(task("10069", step, 0, 0).master_port), 0u) << step;
+  }
+  EXPECT_EQ(task("10068", "1", 0, 0).slurm_step, "10068.1");
+  // MASTER_PORT wins, and then the job id is not read for a port.
+  auto vars = srun_task();
+  vars["MASTER_PORT"] = "29511";
+  vars["SLURM_JOB_ID"] = "abc";
+  EXPECT_EQ(RankEnv::from_map(vars).master_port, 29511);
+}
+
+TEST(SlurmStep, AJobIdThatIsNotANumberIsAnErrorNotPort15000) {
+  auto vars = srun_task();
+  vars["SLURM_JOB_ID"] = "abc";
+  EXPECT_USAGE_ERROR(RankEnv::from_map(vars), "SLURM_JOB_ID='abc'");
 }
 
 TEST(SlurmStep, UnevenTasksPerNodeGiveEachNodeItsOwnCount) {

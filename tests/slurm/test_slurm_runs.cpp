@@ -48,7 +48,7 @@ std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::
 }
 
 // srun starts every worker itself: ranks, local ranks and the master come
-// from the step, the port from the job id.
+// from the step, the port from the job and step id.
 void srun_direct(int hosts, int tasks_per_node) {
   SlurmCluster slurm(hosts);
   if (!slurm.ok()) GTEST_SKIP() << "skipped: " << slurm.why();

@@ -75,7 +75,8 @@ void throw_if_stop_signal() {
 
 c10::intrusive_ptr<c10d::Store> connect_rendezvous_store(const std::string& host, int port,
                                                          const std::string& token,
-                                                         milliseconds timeout) {
+                                                         milliseconds timeout,
+                                                         const std::string& run_scope) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     throw_if_stop_signal();
@@ -83,7 +84,8 @@ c10::intrusive_ptr<c10d::Store> connect_rendezvous_store(const std::string& host
         deadline - std::chrono::steady_clock::now());
     try {
       return connect_store(host, port, token,
-                           std::max(milliseconds(1), std::min(left, milliseconds(1000))));
+                           std::max(milliseconds(1), std::min(left, milliseconds(1000))),
+                           run_scope);
     } catch (const TimeoutError& e) {
       // Not up yet: look at the signals, then try again, until the deadline.
       if (left > milliseconds(1000)) continue;

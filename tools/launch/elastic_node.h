@@ -48,7 +48,8 @@ void throw_if_stop_signal();
 // nothing answers within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_rendezvous_store(const std::string& host, int port,
                                                          const std::string& token,
-                                                         std::chrono::milliseconds timeout);
+                                                         std::chrono::milliseconds timeout,
+                                                         const std::string& run_scope = "");
 
 // Runs the node's rounds until the job ends; returns the launcher's exit
 // code: 0 when the job finished (with or without this node), 1 when it

@@ -242,7 +242,12 @@ int run_launch_command(int argc, char** argv) {
   // Flags, then the Slurm step this launcher runs in, then the environment,
   // then the config file: a bad file or value stops here (exit 2), before
   // any worker starts.
-  if (const std::string told = apply_slurm_step(SlurmStep::from_environment(), opts);
+  const std::optional<SlurmStep> slurm = SlurmStep::from_environment();
+  set_launcher_in_slurm_job(std::getenv("SLURM_JOB_ID") != nullptr);
+  // The store refuses launchers and workers of another step of the job
+  // (StoreServerOptions::run_scope); the workers read the same step.
+  const std::string run_scope = slurm ? slurm->name() : "";
+  if (const std::string told = apply_slurm_step(slurm, opts, std::getenv("MASTER_PORT"));
       !told.empty()) {
     std::fprintf(stderr, "%s\n", told.c_str());
   }
@@ -365,6 +370,7 @@ int run_launch_command(int argc, char** argv) {
     store_options.host = opts.master_addr;
     store_options.port = opts.master_port;
     store_options.token = store_token;
+    store_options.run_scope = run_scope;
     store_options.port_in_use_advice = port_in_use_advice(opts);
     store = std::make_unique<StoreServer>(store_options);
   };
@@ -406,7 +412,8 @@ int run_launch_command(int argc, char** argv) {
     if (joins_busy_port) timeout = std::min(timeout, std::chrono::milliseconds(10000));
     c10::intrusive_ptr<c10d::Store> meeting;
     try {
-      meeting = connect_rendezvous_store(opts.master_addr, opts.master_port, store_token, timeout);
+      meeting = connect_rendezvous_store(opts.master_addr, opts.master_port, store_token, timeout,
+                                         run_scope);
     } catch (const CommError& e) {
       if (!joins_busy_port) throw;
       TANDEM_THROW(CommError,
@@ -478,7 +485,7 @@ int run_launch_command(int argc, char** argv) {
     const char* limit = std::getenv("TANDEM_TIMEOUT_S");
     const int timeout_s = limit != nullptr && std::atoi(limit) > 0 ? std::atoi(limit) : 600;
     auto meeting = connect_store(opts.master_addr, master_port, store_token,
-                                 std::chrono::seconds(timeout_s));
+                                 std::chrono::seconds(timeout_s), run_scope);
     check_node_layouts(*meeting, plan.layout, opts.nnodes, /*hosts_store=*/store != nullptr);
   }
 

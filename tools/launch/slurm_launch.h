@@ -16,9 +16,14 @@ namespace tandem::cli {
 
 // Fills the node settings no flag gave (--nnodes, --node-rank,
 // --master-addr, --master-port) from `step`, before the config file fills
-// the rest. Returns the line the launcher prints about what it read ("" when
-// `step` is empty or the launch does not use it: --hostfile, --standalone).
-// Throws UsageError for a launch that would run as several separate jobs.
-std::string apply_slurm_step(const std::optional<SlurmStep>& step, LaunchOptions& opts);
+// the rest. The port is `master_port_env` (MASTER_PORT; nullptr when unset)
+// if given, else the step's (slurm_step_port), also on one node, so that
+// two jobs sharing a node do not collide. Returns what the launcher prints
+// about what it read, warnings included ("" when `step` is empty or the
+// launch does not use it: --hostfile). Throws UsageError for a launch that
+// would run as several separate jobs or cannot match the step (--nnodes
+// other than the step's node count), and for a malformed MASTER_PORT.
+std::string apply_slurm_step(const std::optional<SlurmStep>& step, LaunchOptions& opts,
+                             const char* master_port_env = nullptr);
 
 }  // namespace tandem::cli

@@ -26,6 +26,7 @@ namespace tandem::cli {
 namespace {
 
 int g_signal_pipe[2] = {-1, -1};
+bool g_in_slurm_job = false;
 
 void on_signal(int sig) {
   int saved = errno;
@@ -47,6 +48,12 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 }
 
 }  // namespace
+
+bool repeat_stops_now(int repeat, bool in_slurm_job) {
+  return !(in_slurm_job && repeat == SIGTERM);
+}
+
+void set_launcher_in_slurm_job(bool in_slurm_job) { g_in_slurm_job = in_slurm_job; }
 
 void install_launcher_signal_handlers() {
   if (g_signal_pipe[0] >= 0) return;
@@ -321,6 +328,7 @@ GroupResult WorkerGroup::run() {
           continue;
         }
         if (result.launcher_signal != 0) {
+          if (!repeat_stops_now(sig, g_in_slurm_job)) continue;
           signal_all(SIGKILL);  // second signal: stop now
           killed = true;
         }

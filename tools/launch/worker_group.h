@@ -138,4 +138,16 @@ void install_launcher_signal_handlers();
 // install_launcher_signal_handlers(); single-threaded, as run().
 int take_stop_signal();
 
+// Whether a stop signal `repeat`, arriving after a first one, has the
+// launcher SIGKILL its workers at once ("stop now": a second Ctrl-C).
+// Inside a Slurm job a repeated SIGTERM does not: Slurm sends it twice at a
+// time limit or scancel (slurmstepd, and srun forwarding its
+// own), and its KillWait SIGKILL is the escalation; the workers keep their
+// grace period to save. Pure; thread-safe.
+bool repeat_stops_now(int repeat, bool in_slurm_job);
+
+// Tells every WorkerGroup of this process that it runs inside a Slurm job
+// (SLURM_JOB_ID), for repeat_stops_now(). Call once, before run().
+void set_launcher_in_slurm_job(bool in_slurm_job);
+
 }  // namespace tandem::cli

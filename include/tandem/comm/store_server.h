@@ -29,6 +29,11 @@ struct StoreServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free port chosen by the kernel (see StoreServer::port())
   std::string token;  // empty: only clients with an empty token are let in
+  // Which run the store belongs to: under Slurm the job step ("10068.0",
+  // SlurmStep::name()). A client naming another run is refused with both
+  // names, even with the right token: two steps of one job share the token
+  // and, with one MASTER_PORT, would otherwise form one job. Empty: no check.
+  std::string run_scope;
   // What the error for a port in use tells the user to do, in the words of
   // whoever chose the port (`tandem launch` knows its flags); empty: pick
   // another MASTER_PORT.
@@ -66,19 +71,22 @@ class StoreServer {
   int port_ = 0;
   std::string address_;
   std::string token_;
+  std::string run_scope_;
   std::chrono::milliseconds handshake_timeout_;
   std::thread thread_;
 };
 
 // A client of a StoreServer at host:port, as a c10d::Store: it retries the
 // connection until `timeout` has passed (the server may start later),
-// presents `token`, and waits at most `timeout` in get() and wait(). Throws
+// presents `token` and `run_scope` (StoreServerOptions::run_scope; empty:
+// none), and waits at most `timeout` in get() and wait(). Throws
 // TimeoutError when nothing answers in time, CommError when the store
-// refuses the token. For launchers that meet through the store (`tandem
-// launch --rdzv-backend c10d`); thread-safe.
+// refuses the token or belongs to another run. For launchers that meet
+// through the store (`tandem launch --rdzv-backend c10d`); thread-safe.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
                                               const std::string& token,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& run_scope = "");
 
 // True when every address `host` resolves to is a loopback address
 // (127.0.0.0/8 or ::1), false when one is not or it does not resolve.

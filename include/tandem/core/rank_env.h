@@ -57,6 +57,12 @@ struct RankEnv {
   // (torchrun's) c10d TCPStore. from_environment() reads it from
   // TANDEM_STORE_TOKEN_FILE when that is set instead (store_token_from_file).
   std::string store_token;
+  // The Slurm job step this process runs in ("10068.1", SlurmStep::name()),
+  // also for a worker of a `tandem launch` that srun started; empty outside
+  // Slurm. The rendezvous store refuses a process of another step
+  // (StoreServerOptions::run_scope), so that two steps sharing a port never
+  // form one job.
+  std::string slurm_step;
 
   // True when some launcher set the environment, even for world 1.
   bool launched() const { return source != RankEnvSource::kNone; }

@@ -23,10 +23,20 @@ std::vector<std::string> expand_slurm_host_list(const std::string& list);
 // form) into one count per node: 2 2 2 1. Throws UsageError when malformed.
 std::vector<int> expand_slurm_tasks_per_node(const std::string& list);
 
-// The rendezvous port of a Slurm job that sets no MASTER_PORT, the same on
-// every node: 15000 + the job id's last four digits (PyTorch Lightning's
-// rule), so that two jobs sharing a node do not collide.
-int slurm_job_port(const std::string& job_id);
+// The rendezvous port of a Slurm step that sets no MASTER_PORT, the same on
+// every node and task of the step: 15000 + the job id's last four digits +
+// 10000 x (the step id mod 5). Step 0 and the batch script (no step id) get
+// PyTorch Lightning's port (15000 + the last four digits); two jobs sharing
+// a node differ unless their ids end in the same four digits, and up to 5
+// steps of one job running at once differ. Ports of steps 1-4 (25000-64999)
+// lie partly in Linux's default ephemeral range (32768-60999). Throws
+// UsageError naming SLURM_JOB_ID or SLURM_STEP_ID when one is not a number.
+int slurm_step_port(const std::string& job_id, const std::string& step_id);
+
+// What `scontrol show job -o JOB` says of the job's BatchFlag: true for a
+// job sbatch submitted (the only kind Slurm requeues), false for one srun or
+// salloc started; nullopt when the text has no BatchFlag (scontrol failed).
+std::optional<bool> slurm_batch_flag(const std::string& scontrol_show_job);
 
 // One task's view of the Slurm step it runs in.
 struct SlurmStep {
@@ -50,6 +60,10 @@ struct SlurmStep {
   int local_tasks() const { return tasks_per_node.at(static_cast<std::size_t>(node_id)); }
   // "job 12.0 on n[0-1]: node 1 of 2, task 3 of 4": for messages.
   std::string describe() const;
+  // "12.0", or "12.batch" in the batch script: which run of the job this
+  // process belongs to, for the rendezvous store's handshake
+  // (StoreServerOptions::run_scope).
+  std::string name() const { return job_id + "." + (step_id.empty() ? "batch" : step_id); }
 
   // The step this process runs in, read from `vars` (the environment);
   // nullopt outside Slurm (no SLURM_JOB_ID, or no SLURM_PROCID). Throws
