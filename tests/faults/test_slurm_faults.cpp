@@ -22,6 +22,7 @@ using testing::bin;
 using testing::file_exists;
 using testing::launch;
 using testing::none_alive;
+using testing::ProcessResult;
 using testing::ReservedPort;
 using testing::TempDir;
 using testing::wait_for_pids;
@@ -94,18 +95,25 @@ bool both_stopping(const TempDir& dir) {
 // twice: from slurmstepd, and from srun forwarding its own (jobs 10060 and
 // 10062). The repeat must not be taken for a second Ctrl-C: the workers keep
 // their grace period and save.
-TEST(SlurmFaults, ASigtermRepeatedInASlurmJobLetsTheWorkersFinishSaving) {
-  TempDir dir;
+// Two slow-saving workers under a launcher in Slurm job 10060, sent `sig`
+// twice: the repeat once the first has reached the workers (two signals
+// sent at once may be delivered as one). Returns the launcher's result.
+ProcessResult signal_twice_in_a_slurm_job(const TempDir& dir, int sig,
+                                          std::vector<pid_t>* pids) {
   BackgroundProcess p(launch({"--nproc-per-node", "2", "--standalone", slow_saving_worker(dir)}),
                       {"TANDEM_TEST_PID_DIR=" + dir.path(), "SLURM_JOB_ID=10060"});
-  const auto pids = wait_for_pids(dir.path(), 2);
-  ASSERT_EQ(pids.size(), 2u) << "workers did not start";
-  p.send(SIGTERM);
-  // The repeat comes once the first has reached the workers (two signals
-  // sent at once may be delivered as one).
-  ASSERT_TRUE(both_stopping(dir));
-  p.send(SIGTERM);
-  const auto r = p.wait(30);
+  *pids = wait_for_pids(dir.path(), 2);
+  EXPECT_EQ(pids->size(), 2u) << "workers did not start";
+  p.send(sig);
+  EXPECT_TRUE(both_stopping(dir));
+  p.send(sig);
+  return p.wait(30);
+}
+
+TEST(SlurmFaults, ASigtermRepeatedInASlurmJobLetsTheWorkersFinishSaving) {
+  TempDir dir;
+  std::vector<pid_t> pids;
+  const auto r = signal_twice_in_a_slurm_job(dir, SIGTERM, &pids);
   ASSERT_FALSE(r.timed_out);
   // The workers stopped for preemption, and the launcher says so (75).
   EXPECT_EQ(r.exit_code, 75) << r.err;
@@ -120,16 +128,8 @@ TEST(SlurmFaults, ASigtermRepeatedInASlurmJobLetsTheWorkersFinishSaving) {
 // SIGINT from an interactive user).
 TEST(SlurmFaults, ASecondSigintInASlurmJobStillStopsTheWorkersAtOnce) {
   TempDir dir;
-  BackgroundProcess p(launch({"--nproc-per-node", "2", "--standalone", slow_saving_worker(dir)}),
-                      {"TANDEM_TEST_PID_DIR=" + dir.path(), "SLURM_JOB_ID=10060"});
-  const auto pids = wait_for_pids(dir.path(), 2);
-  ASSERT_EQ(pids.size(), 2u) << "workers did not start";
-  p.send(SIGINT);
-  // The repeat comes once the first has reached the workers (two signals
-  // sent at once may be delivered as one).
-  ASSERT_TRUE(both_stopping(dir));
-  p.send(SIGINT);
-  const auto r = p.wait(30);
+  std::vector<pid_t> pids;
+  const auto r = signal_twice_in_a_slurm_job(dir, SIGINT, &pids);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 130) << r.err;
   EXPECT_FALSE(file_exists(dir.path() + "/saved0")) << r.err;
