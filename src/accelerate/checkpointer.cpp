@@ -21,6 +21,7 @@
 #include <fmt/ranges.h>
 
 #include "accelerate/step_controller.h"
+#include "comm/agreement.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
@@ -123,9 +124,7 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
   // end, so that none returns (and trains on) while another has failed.
   // Nothing in between is a collective that a failed rank skips: ZeRO's
   // shard loads finish their all-gathers before they rethrow.
-  std::exception_ptr failure;
-  std::string mine;
-  try {
+  const std::string failed = rank_failures(run_agreed(*group_, [&] {
     restore_models(checkpoint, options.load_optimizer_states);
     if (options.load_optimizer_states && !prepared_.optimizers().empty()) {
       restore_optimizers(checkpoint);
@@ -134,23 +133,11 @@ nlohmann::json Checkpointer::load_state(const std::string& dir, const LoadStateO
     restore_communication(checkpoint);
     restore_local_sgd(checkpoint);
     restore_custom_states(checkpoint);
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    mine = *e.what() != '\0' ? e.what() : "an exception without a message";
-  } catch (...) {
-    failure = std::current_exception();
-    mine = "an exception that is not a std::exception";
-  }
-  const std::vector<std::string> all = group_->all_gather_strings(mine);
-  if (failure) std::rethrow_exception(failure);
-  std::string errors;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty()) errors += fmt::format("\n  rank {}: {}", r, all[r]);
-  }
-  TANDEM_CHECK_FILE(errors.empty(),
+  }));
+  TANDEM_CHECK_FILE(failed.empty(),
                     "load_state('{}'): another rank failed to load its part of the checkpoint, "
                     "so this one stops too (its state is partly loaded):{}",
-                    dir, errors);
+                    dir, failed);
   return checkpoint.meta().value("client_state", nlohmann::json::object());
 }
 

@@ -10,6 +10,7 @@
 
 #include "accelerate/model_strategies.h"
 #include "accelerate/step_controller.h"
+#include "comm/agreement.h"
 #include "tandem/accelerate/prepared.h"
 #include "tandem/amp/master_weights.h"
 #include "tandem/checkpoint/checkpoint.h"
@@ -23,14 +24,18 @@
 namespace tandem::detail {
 namespace {
 
-// Every rank learns every rank's error message (empty: none) and all throw
-// the first, so no rank goes on into a collective alone.
-void agree_or_throw(ProcessGroup& group, const std::string& mine, const char* what) {
-  const std::vector<std::string> errors = group.all_gather_strings(mine);
+// Throws the first rank's error of every rank's `errors` (empty: none).
+void throw_first_failure(const std::vector<std::string>& errors, const char* what) {
   for (std::size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
     TANDEM_THROW(CheckpointError, "{}: [rank {}/{}] {}", what, r, errors.size(), errors[r]);
   }
+}
+
+// Every rank learns every rank's error message (empty: none) and all throw
+// the first, so no rank goes on into a collective alone.
+void agree_or_throw(ProcessGroup& group, const std::string& mine, const char* what) {
+  throw_first_failure(group.all_gather_strings(mine), what);
 }
 
 // load_model_weights into a model held whole on every rank, and into the
@@ -40,9 +45,9 @@ LoadSafetensorsResult load_whole_weights(torch::nn::Module& module, ProcessGroup
                                        const LoadSafetensorsOptions& options,
                                        const std::vector<const MasterWeights*>& masters) {
   LoadSafetensorsResult result;
-  std::string error;
-  std::exception_ptr own;
-  try {
+  // Ranks read the same files, so they normally fail alike; agreeing keeps
+  // one odd rank (a missing mount) from leaving the others in a collective.
+  const std::vector<std::string> errors = run_agreed(group, [&] {
     result = load_safetensors(module, path, options);
     // The optimizer steps fp32 masters of bf16/fp16 parameters: they take
     // the file's values too (at the file's precision, not the rounded one).
@@ -68,19 +73,8 @@ LoadSafetensorsResult load_whole_weights(torch::nn::Module& module, ProcessGroup
       }
     }
     if (set) result.bytes_read += set->bytes_read();
-  } catch (const std::exception& e) {
-    error = e.what();
-    own = std::current_exception();
-  }
-  // Ranks read the same files, so they normally fail alike; agreeing keeps
-  // one odd rank (a missing mount) from leaving the others in a collective.
-  const std::vector<std::string> errors = group.all_gather_strings(error);
-  if (own) std::rethrow_exception(own);
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (errors[r].empty()) continue;
-    TANDEM_THROW(CheckpointError, "load_model_weights: [rank {}/{}] {}", r, errors.size(),
-                 errors[r]);
-  }
+  });
+  throw_first_failure(errors, "load_model_weights");
   return result;
 }
 

@@ -19,6 +19,7 @@
 
 #include "checkpoint/checkpoint_fs.h"
 #include "checkpoint/checkpoint_meta.h"
+#include "comm/agreement.h"
 #include "tandem/checkpoint/checkpoint.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/comm/process_group.h"
@@ -30,14 +31,6 @@ namespace {
 // Every rank's error text (empty: success), identical on all ranks.
 std::vector<std::string> agree(ProcessGroup& pg, const std::string& error) {
   return pg.all_gather_strings(error);
-}
-
-std::string failures(const std::vector<std::string>& errors) {
-  std::string out;
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) out += fmt::format("\n  rank {}: {}", r, errors[r]);
-  }
-  return out;
 }
 
 void remove_stale_temporaries(const std::string& dir) {
@@ -115,7 +108,7 @@ bool find_folder_committers(ProcessGroup& pg, const std::string& dir, const std:
       }
     }
     const std::vector<std::string> errors = pg.all_gather_strings(error);
-    const std::string failed = failures(errors);
+    const std::string failed = detail::rank_failures(errors);
     if (!failed.empty()) {
       if (local_main) detail::remove_tree_quietly(tmp);
       TANDEM_THROW(CheckpointError, "save_state('{}') could not {} (save_on_each_node):{}", dir,
@@ -193,7 +186,7 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
   std::vector<std::string> errors = agree(pg, error);
   if (!errors[0].empty()) {
     TANDEM_THROW(CheckpointError, "save_state('{}', tag '{}') could not start:{}", dir, tag,
-                 failures(errors));
+                 detail::rank_failures(errors));
   }
 
   const std::string file = tmp + "/" + checkpoint_rank_file(rank);
@@ -204,7 +197,7 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
     error = e.what();
   }
   errors = agree(pg, error.empty() ? "" : error);
-  const std::string failed = failures(errors);
+  const std::string failed = detail::rank_failures(errors);
   std::vector<std::string> reports;
   if (failed.empty()) {
     reports = pg.all_gather_strings(
@@ -261,7 +254,7 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
   }
   if (committer && !error.empty() && detail::path_exists(tmp)) detail::remove_tree_quietly(tmp);
   errors = agree(pg, error);
-  const std::string commit_failures = failures(errors);
+  const std::string commit_failures = detail::rank_failures(errors);
   if (!commit_failures.empty()) {
     TANDEM_THROW(CheckpointError, "save_state('{}', tag '{}') failed to commit:{}", dir, tag,
                  commit_failures);
