@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/torch_compat.h"
+#include "tandem/comm/store_server.h"
 #include "tandem/core/error.h"
 
 namespace tandem {
@@ -22,11 +23,11 @@ namespace {
 // A listening TCP socket on host:port; returns the fd and sets `bound_port`.
 int listen_on(const std::string& host, int port, int& bound_port, const std::string& advice) {
   // c10d's store has no authentication: never on every interface at once.
-  TANDEM_CHECK_ARG(!host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]",
+  TANDEM_CHECK_ARG(!is_wildcard_host(host),
                    "the c10d store listens on one address, not '{}' (every interface), since "
                    "c10d's store protocol has no token: give node 0's own address "
                    "(MASTER_ADDR, --master-addr), or 127.0.0.1 for a single node",
-                   host.empty() ? std::string("") : host);
+                   host);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -67,6 +67,10 @@ void set_events(int epoll_fd, int fd, std::uint64_t tag, std::uint32_t events) {
 
 }  // namespace
 
+bool is_wildcard_host(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
 bool is_loopback_host(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -84,7 +88,7 @@ StoreServer::StoreServer(const StoreServerOptions& options)
     : token_(options.token),
       run_scope_(options.run_scope),
       handshake_timeout_(options.handshake_timeout) {
-  TANDEM_CHECK_ARG(!options.host.empty() && options.host != "0.0.0.0" && options.host != "::",
+  TANDEM_CHECK_ARG(!is_wildcard_host(options.host),
                    "the rendezvous store listens on one address, not '{}' (every interface): "
                    "give node 0's own address, or 127.0.0.1 for a single node",
                    options.host);

@@ -171,8 +171,7 @@ std::string read_store_token_file(const std::string& path) {
 }  // namespace
 
 std::string store_token_from_file(const std::string& path) {
-  auto read_token = [&]() { return read_store_token_file(path); };
-  std::string token = read_token();
+  std::string token = read_store_token_file(path);
   if (!token.empty()) return token;
   token = detail::random_token_hex();
   const std::string temp = path + ".tmp" + std::to_string(::getpid());
@@ -196,7 +195,7 @@ std::string store_token_from_file(const std::string& path) {
     TANDEM_THROW(UsageError, "TANDEM_STORE_TOKEN_FILE={}: cannot create it: {}", path,
                  std::strerror(error));
   }
-  token = read_token();
+  token = read_store_token_file(path);
   if (token.empty()) {
     TANDEM_THROW(UsageError, "TANDEM_STORE_TOKEN_FILE={} is empty; remove it and start again", path);
   }

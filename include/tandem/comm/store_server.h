@@ -92,6 +92,10 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& host, int port,
 // (127.0.0.0/8 or ::1), false when one is not or it does not resolve.
 bool is_loopback_host(const std::string& host);
 
+// True for an address that means every interface ("", 0.0.0.0, ::, [::]),
+// which neither tandem's store nor the c10d store it hosts listens on.
+bool is_wildcard_host(const std::string& host);
+
 // 32 bytes from the kernel's random source, as 64 hex digits.
 std::string random_store_token();
 
