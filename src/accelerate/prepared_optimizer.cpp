@@ -350,7 +350,7 @@ at::Tensor AcceleratedOptimizer::step(LossClosure closure) {
 void AcceleratedOptimizer::zero_grad() { core_->zero_grad(*this); }
 
 bool AcceleratedOptimizer::step_was_skipped() const {
-  return core_->controller().optimizer(core_->id()).last_step_skipped;
+  return core_->controller().optimizer(core_->id()).last_step_skipped();
 }
 
 void AcceleratedOptimizer::save(torch::serialize::OutputArchive& archive) const {

@@ -56,7 +56,6 @@ void StepController::before_backward() {
 void StepController::step_deferred(int id) {
   OptimizerRecord& r = record(id);
   r.deferred = true;
-  r.last_step_skipped = true;
 }
 
 void StepController::note_clipped(int id) { record(id).clipped = true; }
@@ -64,7 +63,6 @@ void StepController::note_clipped(int id) { record(id).clipped = true; }
 void StepController::optimizer_step(int id, bool taken) {
   OptimizerRecord& r = record(id);
   if (taken) ++r.steps;
-  r.last_step_skipped = !taken;
   r.last_sync_skipped = !taken;
   r.zeroed = false;
   r.deferred = false;
@@ -130,7 +128,6 @@ void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>
     r.zeroed = false;
     r.deferred = false;
     r.clipped = false;
-    r.last_step_skipped = false;
     r.last_sync_skipped = false;
   }
   state_.optimizer_steps = optimizer_steps;

@@ -54,10 +54,11 @@ struct OptimizerRecord {
   bool zeroed = false;         // zero_grad() zeroed since its last real or skipped step
   bool deferred = false;       // step() deferred (no sync) since its last real or skipped step
   bool clipped = false;        // clip_grad_norm() ran for the pending step
-  bool last_step_skipped = false;
   // Its last synchronising step() found inf/NaN gradients (Accelerate's
   // step_was_skipped: micro-steps in between leave it as it was).
   bool last_sync_skipped = false;
+  // The last step() changed nothing: a deferred one since, or an overflow.
+  bool last_step_skipped() const { return deferred || last_sync_skipped; }
 };
 
 class StepController {

@@ -67,7 +67,7 @@ TEST(StepController, ASkippedStepConsumesTheGradientsButIsNotCounted) {
   c.before_backward();
   c.after_backward();
   c.optimizer_step(opt, /*taken=*/false);
-  EXPECT_TRUE(c.optimizer(opt).last_step_skipped);
+  EXPECT_TRUE(c.optimizer(opt).last_step_skipped());
   EXPECT_FALSE(c.gradients_pending());
   EXPECT_EQ(c.state().optimizer_steps, 0);
 }
@@ -104,16 +104,16 @@ TEST(StepController, EachOptimizerKnowsWhetherItsOwnStepWasSkipped) {
   c.end_step(a);
   c.optimizer_step(b, /*taken=*/false);
   c.end_step(b);
-  EXPECT_FALSE(c.optimizer(a).last_step_skipped);
-  EXPECT_TRUE(c.optimizer(b).last_step_skipped);
+  EXPECT_FALSE(c.optimizer(a).last_step_skipped());
+  EXPECT_TRUE(c.optimizer(b).last_step_skipped());
   c.before_backward();
   c.after_backward();
   c.optimizer_step(b, /*taken=*/true);
   c.end_step(b);
   c.optimizer_step(a, /*taken=*/false);
   c.end_step(a);
-  EXPECT_TRUE(c.optimizer(a).last_step_skipped);
-  EXPECT_FALSE(c.optimizer(b).last_step_skipped);
+  EXPECT_TRUE(c.optimizer(a).last_step_skipped());
+  EXPECT_FALSE(c.optimizer(b).last_step_skipped());
   EXPECT_EQ(c.state().optimizer_steps, 1);
 }
 
