@@ -43,6 +43,7 @@ Accelerator::Impl::Impl(Config file_config_in, ConfigEnv env_in,
   TANDEM_CHECK_ARG(options.total_limit >= 0 && options.iteration >= 0,
                    "AcceleratorOptions: total_limit ({}) and iteration ({}) must be >= 0",
                    options.total_limit, options.iteration);
+  prepared.controller()->set_sync_rules(options.sync_with_dataloader, options.sync_each_batch);
   detail::Trackers::Settings tracking;
   tracking.log_with = options.log_with;
   tracking.project_dir = options.project_dir;

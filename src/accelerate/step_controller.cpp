@@ -32,13 +32,14 @@ OptimizerRecord& StepController::record(int id) {
 void StepController::begin_micro_step() {
   ++micro_steps_begun_;
   ++state_.micro_step;
-  // The last batch of a pass always synchronises, so an epoch whose length
-  // is not a multiple of the accumulation steps never leaks partial sums
-  // into the next epoch (Accelerate's sync_with_dataloader).
-  state_.sync_gradients =
-      state_.end_of_dataloader || state_.micro_step % state_.accumulation_steps == 0;
+  // The last batch of a pass synchronises (unless sync_with_dataloader is
+  // off), so an epoch whose length is not a multiple of the accumulation
+  // steps never leaks partial sums into the next epoch.
+  state_.sync_gradients = (sync_with_dataloader_ && state_.end_of_dataloader) ||
+                          state_.micro_step % state_.accumulation_steps == 0;
   if (state_.sync_gradients) state_.micro_step = 0;
-  for (const auto& set_sync : sync_targets_) set_sync(state_.sync_gradients);
+  const bool reduce = state_.sync_gradients || sync_each_batch_;
+  for (const auto& set_sync : sync_targets_) set_sync(reduce);
 }
 
 bool StepController::enter_accumulate_guard() {

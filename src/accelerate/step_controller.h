@@ -69,6 +69,14 @@ class StepController {
 
   // Configuration (prepare time).
   void set_accumulation_steps(int64_t steps);
+  // Accelerate's GradientAccumulationPlugin switches. with_dataloader: the
+  // last batch of a pass ends the accumulation cycle (sync_with_dataloader).
+  // each_batch: gradients are reduced in every micro-step's backward, the
+  // optimizer still steps once per cycle (sync_each_batch).
+  void set_sync_rules(bool with_dataloader, bool each_batch) {
+    sync_with_dataloader_ = with_dataloader;
+    sync_each_batch_ = each_batch;
+  }
   // Something whose gradient sync follows sync_gradients (a model
   // strategy's DDP or ZeRO optimizer): called with the new value at the
   // start of every micro-step. The function keeps what it needs alive, so a
@@ -162,6 +170,8 @@ class StepController {
   std::function<void()> boundary_hook_;
   std::vector<OptimizerRecord> optimizers_;
   std::vector<std::function<void(bool)>> sync_targets_;
+  bool sync_with_dataloader_ = true;
+  bool sync_each_batch_ = false;
 };
 
 }  // namespace detail

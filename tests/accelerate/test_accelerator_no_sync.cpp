@@ -121,6 +121,69 @@ TEST_P(NoSync, GradientsStayLocalInsideAndTheSyncedBackwardMatchesAccumulation) 
 INSTANTIATE_TEST_SUITE_P(WorldsAndStages, NoSync,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values(0, 1)));
 
+// Accelerate's GradientAccumulationPlugin(sync_each_batch=True): every
+// micro-step's backward reduces, so no unreduced gradients wait between
+// micro-steps, and the step is still the accumulation over the cycle.
+class SyncEachBatch : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(SyncEachBatch, EveryBackwardReducesAndTheStepEqualsAccumulation) {
+  const auto [world, stage] = GetParam();
+  const Mlp init = reference_init();
+  const Dataset data = make_dataset(world * kBatch * 2);
+  std::vector<at::Tensor> g0(world);
+  at::Tensor mean0;
+  at::Tensor mean_sum;
+  for (int r = 0; r < world; ++r) {
+    g0[r] = local_grad(init, rows(data.x, world, r, 0), rows(data.y, world, r, 0));
+    at::Tensor g = g0[r] + local_grad(init, rows(data.x, world, r, 1), rows(data.y, world, r, 1));
+    mean0 = r == 0 ? g0[r] : mean0 + g0[r];
+    mean_sum = r == 0 ? g : mean_sum + g;
+  }
+  mean0 = mean0 / world;
+  mean_sum = mean_sum / world;
+  // Two micro-steps per cycle: backward() halves each loss.
+  const at::Tensor expected_params = flat_params(*init) - kLr * mean_sum / 2;
+
+  run_ranks(world, [&, world = world, stage = stage](ProcessGroup& pg) {
+    Config config = config_for_stage(stage);
+    config.gradient_accumulation_steps = 2;
+    AcceleratorOptions options;
+    options.sync_each_batch = true;
+    Accelerator accelerator(pg.shared_from_this(), config, options);
+    Mlp model(kIn, kHidden, kOut);
+    copy_state(*model, *init);
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(
+        std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(kLr)));
+    const int r = pg.rank();
+    for (int m = 0; m < 2; ++m) {
+      const uint64_t collectives = pg.sequence_number();
+      accelerator.backward(torch::mse_loss(model->forward(rows(data.x, world, r, m)),
+                                           rows(data.y, world, r, m)));
+      EXPECT_EQ(accelerator.sync_gradients(), m == 1);
+      EXPECT_GT(pg.sequence_number(), collectives) << "micro-step " << m << " did not reduce";
+      if (stage == 0 && m == 0) {
+        const at::Tensor reduced = flat_grads(*model);
+        EXPECT_TRUE(torch::allclose(reduced, mean0 / 2, 1e-5, 1e-6))
+            << "rank " << r << " max diff " << (reduced - mean0 / 2).abs().max().item<double>();
+      }
+      optimizer->step();
+      optimizer->zero_grad();
+      if (m == 0) {
+        EXPECT_TRUE(torch::equal(flat_params(*model), flat_params(*init)))
+            << "the optimizer stepped inside the cycle";
+      }
+    }
+    const at::Tensor params = flat_params(*model);
+    EXPECT_TRUE(torch::allclose(params, expected_params, 1e-5, 1e-6))
+        << "rank " << r << " stage " << stage << " max diff "
+        << (params - expected_params).abs().max().item<double>();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndStages, SyncEachBatch,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(0, 1, 2)));
+
 TEST(NoSyncErrors, IsRefusedUnderZeroStages2And3) {
   const Mlp init = reference_init();
   for (int stage : {2, 3}) {

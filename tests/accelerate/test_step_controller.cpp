@@ -46,6 +46,41 @@ TEST(StepController, TheLastBatchOfAPassSynchronisesAndRestartsTheCycle) {
   EXPECT_EQ(syncs_over(c, 3), (std::vector<bool>{false, false, true}));
 }
 
+// Accelerate's GradientAccumulationPlugin(sync_with_dataloader=False): a
+// pass's last batch no longer cuts the cycle short; micro-batches are
+// counted across passes.
+TEST(StepController, WithoutSyncWithDataloaderTheCycleRunsIntoTheNextPass) {
+  StepController c(3);
+  c.set_sync_rules(/*with_dataloader=*/false, /*each_batch=*/false);
+  BatchReport last;
+  last.last_of_pass = true;
+  std::vector<bool> syncs;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int b = 0; b < 4; ++b) {
+      c.next_batch(b == 3 ? last : BatchReport{});
+      syncs.push_back(syncs_over(c, 1)[0]);
+    }
+    c.end_of_pass();
+  }
+  EXPECT_EQ(syncs, (std::vector<bool>{false, false, true, false, false, true, false, false}));
+}
+
+// sync_each_batch: the model reduces in every backward, the optimizer keeps
+// its cycle.
+TEST(StepController, SyncEachBatchReducesEveryMicroStepButStepsOncePerCycle) {
+  for (bool each_batch : {false, true}) {
+    StepController c(3);
+    c.set_sync_rules(/*with_dataloader=*/true, each_batch);
+    std::vector<bool> reduced;
+    c.attach_gradient_sync([&](bool enabled) { reduced.push_back(enabled); });
+    EXPECT_EQ(syncs_over(c, 4), (std::vector<bool>{false, false, true, false}));
+    const std::vector<bool> expected =
+        each_batch ? std::vector<bool>{true, true, true, true}
+                   : std::vector<bool>{false, false, true, false};
+    EXPECT_EQ(reduced, expected);
+  }
+}
+
 TEST(StepController, AGuardBeginsOneMicroStepForAnyNumberOfBackwards) {
   StepController c(2);
   const bool outer = c.enter_accumulate_guard();

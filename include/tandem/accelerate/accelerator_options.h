@@ -140,6 +140,19 @@ struct AcceleratorOptions {
   // step() steps only after a real optimizer step (num_processes times
   // without split_batches). false: every step() call steps it once.
   bool step_scheduler_with_optimizer = true;
+  // Accelerate's GradientAccumulationPlugin(sync_with_dataloader=...): the
+  // last batch of a prepared loader's pass ends the accumulation cycle
+  // (gradients reduced, the optimizer steps) even when fewer than
+  // gradient_accumulation_steps micro-batches were seen. false: the cycle
+  // runs on into the next pass, counting micro-batches only.
+  bool sync_with_dataloader = true;
+  // Accelerate's GradientAccumulationPlugin(sync_each_batch=...): reduce the
+  // gradients in every micro-step's backward instead of accumulating them
+  // locally (DDP and ZeRO stage 1 keep no unreduced gradients between
+  // micro-steps, trading communication for memory). The optimizer still
+  // steps once per cycle and the result is the same. ZeRO stages 2 and 3
+  // reduce every micro-step anyway.
+  bool sync_each_batch = false;
 };
 
 // What a launcher exports to each worker, for the Accelerator constructor
