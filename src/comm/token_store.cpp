@@ -14,6 +14,7 @@
 #include "comm/store_protocol.h"
 #include "core/tcp_connect.h"
 #include "tandem/comm/store_server.h"
+#include "tandem/core/logging.h"
 #include "tandem/core/error.h"
 
 namespace tandem::detail {
@@ -27,6 +28,9 @@ using Clock = std::chrono::steady_clock;
 // when the network or the server's host is gone.
 constexpr std::chrono::milliseconds kReplyGrace{15000};
 constexpr std::chrono::milliseconds kHandshakeLimit{10000};
+// When a connection still refused says so, and how often after that.
+constexpr std::chrono::seconds kWaitNoticeAfter{10};
+constexpr std::chrono::seconds kWaitNoticeEvery{60};
 
 Clock::time_point deadline_after(std::chrono::milliseconds ms) {
   if (ms <= std::chrono::milliseconds::zero()) return Clock::time_point::max();
@@ -76,9 +80,20 @@ TokenStore::~TokenStore() {
 }
 
 void TokenStore::connect(std::chrono::milliseconds timeout) {
+  const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = deadline_after(timeout);
   std::string last_error = "no attempt made";
   auto backoff = std::chrono::milliseconds(10);
+  // A loopback address reaches a store on this machine only: a node on
+  // another machine than node 0 that was given 127.0.0.1 waits in vain.
+  const std::string loopback_hint =
+      is_loopback_host(host_)
+          ? fmt::format(". {} is a loopback address: it reaches a store on this machine only. "
+                        "If node 0 runs on another machine, give its network address "
+                        "(--master-addr, MASTER_ADDR) on every node",
+                        host_)
+          : "";
+  Clock::time_point next_notice = start + kWaitNoticeAfter;
   for (;;) {
     // Each attempt waits at most 5 s, so that a dropped SYN is sent again.
     fd_ = connect_tcp(host_, port_, std::min(deadline, Clock::now() + std::chrono::seconds(5)),
@@ -89,8 +104,20 @@ void TokenStore::connect(std::chrono::milliseconds timeout) {
       TANDEM_THROW(TimeoutError,
                    "could not reach the rendezvous store at {}:{} within {} ms ({}). Check that "
                    "rank 0 (or node 0's `tandem launch`) is running and that MASTER_ADDR and "
-                   "MASTER_PORT are the same on every rank",
-                   host_, port_, timeout.count(), last_error);
+                   "MASTER_PORT are the same on every rank{}",
+                   host_, port_, timeout.count(), last_error, loopback_hint);
+    }
+    if (now >= next_notice) {
+      // A silent wait of up to the whole timeout looks like a hang.
+      const std::string until =
+          deadline == Clock::time_point::max()
+              ? std::string("no time limit")
+              : fmt::format("giving up in {:.0f} s",
+                            std::chrono::duration<double>(deadline - now).count());
+      log_warn("still waiting for the rendezvous store at {}:{} after {:.0f} s ({}); {}{}", host_,
+               port_, std::chrono::duration<double>(now - start).count(), last_error, until,
+               loopback_hint);
+      next_notice = now + kWaitNoticeEvery;
     }
     // Rank 0 may not be listening yet: try again, until the deadline.
     Clock::duration pause = backoff;

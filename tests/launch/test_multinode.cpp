@@ -100,6 +100,30 @@ TEST(MultiNode, Node0WithoutAnAddressIsRefusedAtOnceInsteadOfHidingTheStoreOnLoo
   EXPECT_LT(r.seconds, 10);
 }
 
+// Node 1 told --master-addr 127.0.0.1 while node 0 runs on another machine
+// waits for a store that is not there: it says so while it waits, and its
+// timeout names the loopback address as the likely cause.
+TEST(MultiNode, ANodeWaitingForAStoreOnLoopbackSaysSoAndWhy) {
+  testing::ReservedPort reserved(/*shareable=*/false);
+  ASSERT_NE(reserved.port(), 0);
+  auto r = run_process({bin("tandem"), "launch", "--nnodes", "2", "--node-rank", "1",
+                        "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+                        std::to_string(reserved.port()), bin("launch_test_worker"), "allreduce"},
+                       60, {"TANDEM_STORE_TOKEN=" + std::string(64, 'w'), "TANDEM_TIMEOUT_S=13"});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("still waiting for the rendezvous store at 127.0.0.1:" +
+                       std::to_string(reserved.port()) + " after 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("could not reach the rendezvous store"), std::string::npos) << r.err;
+  const std::string hint = "127.0.0.1 is a loopback address: it reaches a store on this machine";
+  const std::size_t first = r.err.find(hint);
+  ASSERT_NE(first, std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(hint, first + 1), std::string::npos) << "in the notice and the error: "
+                                                            << r.err;
+  EXPECT_LT(r.seconds, 30);
+}
+
 // A store port in use: a multi-node job cannot take a free port, so the
 // advice is the flag that chose it, the same on every node.
 TEST(MultiNode, APortInUseOnNode0NamesTheFlagThatChoseIt) {
