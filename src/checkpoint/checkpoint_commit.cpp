@@ -24,6 +24,7 @@
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "tandem/core/logging.h"
 
 namespace tandem {
 namespace {
@@ -62,10 +63,18 @@ void install(const std::string& dir, const std::string& tmp, const std::string& 
   detail::fsync_directory(dir);
 }
 
-void point_latest(const std::string& dir, const std::string& tag) {
+// `latest` is written in two halves: the new text into DIR/.latest.tmp
+// before the tag is installed (the last write that needs space, so a full
+// disk fails the save before anything is committed), and the rename that
+// publishes it after.
+std::string stage_latest(const std::string& dir, const std::string& tag) {
   const std::string tmp = dir + "/.latest.tmp";
   detail::write_file_synced(tmp, tag + "\n");
-  detail::rename_path(tmp, dir + "/latest");
+  return tmp;
+}
+
+void publish_latest(const std::string& dir, const std::string& staged) {
+  detail::rename_path(staged, dir + "/latest");
   detail::fsync_directory(dir);
 }
 
@@ -241,15 +250,36 @@ void commit_checkpoint(ProcessGroup& pg, const std::string& dir, const std::stri
     sealed = pg.all_gather_strings(committer ? sealed : "")[0];
   }
   if (committer && error.empty()) {
+    const bool tag_existed = detail::path_exists(final_dir);
+    bool installed = false;
     try {
       TANDEM_CHECK(!sealed.empty(), "rank 0 built no meta.json");
       detail::write_file_synced(tmp + "/meta.json", sealed);
       detail::fsync_directory(tmp);
+      const std::string staged = options.update_latest ? stage_latest(dir, tag) : "";
       install(dir, tmp, final_dir);
-      if (options.update_latest) point_latest(dir, tag);
-      prune(dir, tag, options.total_limit);
+      installed = true;
+      if (!staged.empty()) publish_latest(dir, staged);
     } catch (const std::exception& e) {
       error = e.what();
+      detail::remove_tree_quietly(dir + "/.latest.tmp");
+      // A new tag that `latest` could not name is taken back, so that the
+      // save commits nothing (a tag it replaced is already gone).
+      if (installed && !tag_existed) {
+        detail::remove_tree_quietly(final_dir);
+        installed = detail::path_exists(final_dir);
+      }
+      if (!installed) error += "; nothing was committed";
+    }
+    if (error.empty()) {
+      try {
+        prune(dir, tag, options.total_limit);
+      } catch (const std::exception& e) {
+        // The checkpoint is committed; only older ones may be left over.
+        log_warn("save_state('{}', tag '{}'): saved, but removing checkpoints beyond "
+                 "total_limit {} failed: {}",
+                 dir, tag, options.total_limit, e.what());
+      }
     }
   }
   if (committer && !error.empty() && detail::path_exists(tmp)) detail::remove_tree_quietly(tmp);

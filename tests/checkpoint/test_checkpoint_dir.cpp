@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <torch/torch.h>
@@ -57,6 +58,38 @@ TEST(CheckpointDir, EveryRankWritesItsOwnFileAndMetaListsThem) {
   EXPECT_EQ(reader.world_size(), 2);
   EXPECT_EQ(reader.meta()["files"].size(), 2u);
   EXPECT_TRUE(reader.read_rank_tensor(1, "rng/cpu").has_value());
+}
+
+// A save whose `latest` cannot be pointed at the new tag (here `latest` is
+// a folder the rename cannot replace; a full disk fails the same way)
+// commits nothing: the new tag is not left behind for a later run to find,
+// `latest` still names the previous tag, and the error says so.
+TEST(CheckpointDir, ASaveThatCannotUpdateLatestLeavesNoNewTagBehind) {
+  TempDir dir;
+  save_tags(dir.path(), 1, 0);
+  const std::string latest = dir.path() + "/latest";
+  std::string text;
+  std::getline(std::ifstream(latest), text);
+  ASSERT_EQ(text, "step1");
+  ASSERT_TRUE(std::filesystem::remove(latest));
+  ASSERT_TRUE(std::filesystem::create_directories(latest + "/blocker"));
+  const auto errors = testing::rank_errors<CheckpointError>(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    torch::nn::Linear model(8, 8);
+    accelerator.prepare_model(model);
+    SaveStateOptions options;
+    options.tag = "step2";
+    accelerator.save_state(dir.path(), options);
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& [rank, error] : errors) {
+    EXPECT_NE(error.find("failed to commit"), std::string::npos) << rank << ": " << error;
+    EXPECT_NE(error.find("nothing was committed"), std::string::npos) << rank << ": " << error;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/step2"))
+      << "the uncommitted tag was left behind";
+  EXPECT_EQ(checkpoint_tags(dir.path()), (std::vector<std::string>{"step1"}));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/.latest.tmp"));
 }
 
 TEST(CheckpointDir, CorruptOrIncompleteCheckpointsNameTheFile) {
