@@ -96,10 +96,17 @@ const nlohmann::json* saved_optimizer(const nlohmann::json& meta, std::size_t in
 // optimizer without a per-parameter count (SGD, Lion) saved by one process
 // or DDP records step 0; its real steps say how many updates its state has
 // seen (ZeRO's SGD would otherwise restart its loaded momentum at step 1).
+// Per-parameter counts that are all 0 say the same (DeepSpeed imports made
+// before 2026-11-29 wrote them for SGD).
 int64_t shard_step_count(const nlohmann::json& saved) {
   const int64_t step = saved.value("step", int64_t{0});
-  const bool per_parameter = saved.contains("param_steps") && !saved["param_steps"].empty();
-  if (step == 0 && !per_parameter) return saved.value("real_steps", int64_t{0});
+  bool counted = false;
+  if (saved.contains("param_steps")) {
+    for (const auto& [name, count] : saved["param_steps"].items()) {
+      counted = counted || (count.is_number_integer() && count.get<int64_t>() > 0);
+    }
+  }
+  if (step == 0 && !counted) return saved.value("real_steps", int64_t{0});
   return step;
 }
 

@@ -297,7 +297,10 @@ DeepSpeedImportResult import_folder(const std::string& source_dir, const std::st
       }
       tensors.emplace_back(fragment_key("optim/" + name, p.name, 0), flat(t));
     }
-    param_steps[p.name] = ds.optimizer_step;
+    // An optimizer without a step count (torch's SGD) records none, as
+    // tandem's own checkpoints of it do: its state then resumes by the
+    // real steps taken.
+    if (ds.optimizer_step > 0) param_steps[p.name] = ds.optimizer_step;
   }
   check_state_names(state_names, type);
   result.optimizer_states = state_names;

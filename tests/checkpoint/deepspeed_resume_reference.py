@@ -3,7 +3,8 @@ DeepSpeed (ZeRO stage N, 2 CPU ranks over gloo) that saves a checkpoint
 folder and then continues, and what it continued to.
 
   run [world=N] DIR STAGE [DIR STAGE ...]
-                     for each DIR (STAGE: 1, 2 or 3, or 2bf16 for bf16):
+                     for each DIR (STAGE: 1, 2 or 3, then bf16 for bf16
+                     or sgd for a client torch.optim.SGD with momentum):
                      DIR/data.safetensors     the batches of every step
                                               (x: [steps, 6, 5], y: [steps, 6])
                      DIR/ds/                  DeepSpeed's checkpoint after
@@ -55,8 +56,8 @@ class Model(torch.nn.Module):
         return self.head(h)
 
 
-def config(stage, world, bf16=False):
-    return {
+def config(stage, world, bf16=False, sgd=False):
+    settings = {
         "bf16": {"enabled": bf16},
         "train_micro_batch_size_per_gpu": 6 // world,
         "gradient_accumulation_steps": 1,
@@ -70,10 +71,16 @@ def config(stage, world, bf16=False):
                                  "warmup_num_steps": 5, "warmup_type": "linear"}},
         "zero_optimization": {"stage": stage},
     }
+    if sgd:
+        # The program's own optimizer (no per-parameter step count).
+        del settings["optimizer"]
+        settings["zero_allow_untested_optimizer"] = True
+    return settings
 
 
-def train(directory, stage, bf16, rank, world):
+def train(directory, stage, variant, rank, world):
     import deepspeed
+    bf16, sgd = variant == "bf16", variant == "sgd"
     rows = 6 // world
     torch.manual_seed(0)
     model = Model()
@@ -84,8 +91,13 @@ def train(directory, stage, bf16, rank, world):
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [{"params": [p for n, p in trainable if not n.endswith("bias")]},
               {"params": [p for n, p in trainable if n.endswith("bias")], "weight_decay": 0.0}]
+    optimizer = None
+    if sgd:
+        optimizer = torch.optim.SGD(groups, lr=1e-2, momentum=0.9, weight_decay=0.05)
+        groups = None
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups,
-                                           config=config(stage, world, bf16))
+                                           optimizer=optimizer,
+                                           config=config(stage, world, bf16, sgd))
     losses = []
     for step in range(STEPS):
         x, y = xs[step, rows * rank:rows * (rank + 1)], ys[step, rows * rank:rows * (rank + 1)]
@@ -118,16 +130,16 @@ def train(directory, stage, bf16, rank, world):
 
 
 def parse_runs(words):
-    """[DIR, STAGE, DIR, STAGE, ...] -> [(DIR, stage, bf16), ...]"""
+    """[DIR, STAGE, DIR, STAGE, ...] -> [(DIR, stage, variant), ...]"""
     if not words or len(words) % 2:
         sys.exit(f"deepspeed_resume_reference: expected DIR STAGE pairs, got {words}")
-    return [(d, int(s[0]), s.endswith("bf16")) for d, s in zip(words[::2], words[1::2])]
+    return [(d, int(s[0]), s[1:]) for d, s in zip(words[::2], words[1::2])]
 
 
 def rank_main(runs):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    for directory, stage, bf16 in parse_runs(runs):
-        train(directory, stage, bf16, rank, world)
+    for directory, stage, variant in parse_runs(runs):
+        train(directory, stage, variant, rank, world)
     # A rank that leaves with its process group alive can die in the group's
     # threads at exit ("terminate called without an active exception"),
     # failing the whole run once in a dozen; with the group destroyed first

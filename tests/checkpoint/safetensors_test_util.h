@@ -102,39 +102,41 @@ inline int run_peer_script(const std::string& script_name, const std::string& ar
                            output);
 }
 
-// deepspeed_resume_reference.py's run at ZeRO `stage` (bf16 or not) on
-// `world` ranks: a folder with ds/ (DeepSpeed's checkpoint),
-// data.safetensors and continued.safetensors. The first call for a world
-// size makes every run the tests use at that size in one torchrun launch
-// (ZeRO 1, 2, 3 and bf16 ZeRO-2 on 2 ranks; ZeRO 2 and 3 on 3): importing
-// torch and DeepSpeed in each rank is most of a run's CPU time. The folders
-// are shared by the tests of one process and removed at exit. Null when the
-// launch failed, its output then in `output`.
+// deepspeed_resume_reference.py's run at ZeRO `stage` on `world` ranks,
+// `variant` "" (AdamW from the config), "bf16" or "sgd" (the program's own
+// torch.optim.SGD with momentum): a folder with ds/ (DeepSpeed's
+// checkpoint), data.safetensors and continued.safetensors. The first call
+// for a world size makes every run the tests use at that size in one
+// torchrun launch (ZeRO 1, 2, 3, bf16 ZeRO-2 and SGD ZeRO-2 on 2 ranks;
+// ZeRO 2 and 3 on 3): importing torch and DeepSpeed in each rank is most of
+// a run's CPU time. The folders are shared by the tests of one process and
+// removed at exit. Null when the launch failed, its output then in `output`.
 inline const ScratchDir* deepspeed_reference_run(int stage, std::string& output, int world = 2,
-                                                 bool bf16 = false) {
+                                                 const std::string& variant = "") {
   struct Run {
     int stage;
-    bool bf16;
+    std::string variant;
   };
-  static std::map<std::tuple<int, int, bool>, std::unique_ptr<ScratchDir>> runs;
+  using Key = std::tuple<int, int, std::string>;
+  static std::map<Key, std::unique_ptr<ScratchDir>> runs;
   static std::map<int, bool> launched;  // world -> whether its launch succeeded
   if (!launched.count(world)) {
-    const std::vector<Run> wanted = world == 2 ? std::vector<Run>{{1, false}, {2, false},
-                                                                  {3, false}, {2, true}}
-                                               : std::vector<Run>{{2, false}, {3, false}};
+    const std::vector<Run> wanted =
+        world == 2 ? std::vector<Run>{{1, ""}, {2, ""}, {3, ""}, {2, "bf16"}, {2, "sgd"}}
+                   : std::vector<Run>{{2, ""}, {3, ""}};
     std::string args = "run world=" + std::to_string(world);
-    std::vector<std::pair<std::tuple<int, int, bool>, std::unique_ptr<ScratchDir>>> made;
+    std::vector<std::pair<Key, std::unique_ptr<ScratchDir>>> made;
     for (const Run& run : wanted) {
       auto dir = std::make_unique<ScratchDir>();
-      args += " '" + dir->path() + "' " + std::to_string(run.stage) + (run.bf16 ? "bf16" : "");
-      made.emplace_back(std::make_tuple(world, run.stage, run.bf16), std::move(dir));
+      args += " '" + dir->path() + "' " + std::to_string(run.stage) + run.variant;
+      made.emplace_back(Key(world, run.stage, run.variant), std::move(dir));
     }
     launched[world] = run_peer_script("deepspeed_resume_reference.py", args, output) == 0;
     if (launched[world]) {
       for (auto& [key, dir] : made) runs.emplace(key, std::move(dir));
     }
   }
-  const auto it = runs.find(std::make_tuple(world, stage, bf16));
+  const auto it = runs.find(Key(world, stage, variant));
   if (it == runs.end()) {
     if (output.empty()) output = "no reference run for this stage and world (see above)";
     return nullptr;

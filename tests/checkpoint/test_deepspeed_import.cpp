@@ -81,9 +81,11 @@ struct ResumeResult {
 // steps on the reference's batches: rank r takes its 6/world rows.
 // With `bf16` the model's parameters are bf16 (fp32 masters in the
 // optimizer), as DeepSpeed's bf16 mode trains; with `resave_to` every rank
-// saves right after the load, before training.
+// saves right after the load, before training; with `sgd` the optimizer is
+// the reference's torch SGD with momentum instead of AdamW.
 ResumeResult resume_imported(const std::string& imported, const std::string& data, int world,
-                             int stage, bool bf16 = false, const std::string& resave_to = "") {
+                             int stage, bool bf16 = false, const std::string& resave_to = "",
+                             bool sgd = false) {
   SafetensorsReader batches(data);
   const at::Tensor xs = batches.read("x");
   const at::Tensor ys = batches.read("y");
@@ -116,9 +118,20 @@ ResumeResult resume_imported(const std::string& imported, const std::string& dat
     auto no_decay_options = std::make_unique<torch::optim::AdamWOptions>(options);
     no_decay_options->weight_decay(0.0);
     groups.emplace_back(no_decay, std::move(no_decay_options));
-    auto adamw = std::make_shared<torch::optim::AdamW>(std::move(groups), options);
+    std::shared_ptr<torch::optim::Optimizer> base;
+    if (sgd) {
+      const auto sgd_options = torch::optim::SGDOptions(1e-2).momentum(0.9).weight_decay(0.05);
+      std::vector<torch::optim::OptimizerParamGroup> sgd_groups;
+      sgd_groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(sgd_options));
+      auto no_decay_sgd = std::make_unique<torch::optim::SGDOptions>(sgd_options);
+      no_decay_sgd->weight_decay(0.0);
+      sgd_groups.emplace_back(no_decay, std::move(no_decay_sgd));
+      base = std::make_shared<torch::optim::SGD>(std::move(sgd_groups), sgd_options);
+    } else {
+      base = std::make_shared<torch::optim::AdamW>(std::move(groups), options);
+    }
     accelerator.prepare_model(model);
-    auto optimizer = accelerator.prepare_optimizer(adamw);
+    auto optimizer = accelerator.prepare_optimizer(base);
     WarmupLROptions warmup;
     warmup.warmup_min_lr = 1e-3;
     warmup.warmup_max_lr = 2e-2;
@@ -251,7 +264,7 @@ TEST(DeepSpeedImportInterop, Bf16CheckpointsKeepTheirFp32Masters) {
   if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
   std::string output;
   const testing::ScratchDir* reference =
-      testing::deepspeed_reference_run(2, output, 2, /*bf16=*/true);
+      testing::deepspeed_reference_run(2, output, 2, "bf16");
   ASSERT_NE(reference, nullptr) << output;
   const testing::ScratchDir& ref = *reference;
   testing::ScratchDir dir;  // what the import writes
@@ -270,6 +283,29 @@ TEST(DeepSpeedImportInterop, Bf16CheckpointsKeepTheirFp32Masters) {
     expect_matches_python(r, ref / "continued.safetensors", "bf16 at world " +
                                                                std::to_string(world),
                           kBf16Tolerance);
+  }
+}
+
+// The program's own torch.optim.SGD with momentum (DeepSpeed's
+// zero_allow_untested_optimizer): SGD keeps no step count, so the momentum
+// buffers must carry over by the real steps taken. Resumed under DDP, and
+// under ZeRO-1 and 2, whose shards restart a momentum loaded at step 0.
+TEST(DeepSpeedImportInterop, AClientSgdCheckpointKeepsItsMomentumUnderEveryStrategy) {
+  if (!testing::peer_can_import("deepspeed")) GTEST_SKIP() << "no deepspeed in the peer";
+  std::string output;
+  const testing::ScratchDir* reference = testing::deepspeed_reference_run(2, output, 2, "sgd");
+  ASSERT_NE(reference, nullptr) << output;
+  const testing::ScratchDir& ref = *reference;
+  testing::ScratchDir dir;
+  const DeepSpeedImportResult r = import_deepspeed_checkpoint(ref / "ds", dir / "imported");
+  EXPECT_EQ(r.optimizer_states, (std::vector<std::string>{"momentum_buffer"}));
+  for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{2, 0}, {2, 1}, {2, 2},
+                                                                      {3, 2}, {1, 0}}) {
+    expect_matches_python(resume_imported(dir / "imported", ref / "data.safetensors", world,
+                                          stage, /*bf16=*/false, "", /*sgd=*/true),
+                          ref / "continued.safetensors",
+                          "SGD at world " + std::to_string(world) + ", ZeRO-" +
+                              std::to_string(stage));
   }
 }
 
