@@ -76,6 +76,14 @@ std::shared_ptr<PreparedLoader> DataPreparation::wrap(DistributedLoader loader) 
 std::shared_ptr<PreparedStreamingLoader> DataPreparation::prepare_streaming(
     StreamFactory factory, StreamingLoaderOptions options, StreamingLoader::Collate collate) {
   if (options.device.is_cpu()) options.device = device_;
+  // Accelerate ignores even_batches for iterable datasets for this reason.
+  TANDEM_CHECK_ARG(options.even_batches || group_->world_size() == 1,
+                   "prepare_streaming_loader: even_batches = false is not supported: ranks "
+                   "would run out of batches at different steps, and the ranks still training "
+                   "would wait forever in their next backward() or gather for a rank that has "
+                   "stopped. Leave even_batches = true: a rank past its data then repeats its "
+                   "last batch, marked padding(), until every rank has finished the pass (as "
+                   "Accelerate evens iterable datasets whatever even_batches says)");
   if (sharding_.split_batches) {
     options.batch_size = split_batch(options.batch_size, "prepare_streaming_loader");
   }

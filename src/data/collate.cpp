@@ -38,7 +38,9 @@ DistributedLoader::Batch stack_collate(const std::vector<Sample>& samples) {
   batch.reserve(fields);
   for (size_t f = 0; f < fields; ++f) {
     const auto col = collate_column(samples, f);
-    for (size_t i = 1; i < col.size(); ++i) {
+    for (size_t i = 0; i < col.size(); ++i) {
+      TANDEM_CHECK_ARG(col[i].defined(), "stack_collate: field {} of sample {} is undefined.", f,
+                       i);
       TANDEM_CHECK_ARG(col[i].sizes() == col[0].sizes(),
                        "stack_collate: field {} of sample {} has shape {} but sample 0's has "
                        "{}. Stacking needs equal shapes; for variable lengths use "

@@ -188,8 +188,10 @@ struct StreamingLoader::Impl {
     TANDEM_CHECK_ARG(!any_batch || empty.empty(),
                      "StreamingLoader: rank(s) {} of {} have no batch at all in epoch {} while "
                      "other ranks still have data, so they have nothing to pad with. Give every "
-                     "rank's shards at least batch_size samples, or set even_batches = false "
-                     "and avoid per-batch collectives.",
+                     "rank's shards at least one batch of samples (fewer shards: fewer workers "
+                     "or ranks, or more samples). Outside the Accelerator, even_batches = false "
+                     "lets ranks end at different batches if the loop has no per-batch "
+                     "collective",
                      empty, all.size(), epoch_);
     return any_batch;
   }

@@ -25,16 +25,20 @@ inline void stop_and_join(std::mutex& mutex, bool& stop, std::condition_variable
   }
 }
 
-// what() of the exception `error` holds, or a placeholder for one that is
-// not a std::exception.
+// what() of the exception `error` holds, without a final full stop (the
+// loaders quote it inside a sentence of their own), or a placeholder for one
+// that is not a std::exception.
 inline std::string exception_message(const std::exception_ptr& error) {
+  std::string what;
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    return e.what();
+    what = e.what();
   } catch (...) {
-    return "an exception that is not a std::exception";
+    what = "an exception that is not a std::exception";
   }
+  while (!what.empty() && (what.back() == '.' || what.back() == '\n')) what.pop_back();
+  return what;
 }
 
 }  // namespace tandem::detail

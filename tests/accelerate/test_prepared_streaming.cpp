@@ -169,5 +169,34 @@ TEST(PreparedStreaming, SplitBatchesMakesBatchSizeTheGlobalBatch) {
   });
 }
 
+// Ranks whose streams end at different batches would leave the others
+// waiting in their next backward() forever: the Accelerator refuses
+// even_batches = false for a streaming loader (Accelerate evens iterable
+// datasets whatever it says), and takes it at one process.
+TEST(PreparedStreaming, EvenBatchesOffIsRefusedAcrossRanksBeforeAnyBatch) {
+  for (int world : {2, 3}) {
+    const auto errors = testing::rank_errors<UsageError>(world, [&](ProcessGroup& pg) {
+      Accelerator accelerator(pg.shared_from_this(), Config{});
+      StreamingLoaderOptions loader_options;
+      loader_options.batch_size = 4;
+      loader_options.even_batches = false;
+      accelerator.prepare_streaming_loader(numbered_stream(), loader_options);
+    });
+    ASSERT_EQ(static_cast<int>(errors.size()), world);
+    for (const auto& [rank, error] : errors) {
+      EXPECT_NE(error.find("even_batches = false is not supported"), std::string::npos)
+          << rank << ": " << error;
+    }
+  }
+  testing::run_ranks(1, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    StreamingLoaderOptions loader_options;
+    loader_options.batch_size = 4;
+    loader_options.even_batches = false;
+    auto loader = accelerator.prepare_streaming_loader(numbered_stream(), loader_options);
+    EXPECT_TRUE(loader->next().has_value());
+  });
+}
+
 }  // namespace
 }  // namespace tandem

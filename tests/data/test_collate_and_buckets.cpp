@@ -13,6 +13,7 @@
 
 #include "support/loader_testing.h"
 #include "support/thread_ranks.h"
+#include "support/usage_error.h"
 #include "tandem/core/error.h"
 #include "tandem/data/collate.h"
 #include "tandem/data/distributed_loader.h"
@@ -72,6 +73,10 @@ TEST(PadCollate, RejectsSamplesThatCannotBePaddedTogether) {
   collate.mask_field = 1;
   EXPECT_THROW(collate({{at::ones({2}), at::scalar_tensor(1)}}), UsageError);
   EXPECT_THROW(stack_collate({{at::ones({2})}, {at::ones({3})}}), UsageError);
+  // An undefined field is named as such, not as a tensor of shape [0].
+  const std::string undefined = testing::usage_error_message(
+      [] { stack_collate({{at::ones({2})}, {at::Tensor()}}); });
+  EXPECT_NE(undefined.find("field 0 of sample 1 is undefined"), std::string::npos) << undefined;
 }
 
 TEST(CollateFetch, LoaderWithWorkersPadsEachBatchToItsOwnLongest) {

@@ -141,7 +141,7 @@ TEST(LoaderWorkers, AFetchErrorComesBackAtItsBatchWithTheOriginalNested) {
     SCOPED_TRACE("workers=" + std::to_string(workers));
     std::atomic<bool> fail{true};
     DistributedLoader::Fetch fetch = [&fail](const std::vector<int64_t>& indices) {
-      if (fail && indices.front() == 30) throw std::invalid_argument("sample 30 is corrupt");
+      if (fail && indices.front() == 30) throw std::invalid_argument("sample 30 is corrupt.");
       return DistributedLoader::Batch{at::tensor(indices, at::kLong)};
     };
     DistributedLoaderOptions options = with_workers(5, workers);
@@ -157,9 +157,10 @@ TEST(LoaderWorkers, AFetchErrorComesBackAtItsBatchWithTheOriginalNested) {
       try {
         std::rethrow_if_nested(e);
       } catch (const std::invalid_argument& original) {
-        nested_original = std::string(original.what()) == "sample 30 is corrupt";
+        nested_original = std::string(original.what()) == "sample 30 is corrupt.";
       }
     }
+    EXPECT_EQ(message.find("corrupt.."), std::string::npos) << "two full stops: " << message;
     EXPECT_NE(message.find("batch 6 of epoch 0"), std::string::npos) << message;
     EXPECT_NE(message.find("sample 30 is corrupt"), std::string::npos) << message;
     EXPECT_NE(message.find(workers > 0 ? "worker" : "calling thread"), std::string::npos)

@@ -24,7 +24,10 @@
 // The fetch then runs concurrently with itself on different batches: it
 // must be thread-safe, and any randomness in it should come from the
 // sample index (a torch::Generator seeded per index), not from a shared
-// generator, or the values depend on the threads' timing.
+// generator, or the values depend on the threads' timing. The fetch is not
+// told the epoch: for augmentations that change every epoch (torch's
+// workers reseed per epoch), seed from the index and the epoch the loop
+// passed to set_epoch() (a generator seeded by a hash of both).
 //
 // Thread-safety: use a loader from one thread at a time. With workers (or
 // prefetch > 0) the loader runs the fetch (and so the dataset's get()) on

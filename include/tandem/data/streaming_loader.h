@@ -98,7 +98,8 @@ struct StreamingLoaderOptions {
   // batches (see above). Ignored without one.
   bool even_batches = true;
   // As DistributedLoaderOptions: where batches go, and pinning (on the
-  // worker) for overlapped uploads. pin_memory needs a CUDA device.
+  // worker) for overlapped uploads. pin_memory and non_blocking act only
+  // for a CUDA device and are ignored otherwise, as there.
   c10::Device device = c10::Device(c10::kCPU);
   bool pin_memory = false;
   bool non_blocking = false;
