@@ -11,6 +11,8 @@ namespace {
 
 // DeepSpeed's factor; its fp16 block has no key for it.
 constexpr double kScaleFactor = 2.0;
+// DeepSpeed's fp16.loss_scale_window default.
+constexpr int64_t kDeepSpeedScaleWindow = 1000;
 
 const LossScaleConfig& checked(const LossScaleConfig& c) {
   TANDEM_CHECK_ARG(c.loss_scale == 0,
@@ -20,10 +22,10 @@ const LossScaleConfig& checked(const LossScaleConfig& c) {
   TANDEM_CHECK_ARG(c.initial_scale_power >= 0 && c.initial_scale_power <= 1000,
                    "fp16.initial_scale_power is {}; use 0..1000 (the default is 16)",
                    c.initial_scale_power);
-  TANDEM_CHECK_ARG(c.loss_scale_window >= 1,
+  TANDEM_CHECK_ARG(c.loss_scale_window.value_or(1) >= 1,
                    "fp16.loss_scale_window is {}; it must be >= 1 clean steps (the default is "
                    "1000)",
-                   c.loss_scale_window);
+                   c.loss_scale_window.value_or(1));
   TANDEM_CHECK_ARG(c.hysteresis >= 1,
                    "fp16.hysteresis is {}; it must be >= 1 (the default is 2)", c.hysteresis);
   TANDEM_CHECK_ARG(std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0,
@@ -39,6 +41,7 @@ DeepSpeedLossScaler::DeepSpeedLossScaler(const LossScaleConfig& config,
                                          int64_t max_overflows_at_min_scale)
     : LossScaler(checked(config).min_loss_scale, max_overflows_at_min_scale),
       config_(config),
+      window_(config.loss_scale_window.value_or(kDeepSpeedScaleWindow)),
       scale_(std::ldexp(1.0, config.initial_scale_power)),
       cur_hysteresis_(config.hysteresis) {}
 
@@ -56,7 +59,10 @@ void DeepSpeedLossScaler::update_scale(bool found_inf) {
     last_overflow_iter_ = cur_iter_;
   } else {
     if (config_.consecutive_hysteresis) cur_hysteresis_ = config_.hysteresis;
-    if ((cur_iter_ - last_overflow_iter_) % config_.loss_scale_window == 0) {
+    // DeepSpeed 0.19.8: the clean steps since the last overflow, not
+    // counting this one, must be a positive multiple of the window.
+    const int64_t stable_interval = cur_iter_ - last_overflow_iter_ - 1;
+    if (stable_interval > 0 && stable_interval % window_ == 0) {
       if (!config_.consecutive_hysteresis) cur_hysteresis_ = config_.hysteresis;
       scale_ *= kScaleFactor;
     }

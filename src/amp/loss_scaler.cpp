@@ -170,11 +170,8 @@ std::unique_ptr<LossScaler> make_loss_scaler(const LossScaleConfig& config,
                    config.initial_scale_power);
   GradScalerOptions options;
   options.init_scale = std::ldexp(1.0, config.initial_scale_power);
-  // loss_scale_window's default is DeepSpeed's 1000; torch's own default
-  // interval is 2000, so an untouched window keeps torch's value.
-  if (config.loss_scale_window != LossScaleConfig{}.loss_scale_window) {
-    options.growth_interval = config.loss_scale_window;
-  }
+  // Without a window given, torch's own interval (2000).
+  if (config.loss_scale_window) options.growth_interval = *config.loss_scale_window;
   options.min_loss_scale = config.min_loss_scale;
   options.max_overflows_at_min_scale = max_overflows_at_min_scale;
   return std::make_unique<GradScaler>(options);

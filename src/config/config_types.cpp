@@ -134,7 +134,8 @@ bool same(const ZeroConfig& a, const ZeroConfig& b) {
 
 bool same(const OptimizerConfig& a, const OptimizerConfig& b) {
   return a.type == b.type && a.lr == b.lr && a.weight_decay == b.weight_decay && a.eps == b.eps &&
-         a.momentum == b.momentum && a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
+         a.momentum == b.momentum && a.dampening == b.dampening && a.nesterov == b.nesterov &&
+         a.beta1 == b.beta1 && a.beta2 == b.beta2 &&
          a.lr_decay == b.lr_decay && a.initial_accumulator_value == b.initial_accumulator_value &&
          a.alpha == b.alpha && a.centered == b.centered &&
          a.bias_correction == b.bias_correction && a.eps_inside_sqrt == b.eps_inside_sqrt &&

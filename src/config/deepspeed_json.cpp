@@ -253,7 +253,9 @@ bool read_loss_scale_key(const std::string& key, const Value& v, LossScaleConfig
   } else if (key == "initial_scale_power") {
     scale.initial_scale_power = static_cast<int>(v.as_int(0, 63));
   } else if (key == "loss_scale_window") {
-    scale.loss_scale_window = v.as_count();
+    // null: the rule's own default (DeepSpeed's 1000, torch's 2000).
+    scale.loss_scale_window =
+        v.is_null() ? std::nullopt : std::optional<int64_t>(v.as_count());
   } else if (key == "hysteresis") {
     scale.hysteresis = static_cast<int>(v.as_int(1, 1 << 30));
   } else if (key == "consecutive_hysteresis") {

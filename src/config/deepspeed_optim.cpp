@@ -56,6 +56,14 @@ void read_betas(const Value& v, OptimizerConfig& optimizer) {
   }
   optimizer.beta1 = number_or_auto(betas[0], 0.0, 1.0);
   optimizer.beta2 = number_or_auto(betas[1], 0.0, 1.0);
+  for (int i = 0; i < 2; ++i) {
+    // An average that never forgets: torch's optimizers refuse it too.
+    if ((i == 0 ? optimizer.beta1 : optimizer.beta2) == 1.0) {
+      betas[static_cast<size_t>(i)].fail(
+          fmt::format("beta{} is 1; betas must be in [0, 1)", i + 1),
+          "use a value below 1, such as 0.9 or 0.999");
+    }
+  }
 }
 
 }  // namespace
@@ -139,10 +147,8 @@ const KeyTable& optimizer_params_keys(const std::string& type) {
                          "None; ignored", {"true"}}},
       refused};
   static const KeyTable sgd_params{
-      {"lr", "momentum", "weight_decay"},
-      {{"nesterov", "is not implemented: tandem's SGD uses plain momentum; ignored", {"false"}},
-       {"dampening", "is not implemented: tandem's SGD has no dampening; ignored", {"0", "0.0"}},
-       {"fused", implementation, {"null"}},
+      {"lr", "momentum", "weight_decay", "dampening", "nesterov"},
+      {{"fused", implementation, {"null"}},
        {"foreach", implementation, {"null"}},
        maximize,
        differentiable},
@@ -207,6 +213,8 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
                              ", or remove the optimizer block and pass your own optimizer to the "
                              "Accelerator");
   bool adam_w_mode = true;  // DeepSpeed's ADAM_W_MODE_DEFAULT
+  std::string nesterov_at;   // where the file says so, for the checks below
+  std::string min_coeff_at;
   for_each_key(block, optimizer_keys(), [&](const std::string& key, const Value& params) {
     if (key != "params") return;
     for_each_key(params, optimizer_params_keys(optimizer.type),
@@ -214,6 +222,11 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
       if (name == "lr") optimizer.lr = number_or_auto(v, 0.0, kInf);
       if (name == "weight_decay") optimizer.weight_decay = number_or_auto(v, 0.0, kInf);
       if (name == "momentum") optimizer.momentum = number_or_auto(v, 0.0, 1.0);
+      if (name == "dampening") optimizer.dampening = number_or_auto(v, 0.0, 1.0);
+      if (name == "nesterov") {
+        optimizer.nesterov = v.as_bool();
+        nesterov_at = v.where();
+      }
       if (name == "lr_decay") optimizer.lr_decay = number_or_auto(v, 0.0, kInf);
       if (name == "initial_accumulator_value") {
         optimizer.initial_accumulator_value = number_or_auto(v, 0.0, kInf);
@@ -225,7 +238,10 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
       }
       if (name == "eps_inside_sqrt") optimizer.eps_inside_sqrt = v.as_bool();
       if (name == "max_coeff") optimizer.max_coeff = number_or_auto(v, 0.0, kInf);
-      if (name == "min_coeff") optimizer.min_coeff = number_or_auto(v, 0.0, kInf);
+      if (name == "min_coeff") {
+        optimizer.min_coeff = number_or_auto(v, 0.0, kInf);
+        min_coeff_at = v.where();
+      }
       if (name == "betas") read_betas(v, optimizer);
       if (name == "eps") {
         optimizer.eps = number_or_auto(v, 0.0, kInf);
@@ -255,6 +271,22 @@ void read_optimizer(const Value& block, Config& config, Dialect dialect) {
                             : optimizer.type);
     });
   });
+  // Checks across keys, in any order in the file (torch.optim.SGD's and
+  // DeepSpeed's FusedLamb's own rules), so the mistake shows on reading.
+  if (optimizer.nesterov.value_or(false) &&
+      (optimizer.momentum.value_or(0.0) <= 0.0 || optimizer.dampening.value_or(0.0) != 0.0)) {
+    TANDEM_THROW(UsageError,
+                 "{}: optimizer.params.nesterov is true, but Nesterov momentum needs a momentum "
+                 "> 0 and dampening 0 (momentum {}, dampening {}); set momentum (e.g. 0.9) and "
+                 "remove dampening, or set nesterov to false",
+                 nesterov_at, optimizer.momentum.value_or(0.0), optimizer.dampening.value_or(0.0));
+  }
+  if (optimizer.min_coeff && optimizer.max_coeff && *optimizer.min_coeff > *optimizer.max_coeff) {
+    TANDEM_THROW(UsageError,
+                 "{}: optimizer.params.min_coeff {} is above max_coeff {}: Lamb clamps its trust "
+                 "ratio to [min_coeff, max_coeff]; make min_coeff <= max_coeff",
+                 min_coeff_at, *optimizer.min_coeff, *optimizer.max_coeff);
+  }
   // DeepSpeed runs "Adam" with decoupled weight decay (AdamW) unless
   // adam_w_mode is false; keep that meaning for DeepSpeed configs.
   if (dialect == Dialect::kDeepSpeed && optimizer.type == "Adam" && adam_w_mode) {

@@ -9,6 +9,11 @@
 namespace tandem {
 namespace {
 
+// The window the scaler will use: the file's, or the rule's own default.
+int64_t effective_loss_scale_window(const LossScaleConfig& fp16) {
+  return fp16.loss_scale_window.value_or(fp16.deepspeed_semantics ? 1000 : 2000);
+}
+
 using ResolvedJson = nlohmann::ordered_json;
 
 template <typename T>
@@ -53,6 +58,10 @@ ResolvedJson optimizer_json(const OptimizerConfig& o) {
   params["lr"] = or_null(o.lr);
   const std::string& t = o.type;
   if (t == "SGD" || t == "RMSprop") params["momentum"] = or_null(o.momentum);
+  if (t == "SGD") {
+    params["dampening"] = or_null(o.dampening);
+    params["nesterov"] = or_null(o.nesterov);
+  }
   if (t == "Adam" || t == "AdamW" || t == "Lion" || t == "Lamb") {
     params["betas"] = ResolvedJson::array({or_null(o.beta1), or_null(o.beta2)});
   }
@@ -107,7 +116,7 @@ std::string resolved_config_json(const Config& c, int world_size) {
   out["fp16"] = {{"enabled", c.mixed_precision == MixedPrecision::kFp16},
                  {"loss_scale", c.fp16.loss_scale},
                  {"initial_scale_power", c.fp16.initial_scale_power},
-                 {"loss_scale_window", c.fp16.loss_scale_window},
+                 {"loss_scale_window", effective_loss_scale_window(c.fp16)},
                  {"hysteresis", c.fp16.hysteresis},
                  {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
                  {"min_loss_scale", c.fp16.min_loss_scale},

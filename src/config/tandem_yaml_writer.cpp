@@ -97,7 +97,7 @@ void write_training(Writer& w, const Config& c) {
   w.line(0, "fp16", "");
   w.line(1, "loss_scale", fmt::format("{}", c.fp16.loss_scale));
   w.line(1, "initial_scale_power", fmt::format("{}", c.fp16.initial_scale_power));
-  w.line(1, "loss_scale_window", fmt::format("{}", c.fp16.loss_scale_window));
+  w.line(1, "loss_scale_window", yaml_or_null(c.fp16.loss_scale_window));
   w.line(1, "hysteresis", fmt::format("{}", c.fp16.hysteresis));
   w.line(1, "consecutive_hysteresis", flag(c.fp16.consecutive_hysteresis));
   w.line(1, "min_loss_scale", fmt::format("{}", c.fp16.min_loss_scale));
@@ -208,6 +208,8 @@ void write_optimizer(Writer& w, const OptimizerConfig& o) {
     w.line(2, "min_coeff", or_auto(o.min_coeff));
   }
   // Switches: written when set (a switch has no "auto").
+  if (o.dampening) w.line(2, "dampening", fmt::format("{}", *o.dampening));
+  if (o.nesterov) w.line(2, "nesterov", flag(*o.nesterov));
   if (o.centered) w.line(2, "centered", flag(*o.centered));
   if (o.bias_correction) w.line(2, "bias_correction", flag(*o.bias_correction));
   if (o.eps_inside_sqrt) w.line(2, "eps_inside_sqrt", flag(*o.eps_inside_sqrt));

@@ -1,6 +1,7 @@
 #include "tandem/optim/lion.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/serialize.h>
 
 #include "optim/update_math.h"
 
@@ -27,6 +28,34 @@ torch::Tensor Lion::step(LossClosure closure) {
       [](const LionOptions& options, torch::Tensor& p, LionParamState& state) {
         detail::lion_update(p, p.grad(), state.exp_avg(), detail::lion_hyper(options, "Lion"));
       });
+}
+
+void LionOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+}
+
+void LionOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+}
+
+void LionParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+}
+
+void LionParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+}
+
+void Lion::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
+}
+
+void Lion::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
 }
 
 }  // namespace tandem

@@ -46,6 +46,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
   if (type == "SGD") {
     torch::optim::SGDOptions o(lr);
     if (config.momentum) o.momentum(*config.momentum);
+    if (config.dampening) o.dampening(*config.dampening);
+    if (config.nesterov) o.nesterov(*config.nesterov);
     if (config.weight_decay) o.weight_decay(*config.weight_decay);
     return std::make_unique<torch::optim::SGD>(std::move(params), o);
   }

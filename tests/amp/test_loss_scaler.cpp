@@ -1,15 +1,23 @@
 // Loss scalers as specifications: scripted overflow patterns against scale
-// sequences worked out by hand from the documented rules (torch's
-// _amp_update_scale_, DeepSpeed's DynamicLossScaler.update_scale).
+// sequences worked out from the documented rules (torch's
+// _amp_update_scale_, DeepSpeed 0.19.8's DynamicLossScaler.update_scale),
+// and against DeepSpeed's own class on random sequences.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "support/scratch_dir.h"
+#include "support/subprocess.h"
 #include "tandem/amp/loss_scaler.h"
 
 namespace tandem {
@@ -51,6 +59,80 @@ LossScaleConfig deepspeed_config(int power, int64_t window, int hysteresis,
   c.min_loss_scale = min_scale;
   c.deepspeed_semantics = true;
   return c;
+}
+
+// ---- DeepSpeed's DynamicLossScaler itself, on random sequences -----------
+
+// 200 random overflow sequences (lengths 20-120, overflow rates 2-70%, the
+// windows, hysteresis, consecutive_hysteresis and floors users write) give
+// the scales the installed DeepSpeed's DynamicLossScaler gives, step for
+// step (tests/amp/deepspeed_scaler_reference.py). Label `ci`: it starts
+// the peer Python and imports DeepSpeed.
+TEST(DeepSpeedScalerInterop, RandomSequencesScaleAsDeepSpeedsDynamicLossScaler) {
+  const std::string python = TANDEM_PEER_PYTHON;
+  if (python.empty() || testing::run_process({python, "-c", "import deepspeed"}, 120).exit_code)
+    GTEST_SKIP() << "no deepspeed in the peer Python";
+  struct Case {
+    int power;
+    int64_t window;
+    int hysteresis;
+    bool consecutive;
+    double min_scale;
+    std::string sequence;
+  };
+  std::mt19937 rng(20261129);
+  auto pick = [&rng](auto values) {
+    return values[std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng)];
+  };
+  std::vector<Case> cases;
+  std::string input;
+  for (int i = 0; i < 200; ++i) {
+    Case c;
+    c.power = pick(std::vector<int>{0, 3, 8, 16, 32});
+    c.window = pick(std::vector<int64_t>{1, 2, 3, 5, 10, 1000});
+    c.hysteresis = pick(std::vector<int>{1, 2, 3});
+    c.consecutive = pick(std::vector<bool>{false, true});
+    c.min_scale = c.power > 2 ? pick(std::vector<double>{1, 0.25, 4}) : 1;
+    const double rate = pick(std::vector<double>{0.02, 0.1, 0.3, 0.7});
+    const int length = std::uniform_int_distribution<int>(20, 120)(rng);
+    std::bernoulli_distribution overflow(rate);
+    for (int k = 0; k < length; ++k) c.sequence += overflow(rng) ? '1' : '0';
+    input += fmt::format("{} {} {} {} {} {}\n", c.power, c.window, c.hysteresis,
+                         c.consecutive ? 1 : 0, c.min_scale, c.sequence);
+    cases.push_back(c);
+  }
+  testing::ScratchDir dir;
+  const std::string cases_file = dir / "cases.txt";
+  std::ofstream(cases_file) << input;
+  const std::string here = __FILE__;
+  const std::string script = here.substr(0, here.rfind('/')) + "/deepspeed_scaler_reference.py";
+  const std::string scales_file = dir / "scales.txt";
+  std::string output;
+  ASSERT_EQ(testing::run_shell_capture(
+                python + " " + script + " " + cases_file + " " + scales_file + " 2>&1", output),
+            0)
+      << output;
+  std::ifstream lines(scales_file);
+  int compared = 0;
+  for (const Case& c : cases) {
+    std::string line;
+    ASSERT_TRUE(static_cast<bool>(std::getline(lines, line))) << "the peer printed too little";
+    std::istringstream want(line);
+    DeepSpeedLossScaler scaler(deepspeed_config(c.power, c.window, c.hysteresis, c.consecutive,
+                                                c.min_scale),
+                               /*max_overflows_at_min_scale=*/1 << 20);
+    for (size_t k = 0; k < c.sequence.size(); ++k) {
+      double expected = 0;
+      ASSERT_TRUE(static_cast<bool>(want >> expected));
+      scaler.update(c.sequence[k] == '1');
+      ASSERT_EQ(scaler.scale(), expected)
+          << "step " << k << " of power " << c.power << " window " << c.window
+          << " hysteresis " << c.hysteresis << " consecutive " << c.consecutive << " min "
+          << c.min_scale << " sequence " << c.sequence.substr(0, k + 1);
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 200);
 }
 
 // ---- torch's GradScaler -------------------------------------------------
@@ -133,22 +215,28 @@ TEST(GradScalerTest, RejectsInvalidOptions) {
 
 // ---- DeepSpeed's DynamicLossScaler ----------------------------------------
 
-// No overflow, window 2, scale 2^4: (cur_iter - (-1)) % 2 == 0 at cur_iter
-// 1, 3, 5: the scale doubles after every second clean step.
+// The expected traces of these tests are DeepSpeed 0.19.8's
+// DynamicLossScaler.update_scale fed the same sequences (cur_scale and
+// cur_hysteresis after each update), recorded 2026-11-29.
+
+// No overflow, window 2, scale 2^4: stable = cur_iter - (-1) - 1 is a
+// positive multiple of 2 at cur_iter 2 and 4: the scale doubles on the
+// clean step after every two clean steps.
 TEST(DeepSpeedScalerTest, DoublesAfterEveryWindowOfCleanSteps) {
   DeepSpeedLossScaler scaler(deepspeed_config(4, 2, 2));
   Trace t = run(scaler, {C, C, C, C, C, C});
-  EXPECT_EQ(t.scales, (std::vector<double>{16, 32, 32, 64, 64, 128}));
+  EXPECT_EQ(t.scales, (std::vector<double>{16, 16, 32, 32, 64, 64}));
   EXPECT_TRUE(t.skipped.empty());
   EXPECT_EQ(scaler.cur_iter(), 6);
 }
 
 // Hysteresis 2, window 3, not consecutive: the first overflow only spends
-// hysteresis; hysteresis comes back only when the scale grows.
-//   step: 1  2  3  4  5   6   7   8  9
-//         I  I  C  C  C   I   C   I  I
-//   hyst: 1  1  1  1  2   1   1   1  1
-//   scale 16 8  8  8  16  16  16  8  4
+// hysteresis; hysteresis comes back only when the scale grows, which three
+// clean steps after an overflow are not enough for.
+//   step: 1  2  3  4  5  6  7  8  9
+//         I  I  C  C  C  I  C  I  I
+//   hyst: 1  1  1  1  1  1  1  1  1
+//   scale 16 8  8  8  8  4  4  2  1
 TEST(DeepSpeedScalerTest, HysteresisAbsorbsOverflowsUntilTheScaleGrows) {
   DeepSpeedLossScaler scaler(deepspeed_config(4, 3, 2));
   std::vector<bool> pattern = {I, I, C, C, C, I, C, I, I};
@@ -159,19 +247,19 @@ TEST(DeepSpeedScalerTest, HysteresisAbsorbsOverflowsUntilTheScaleGrows) {
     t.scales.push_back(scaler.scale());
     hysteresis.push_back(scaler.cur_hysteresis());
   }
-  EXPECT_EQ(t.scales, (std::vector<double>{16, 8, 8, 8, 16, 16, 16, 8, 4}));
-  EXPECT_EQ(hysteresis, (std::vector<int>{1, 1, 1, 1, 2, 1, 1, 1, 1}));
+  EXPECT_EQ(t.scales, (std::vector<double>{16, 8, 8, 8, 8, 4, 4, 2, 1}));
+  EXPECT_EQ(hysteresis, (std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1, 1}));
   EXPECT_EQ(t.skipped, (std::set<int64_t>{1, 2, 6, 8, 9}));
   EXPECT_EQ(scaler.last_overflow_iter(), 8);
   EXPECT_EQ(scaler.cur_iter(), 9);
 }
 
 // Same pattern with consecutive_hysteresis: every clean step refills it, so
-// the overflow at step 8 (after the clean step 7) is absorbed.
+// the overflows at steps 6 and 8 (each after a clean step) are absorbed.
 TEST(DeepSpeedScalerTest, ConsecutiveHysteresisRefillsOnEveryCleanStep) {
   DeepSpeedLossScaler scaler(deepspeed_config(4, 3, 2, /*consecutive=*/true));
   Trace t = run(scaler, {I, I, C, C, C, I, C, I, I});
-  EXPECT_EQ(t.scales, (std::vector<double>{16, 8, 8, 8, 16, 16, 16, 16, 8}));
+  EXPECT_EQ(t.scales, (std::vector<double>{16, 8, 8, 8, 8, 8, 8, 8, 4}));
   EXPECT_EQ(t.skipped, (std::set<int64_t>{1, 2, 6, 8, 9}));
 }
 
@@ -194,7 +282,7 @@ TEST(DeepSpeedScalerTest, IsolatedOverflowsWithConsecutiveHysteresisKeepTheScale
 TEST(DeepSpeedScalerTest, MatchesDeepSpeedsSomeOverflowTest) {
   DeepSpeedLossScaler scaler(deepspeed_config(8, 2, 1));
   Trace t = run(scaler, {I, I, C, C, C, I});
-  EXPECT_EQ(t.scales, (std::vector<double>{128, 64, 64, 128, 128, 64}));
+  EXPECT_EQ(t.scales, (std::vector<double>{128, 64, 64, 64, 128, 64}));
   EXPECT_EQ(t.skipped, (std::set<int64_t>{1, 2, 6}));
 }
 
@@ -226,7 +314,7 @@ TEST(StaticScalerTest, SkipsOverflowingStepsAndNeverMovesTheScale) {
 // ---- the factory ---------------------------------------------------------
 
 TEST(MakeLossScalerTest, PicksTheScalerFromPrecisionAndFp16Block) {
-  LossScaleConfig c;  // defaults: dynamic, 2^16, window 1000
+  LossScaleConfig c;  // defaults: dynamic, 2^16, no window given
   auto bf16 = make_loss_scaler(c, MixedPrecision::kBf16);
   EXPECT_EQ(bf16->rule(), LossScaleRule::kDisabled);
   EXPECT_EQ(bf16->scale(), 1.0);
@@ -236,14 +324,17 @@ TEST(MakeLossScalerTest, PicksTheScalerFromPrecisionAndFp16Block) {
   auto torch = make_loss_scaler(c, MixedPrecision::kFp16);
   ASSERT_EQ(torch->rule(), LossScaleRule::kTorch);
   EXPECT_EQ(torch->scale(), 65536.0);
-  // The window left at DeepSpeed's default keeps torch's own interval.
+  // No window given keeps torch's own interval; any given window is used,
+  // DeepSpeed's default value 1000 too.
   EXPECT_EQ(dynamic_cast<GradScaler&>(*torch).options().growth_interval, 2000);
-  LossScaleConfig windowed = c;
-  windowed.loss_scale_window = 500;
-  EXPECT_EQ(dynamic_cast<GradScaler&>(*make_loss_scaler(windowed, MixedPrecision::kFp16))
-                .options()
-                .growth_interval,
-            500);
+  for (int64_t window : {500, 1000}) {
+    LossScaleConfig windowed = c;
+    windowed.loss_scale_window = window;
+    EXPECT_EQ(dynamic_cast<GradScaler&>(*make_loss_scaler(windowed, MixedPrecision::kFp16))
+                  .options()
+                  .growth_interval,
+              window);
+  }
 
   c.deepspeed_semantics = true;
   c.initial_scale_power = 12;

@@ -174,6 +174,43 @@ TEST(DeepSpeedJson, SgdTakesMomentumAndRefusesBetas) {
   EXPECT_TRUE(contains(message, "ds.json:1:42: optimizer.params.betas: unknown key for SGD"));
 }
 
+// torch.optim.SGD's nesterov and dampening, which DeepSpeed passes through:
+// read, and refused where torch refuses them (Nesterov without momentum or
+// with dampening), in either key order.
+TEST(DeepSpeedJson, SgdTakesNesterovAndDampeningAsTorchDoes) {
+  Config c = parse_config_text(
+      R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9,
+          "nesterov": true, "dampening": 0}}})", "ds.json");
+  EXPECT_EQ(c.optimizer.nesterov, true);
+  EXPECT_EQ(c.optimizer.dampening, 0.0);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings[0];
+  for (const char* text :
+       {R"({"optimizer": {"type": "SGD", "params": {"nesterov": true, "lr": 0.1}}})",
+        R"({"optimizer": {"type": "SGD", "params": {"nesterov": true, "momentum": 0.9,
+            "dampening": 0.5}}})"}) {
+    const std::string message = parse_error(text, "ds.json");
+    EXPECT_TRUE(contains(message, "ds.json:1:")) << message;
+    EXPECT_TRUE(contains(message, "Nesterov momentum needs a momentum > 0 and dampening 0"))
+        << message;
+  }
+}
+
+// Values torch's or DeepSpeed's optimizers refuse when they are built are
+// refused when the file is read: a beta of 1, Lamb's min_coeff above
+// max_coeff.
+TEST(DeepSpeedJson, BetasOfOneAndLambCoefficientsOutOfOrderAreRefusedOnReading) {
+  for (const char* betas : {"[1.0, 0.999]", "[0.9, 1]"}) {
+    const std::string message = parse_error(
+        std::string(R"({"optimizer": {"type": "AdamW", "params": {"betas": )") + betas + "}}}",
+        "ds.json");
+    EXPECT_TRUE(contains(message, "betas must be in [0, 1)")) << message;
+  }
+  const std::string lamb = parse_error(
+      R"({"optimizer": {"type": "Lamb", "params": {"min_coeff": 5, "max_coeff": 2}}})",
+      "ds.json");
+  EXPECT_TRUE(contains(lamb, "min_coeff 5 is above max_coeff 2")) << lamb;
+}
+
 TEST(DeepSpeedJson, LegacyBfloat16BlockEnablesBf16) {
   Config c = parse_config_text(R"({"bfloat16": {"enabled": true}})", "ds.json");
   EXPECT_EQ(c.mixed_precision, MixedPrecision::kBf16);

@@ -61,7 +61,10 @@ TORCH_MODULE(Stack);
 // kAdagradGroups: Adagrad over two param groups whose
 // initial_accumulator_value differs from the defaults' (LibTorch's Adagrad
 // fills every sum from the defaults' value).
-enum class Opt { kAdam, kAdamW, kSgd, kAdagrad, kRmsprop, kLion, kLamb, kAmsgrad, kAdagradGroups };
+enum class Opt {
+  kAdam, kAdamW, kSgd, kAdagrad, kRmsprop, kLion, kLamb, kAmsgrad, kAdagradGroups,
+  kSgdNesterov, kSgdDampening
+};
 
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
                                                                std::vector<torch::Tensor> params) {
@@ -75,6 +78,12 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt,
     case Opt::kSgd:
       return std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(5e-2).momentum(0.9).weight_decay(0.01));
+    case Opt::kSgdNesterov:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(5e-2).momentum(0.9).nesterov(true).weight_decay(0.01));
+    case Opt::kSgdDampening:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(5e-2).momentum(0.9).dampening(0.3));
     case Opt::kAdagrad:
       return std::make_unique<torch::optim::Adagrad>(
           params, torch::optim::AdagradOptions(5e-2).lr_decay(0.01).weight_decay(0.01)

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <tuple>
 
@@ -21,6 +22,7 @@
 #include "tandem/core/torch_types.h"
 #include "tandem/optim/lamb.h"
 #include "tandem/optim/lion.h"
+#include "tandem/optim/optimizer_factory.h"
 
 namespace tandem {
 namespace {
@@ -38,6 +40,8 @@ const char* optimizer_label(Opt opt) {
     case Opt::kLamb: return "Lamb";
     case Opt::kAmsgrad: return "AmsgradByFactory";
     case Opt::kAdagradGroups: return "AdagradGroups";
+    case Opt::kSgdNesterov: return "SgdNesterov";
+    case Opt::kSgdDampening: return "SgdDampening";
     default: return "Other";
   }
 }
@@ -74,7 +78,8 @@ INSTANTIATE_TEST_SUITE_P(
     StagesWorlds, ZeroOptimizers,
     ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 3),
                        ::testing::Values(Opt::kAdagrad, Opt::kRmsprop, Opt::kLion, Opt::kLamb,
-                                         Opt::kAmsgrad, Opt::kAdagradGroups),
+                                         Opt::kAmsgrad, Opt::kAdagradGroups, Opt::kSgdNesterov,
+                                         Opt::kSgdDampening),
                        ::testing::Values(false)),
     [](const ::testing::TestParamInfo<OptimizerCase>& info) {
       return "Stage" + std::to_string(std::get<0>(info.param)) + "World" +
@@ -90,6 +95,25 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<1>(info.param)) + optimizer_label(std::get<2>(info.param)) +
              "Offload";
     });
+
+// A config's SGD nesterov and dampening reach the optimizer it builds
+// (they used to be warned about and dropped).
+TEST(ConfigOptimizers, SgdNesterovAndDampeningReachTheOptimizer) {
+  torch::nn::Linear layer(3, 2);
+  OptimizerConfig config;
+  config.type = "SGD";
+  config.momentum = 0.9;
+  config.dampening = 0.25;
+  config.nesterov = false;
+  auto damped = make_optimizer(config, layer->parameters(), 0.1);
+  const auto& d = static_cast<const torch::optim::SGDOptions&>(damped->defaults());
+  EXPECT_EQ(d.dampening(), 0.25);
+  EXPECT_FALSE(d.nesterov());
+  config.dampening.reset();
+  config.nesterov = true;
+  auto nesterov = make_optimizer(config, layer->parameters(), 0.1);
+  EXPECT_TRUE(static_cast<const torch::optim::SGDOptions&>(nesterov->defaults()).nesterov());
+}
 
 // Lamb's trust ratio is what makes it differ from Adam-like updates: the
 // parity above means something only if the ratio is not 1 everywhere.
@@ -111,6 +135,52 @@ TEST(ZeroOptimizers, LambTrustRatioChangesTheResult) {
   }
   const Params without = testing::snapshot(*model);
   EXPECT_GT(testing::max_relative_diff(with_ratio, without), 1e-3);
+}
+
+// torch::save / torch::load of tandem's optimizers keep their state and
+// options, as torch::optim's do: a run saved after 3 steps and loaded into
+// a fresh optimizer continues exactly as the run that never stopped.
+template <typename Opt, typename Options>
+void expect_save_load_continues_exactly(const Options& options) {
+  torch::manual_seed(3);
+  const at::Tensor init = torch::randn({5, 7}, torch::kDouble);
+  const at::Tensor target = torch::randn({5, 7}, torch::kDouble);
+  auto train = [&](at::Tensor& p, Opt& opt, int steps) {
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      ((p - target * (s + 1)).pow(2).sum()).backward();
+      opt.step();
+    }
+  };
+  at::Tensor straight = init.clone().requires_grad_(true);
+  Opt straight_opt(std::vector<at::Tensor>{straight}, options);
+  train(straight, straight_opt, 5);
+
+  at::Tensor resumed = init.clone().requires_grad_(true);
+  std::stringstream saved;
+  {
+    Opt first(std::vector<at::Tensor>{resumed}, options);
+    train(resumed, first, 3);
+    torch::save(first, saved);
+  }
+  Opt second(std::vector<at::Tensor>{resumed}, Options(123.0));  // options come from the file
+  torch::load(second, saved);
+  EXPECT_EQ(second.state().size(), 1u) << "the state did not come back";
+  EXPECT_EQ(second.param_groups()[0].options().get_lr(), options.lr());
+  // Continue with the same step numbers as the straight run (targets 4, 5).
+  for (int s = 3; s < 5; ++s) {
+    second.zero_grad();
+    ((resumed - target * (s + 1)).pow(2).sum()).backward();
+    second.step();
+  }
+  EXPECT_TRUE(torch::equal(resumed, straight))
+      << "max diff " << (resumed - straight).abs().max().item<double>();
+}
+
+TEST(OptimizerSerialization, LionAndLambSurviveTorchSaveAndLoad) {
+  expect_save_load_continues_exactly<Lion>(LionOptions(1e-2).betas({0.8, 0.95}).weight_decay(0.1));
+  expect_save_load_continues_exactly<Lamb>(
+      LambOptions(1e-2).betas({0.8, 0.95}).weight_decay(0.1).max_coeff(3).min_coeff(0.05));
 }
 
 TEST(LionMath, OneStepMatchesTheClosedForm) {

@@ -183,18 +183,15 @@ class GradScaler : public LossScaler {
 //   overflow: if hysteresis == 1, scale = max(scale / 2, min_loss_scale);
 //             else hysteresis -= 1. Then last_overflow_iter = cur_iter.
 //   clean:    if consecutive_hysteresis, hysteresis = `hysteresis`;
-//             if (cur_iter - last_overflow_iter) % loss_scale_window == 0,
-//             scale *= 2 (and hysteresis = `hysteresis` when not
-//             consecutive_hysteresis).
+//             stable = cur_iter - last_overflow_iter - 1; if stable > 0 and
+//             stable % loss_scale_window == 0, scale *= 2 (and hysteresis =
+//             `hysteresis` when not consecutive_hysteresis).
 //   cur_iter += 1 after every update (last_overflow_iter starts at -1).
-// So the scale doubles after loss_scale_window clean steps in a row, from
-// the start or from the last overflow: the rule of DeepSpeed's earlier
-// DynamicLossScaler. DeepSpeed's FP16_Optimizer, and the DynamicLossScaler of
-// DeepSpeed 0.19.8 (the one its ZeRO path builds, and the peer tandem's
-// tests run), grow only when cur_iter - last_overflow_iter - 1 is a positive
-// multiple of the window: one clean step later, and never on the first clean
-// step after an overflow. A run compared with 0.19.8 step for step sees its
-// scale double one step later than tandem's.
+// So the scale doubles on the clean step after loss_scale_window clean steps
+// in a row, from the start or from the last overflow: the rule of DeepSpeed
+// 0.19.8's DynamicLossScaler (the one its ZeRO path builds), checked step for
+// step against it (DeepSpeedScalerTest.*, the traces recorded from it).
+// DeepSpeed releases before its `stable_interval` grew one step earlier.
 // State keys: "cur_iter", "last_overflow_iter", "cur_hysteresis".
 class DeepSpeedLossScaler : public LossScaler {
  public:
@@ -218,6 +215,7 @@ class DeepSpeedLossScaler : public LossScaler {
 
  private:
   LossScaleConfig config_;
+  int64_t window_;  // loss_scale_window, or DeepSpeed's 1000
   double scale_;
   int64_t cur_iter_ = 0;
   int64_t last_overflow_iter_ = -1;
@@ -250,7 +248,7 @@ class StaticLossScaler : public LossScaler {
 //   fp16, deepspeed_semantics:  DeepSpeedLossScaler(config);
 //   fp16 otherwise:             GradScaler with init_scale
 //     2^initial_scale_power, growth_interval loss_scale_window (torch's 2000
-//     when the window was left at its DeepSpeed default of 1000), factors 2 and
+//     when no window was given), factors 2 and
 //     0.5, and min_loss_scale as the collapse floor (hysteresis is DeepSpeed's
 //     and has no effect here).
 // Throws UsageError on invalid values (see the constructors).

@@ -56,7 +56,9 @@ const char* to_string(ConfigFormat format);
 struct LossScaleConfig {
   double loss_scale = 0;  // 0: dynamic; > 0: static scale
   int initial_scale_power = 16;
-  int64_t loss_scale_window = 1000;
+  // Clean steps before the scale grows. Empty (not given, or null): 1000
+  // under DeepSpeed's rule, torch's 2000 under GradScaler's.
+  std::optional<int64_t> loss_scale_window;
   int hysteresis = 2;
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1;
@@ -121,6 +123,8 @@ struct OptimizerConfig {
   std::optional<double> weight_decay;
   std::optional<double> eps;
   std::optional<double> momentum;  // SGD, RMSprop
+  std::optional<double> dampening;  // SGD
+  std::optional<bool> nesterov;     // SGD
   std::optional<double> beta1;     // Adam, AdamW, Lion, Lamb
   std::optional<double> beta2;
   std::optional<double> lr_decay;                   // Adagrad

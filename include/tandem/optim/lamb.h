@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
 namespace tandem {
 
@@ -40,12 +41,20 @@ struct LambOptions : torch::optim::OptimizerCloneableOptions<LambOptions> {
 
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
+
+ public:  // TORCH_ARG leaves what follows it private
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 struct LambParamState : torch::optim::OptimizerCloneableParamState<LambParamState> {
   TORCH_ARG(int64_t, step) = 0;
   TORCH_ARG(torch::Tensor, exp_avg);
   TORCH_ARG(torch::Tensor, exp_avg_sq);
+
+ public:  // TORCH_ARG leaves what follows it private
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 class Lamb : public torch::optim::Optimizer {
@@ -56,6 +65,10 @@ class Lamb : public torch::optim::Optimizer {
                 LambOptions defaults = {});
   explicit Lamb(std::vector<torch::Tensor> params, LambOptions defaults = {});
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // torch::save / torch::load, as torch::optim's optimizers: the options of
+  // every group and each parameter's step, exp_avg and exp_avg_sq.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 }  // namespace tandem

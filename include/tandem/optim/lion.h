@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
 namespace tandem {
 
@@ -29,10 +30,18 @@ struct LionOptions : torch::optim::OptimizerCloneableOptions<LionOptions> {
 
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
+
+ public:  // TORCH_ARG leaves what follows it private
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 struct LionParamState : torch::optim::OptimizerCloneableParamState<LionParamState> {
   TORCH_ARG(torch::Tensor, exp_avg);
+
+ public:  // TORCH_ARG leaves what follows it private
+  void serialize(torch::serialize::InputArchive& archive) override;
+  void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 class Lion : public torch::optim::Optimizer {
@@ -42,6 +51,10 @@ class Lion : public torch::optim::Optimizer {
                 LionOptions defaults = {});
   explicit Lion(std::vector<torch::Tensor> params, LionOptions defaults = {});
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // torch::save / torch::load, as torch::optim's optimizers: the options of
+  // every group and each parameter's exp_avg.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
 };
 
 }  // namespace tandem
