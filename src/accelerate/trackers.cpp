@@ -124,6 +124,7 @@ void Trackers::write_monitor_events(int64_t step, const std::vector<double>& lea
 
 void Trackers::init(const std::string& path, const std::map<std::string, HParamValue>& config) {
   metrics_.open(path, settings_.main_process);
+  if (resumed_step_) metrics_.resume_from(*resumed_step_);
   tensorboard_.reset();
   csv_.reset();
   if (!settings_.main_process) return;
@@ -151,6 +152,11 @@ void Trackers::init(const std::string& path, const std::map<std::string, HParamV
     for (const auto& [key, value] : config) params.emplace(key, param_text(value));
     if (!params.empty()) mlflow_->log_params(params);
   }
+}
+
+void Trackers::resumed(int64_t step) {
+  resumed_step_ = step;
+  metrics_.resume_from(step);
 }
 
 void Trackers::log(const std::map<std::string, double>& values, int64_t step) {

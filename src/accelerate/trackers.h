@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ class Trackers {
   // beside it (or in the project dir) with the hyperparameters `config`,
   // and an MLflow run (experiment: the options', else `path`'s stem).
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
+  // Accelerator::load_state: the run resumed at optimizer step `step`. The
+  // JSON lines file (now or at init) keeps its lines up to it
+  // (MetricsLogger::resume_from).
+  void resumed(int64_t step);
   void log(const std::map<std::string, double>& values, int64_t step);
   // Accelerate's get_tracker: "tensorboard" (null before init_trackers or
   // off), "csv", "mlflow"; UsageError for another name.
@@ -81,6 +86,7 @@ class Trackers {
   bool csv_wanted_ = false;
   bool mlflow_wanted_ = false;
   MetricsLogger metrics_;
+  std::optional<int64_t> resumed_step_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<CsvWriter> csv_;
   std::unique_ptr<MlflowWriter> mlflow_;

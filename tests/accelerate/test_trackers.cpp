@@ -1,0 +1,155 @@
+// The trackers' files as a run leaves them: the JSON lines across a resume
+// (the history kept, no step twice) and the keys each line owns.
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "support/log_capture.h"
+#include "support/scratch_dir.h"
+#include "support/thread_ranks.h"
+#include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/metrics_logger.h"
+#include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
+
+namespace tandem {
+namespace trackers_test {
+namespace {
+
+using testing::run_ranks;
+using testing::ScratchDir;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<int64_t> steps_of(const std::vector<nlohmann::json>& rows) {
+  std::vector<int64_t> steps;
+  for (const auto& row : rows) steps.push_back(row["step"].get<int64_t>());
+  return steps;
+}
+
+// One leg of a run: Linear(2, 1) with SGD; optimizer steps from step() + 1
+// to `last`, each logged as {"leg": leg}; a checkpoint in `checkpoint` at
+// step `save_at` (0: none). `resume`: load_state(checkpoint) first, before
+// init_trackers() (Accelerate's examples: after it) when `load_first`.
+void run_leg(const std::string& metrics, const std::string& checkpoint, int leg, int64_t last,
+             int64_t save_at, bool resume, bool load_first) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{}, AcceleratorOptions{});
+    auto model = torch::nn::Linear(2, 1);
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                   torch::optim::SGDOptions(0.1));
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(sgd);
+    if (resume && load_first) accelerator.load_state(checkpoint);
+    accelerator.init_trackers(metrics);
+    if (resume && !load_first) accelerator.load_state(checkpoint);
+    while (accelerator.step() < last) {
+      accelerator.backward(model(torch::ones({2, 2})).sum());
+      optimizer->step();
+      optimizer->zero_grad();
+      accelerator.log({{"leg", leg}}, accelerator.step());
+      if (accelerator.step() == save_at) accelerator.save_state(checkpoint);
+    }
+    accelerator.end_training();
+  });
+}
+
+// Leg 1 saves at step 3 and stops at 5 (as if killed); leg 2 resumes at 3
+// and runs to 6. The file holds steps 1-6 once each: 1-3 from leg 1, 4-6
+// from leg 2, whichever side of init_trackers() load_state() is on. A run
+// that does not resume starts the file over.
+TEST(MetricsLogger, AResumedRunKeepsTheHistoryUpToItsStepAndLogsNoStepTwice) {
+  for (bool load_first : {true, false}) {
+    SCOPED_TRACE(load_first ? "load_state, then init_trackers" : "init_trackers, then load_state");
+    ScratchDir dir;
+    const std::string metrics = dir / "runs/metrics.jsonl";
+    run_leg(metrics, dir / "ckpt", 1, 5, 3, false, load_first);
+    ASSERT_EQ(steps_of(read_lines(metrics)), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+    run_leg(metrics, dir / "ckpt", 2, 6, 0, true, load_first);
+    const auto rows = read_lines(metrics);
+    ASSERT_EQ(steps_of(rows), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+    for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i]["leg"], i < 3 ? 1 : 2) << i;
+    // "time" goes on from the kept lines'.
+    EXPECT_GE(rows[3]["time"].get<double>(), rows[2]["time"].get<double>());
+    run_leg(metrics, dir / "ckpt", 3, 2, 0, false, load_first);
+    EXPECT_EQ(steps_of(read_lines(metrics)), (std::vector<int64_t>{1, 2}));
+  }
+}
+
+// A line torn by a crash is dropped with the lines past the resumed step,
+// and an info line says what was kept and dropped.
+TEST(MetricsLogger, ResumingDropsTheTornLineAndSaysWhatItKept) {
+  ScratchDir dir;
+  const std::string path = dir / "metrics.jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"loss\": 1, \"time\": 1.0}\n"
+                         "{\"step\": 2, \"loss\": 0.5, \"time\": 2.0}\n"
+                         "{\"step\": 3, \"loss\": 0.25, \"time\": 3.0}\n"
+                         "{\"step\": 3, \"loss\"";
+  const std::string log = testing::info_log_of([&] {
+    MetricsLogger logger;
+    logger.resume_from(2);
+    logger.open(path, true);
+    logger.log({{"loss", 0.4}}, 3);
+  });
+  const auto rows = read_lines(path);
+  ASSERT_EQ(steps_of(rows), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(rows[2]["loss"], 0.4);
+  EXPECT_GE(rows[2]["time"].get<double>(), 2.0);
+  EXPECT_NE(log.find("resumed at step 2: " + path + " keeps its 2 line(s) up to that step and "
+                     "drops 2 (past it"),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+// Every line has its own "step" and "time": a value of that name would make
+// a second key in the object, so it is refused, naming the key and the way
+// out, on a logger that writes and on one that does not (other ranks).
+TEST(MetricsLogger, AValueNamedStepOrTimeIsRefusedNamingItAndTheAlternative) {
+  ScratchDir dir;
+  MetricsLogger writing;
+  writing.open(dir / "metrics.jsonl", true);
+  MetricsLogger silent;
+  for (MetricsLogger* logger : {&writing, &silent}) {
+    try {
+      logger->log({{"loss", 1.0}, {"step", 1000.0}}, 1);
+      ADD_FAILURE() << "a value named step was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("\"step\""), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("step argument"), std::string::npos) << e.what();
+    }
+    try {
+      logger->log({{"time", 7.0}}, 1);
+      ADD_FAILURE() << "a value named time was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("\"time_s\""), std::string::npos) << e.what();
+    }
+  }
+  writing.log({{"time_s", 7.0}}, 1);
+  writing.close();
+  const auto rows = read_lines(dir / "metrics.jsonl");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["time_s"], 7.0);
+}
+
+}  // namespace
+}  // namespace trackers_test
+}  // namespace tandem
