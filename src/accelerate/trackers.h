@@ -58,7 +58,10 @@ class Trackers {
 
   // Accelerator::init_trackers: JSON lines in `path`, TensorBoard events
   // beside it (or in the project dir) with the hyperparameters `config`,
-  // and an MLflow run (experiment: the options', else `path`'s stem).
+  // and an MLflow run (experiment: the options', else `path`'s stem). A
+  // DeepSpeed monitor (start_timer) whose folder is the same as the
+  // tensorboard or csv tracker's is that tracker: one writer, each value
+  // written once.
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
   // Accelerator::load_state: the run resumed at optimizer step `step`. The
   // JSON lines file (now or at init) keeps its lines up to it
@@ -87,15 +90,17 @@ class Trackers {
   bool mlflow_wanted_ = false;
   MetricsLogger metrics_;
   std::optional<int64_t> resumed_step_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
-  std::unique_ptr<CsvWriter> csv_;
+  // Shared with the monitor of the same kind when both write one folder.
+  std::shared_ptr<TensorBoardWriter> tensorboard_;
+  std::shared_ptr<CsvWriter> csv_;
   std::unique_ptr<MlflowWriter> mlflow_;
   // The DeepSpeed monitors' own writers (output_path/job_name).
   bool monitors_on_ = false;
   bool fp16_ = false;
   std::function<int64_t()> samples_per_step_;
-  std::unique_ptr<TensorBoardWriter> monitor_tensorboard_;
-  std::unique_ptr<CsvWriter> monitor_csv_;
+  std::shared_ptr<TensorBoardWriter> monitor_tensorboard_;
+  std::string monitor_tensorboard_dir_;
+  std::shared_ptr<CsvWriter> monitor_csv_;
   double loss_sum_ = 0;
   int64_t losses_ = 0;
   std::shared_ptr<WallClockTimer> timer_;

@@ -1,5 +1,6 @@
 // The trackers' files as a run leaves them: the JSON lines across a resume
-// (the history kept, no step twice) and the keys each line owns.
+// (the history kept, no step twice), the keys each line owns, and a
+// DeepSpeed monitor sharing log_with's folder (each value once).
 
 #include <gtest/gtest.h>
 
@@ -148,6 +149,44 @@ TEST(MetricsLogger, AValueNamedStepOrTimeIsRefusedNamingItAndTheAlternative) {
   const auto rows = read_lines(dir / "metrics.jsonl");
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["time_s"], 7.0);
+}
+
+// DeepSpeed tensorboard and csv_monitor blocks whose folder is log_with's
+// share its writers: one event file there, and each logged value once in
+// its CSV file, beside the monitors' own Train/Samples events.
+TEST(DeepSpeedMonitors, AMonitorInLogWithsFolderWritesEachValueOnce) {
+  ScratchDir dir;
+  Config config;
+  for (MonitorConfig* monitor : {&config.tensorboard, &config.csv_monitor}) {
+    monitor->enabled = true;
+    monitor->output_path = dir.path() + "/";  // "dir/" + job_name "" : dir
+    monitor->job_name = "";
+  }
+  AcceleratorOptions options;
+  options.log_with = {"tensorboard", "csv"};
+  run_ranks(1, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), config, options);
+    auto model = torch::nn::Linear(2, 1);
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                   torch::optim::SGDOptions(0.5));
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(sgd);
+    accelerator.init_trackers(dir / "metrics.jsonl");
+    for (int step = 1; step <= 2; ++step) {
+      accelerator.backward(model(torch::ones({2, 2})).sum());
+      optimizer->step();
+      optimizer->zero_grad();
+      accelerator.log({{"user/metric", step}}, step);
+    }
+    accelerator.end_training();
+  });
+  EXPECT_EQ(read_text(dir / "user_metric.csv"), "step,metric\r\n1,1.0\r\n2,2.0\r\n");
+  EXPECT_EQ(read_text(dir / "Train_Samples_lr.csv"), "step,lr\r\n1,0.5\r\n2,0.5\r\n");
+  int event_files = 0;
+  for (const std::string& name : fs::list_directory(dir.path())) {
+    if (name.rfind("events.out.tfevents.", 0) == 0) ++event_files;
+  }
+  EXPECT_EQ(event_files, 1);
 }
 
 }  // namespace

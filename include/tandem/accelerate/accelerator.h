@@ -365,7 +365,8 @@ class Accelerator {
   // Metrics as JSON lines in `path` (TensorBoard, CSV, MLflow with
   // log_with; MLflow's experiment is `path`'s stem unless named). A new
   // run starts `path` over; after load_state() it keeps the lines up to
-  // the resumed step (MetricsLogger::resume_from).
+  // the resumed step (MetricsLogger::resume_from). A DeepSpeed monitor
+  // writing to log_with's folder shares its writer (each value once).
   void init_trackers(const std::string& path,
                      const std::map<std::string, HParamValue>& config = {});
   // `values` at `step` to every tracker. UsageError for a key "step" or
