@@ -47,6 +47,12 @@ bool same_folder(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+std::string mlflow_experiment_of(const std::string& path) {
+  const std::string file = path.substr(path.rfind('/') + 1);
+  const auto dot = file.rfind('.');
+  return dot == std::string::npos ? file : file.substr(0, dot);
+}
+
 Trackers::Trackers(Settings settings) : settings_(std::move(settings)) {
   const std::string mlflow_uri = mlflow_options_from_environment(settings_.mlflow).tracking_uri;
   for (const auto& tracker : settings_.log_with) {
@@ -162,11 +168,17 @@ void Trackers::init(const std::string& path, const std::map<std::string, HParamV
   mlflow_.reset();
   if (mlflow_wanted_) {
     // Accelerate names the experiment after init_trackers' project_name;
-    // here that is the log file's stem ("runs/gpt.jsonl": gpt).
-    MlflowOptions options = settings_.mlflow;
+    // here that is the log file's stem ("runs/gpt.v2.jsonl": gpt.v2).
+    MlflowOptions options = mlflow_options_from_environment(settings_.mlflow);
     if (options.experiment_name.empty() && std::getenv("MLFLOW_EXPERIMENT_ID") == nullptr) {
-      const std::string file = path.substr(path.rfind('/') + 1);
-      options.experiment_name = file.substr(0, file.find('.'));
+      options.experiment_name = mlflow_experiment_of(path);
+      if (options.experiment_name.empty()) {
+        log_warn("init_trackers(\"{}\"): the file name has no stem to name the MLflow "
+                 "experiment, so the run goes to MLflow's \"Default\" experiment. Name the "
+                 "file (runs/gpt.jsonl: experiment \"gpt\") or set AcceleratorOptions::"
+                 "mlflow.experiment_name or MLFLOW_EXPERIMENT_NAME",
+                 path);
+      }
     }
     mlflow_ = std::make_unique<MlflowWriter>(std::move(options));
     std::map<std::string, std::string> params;

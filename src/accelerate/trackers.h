@@ -26,6 +26,11 @@
 
 namespace tandem::detail {
 
+// MLflow's experiment for init_trackers(path) when none is named: the file
+// name's stem, up to its last dot ("runs/gpt.v2.jsonl": "gpt.v2", "runs/gpt":
+// "gpt"); empty for ".jsonl" or "runs/".
+std::string mlflow_experiment_of(const std::string& path);
+
 class Trackers {
  public:
   struct Settings {
@@ -58,10 +63,10 @@ class Trackers {
 
   // Accelerator::init_trackers: JSON lines in `path`, TensorBoard events
   // beside it (or in the project dir) with the hyperparameters `config`,
-  // and an MLflow run (experiment: the options', else `path`'s stem). A
-  // DeepSpeed monitor (start_timer) whose folder is the same as the
-  // tensorboard or csv tracker's is that tracker: one writer, each value
-  // written once.
+  // and an MLflow run (experiment: the options', else `path`'s stem; a
+  // warning when the stem is empty). A DeepSpeed monitor (start_timer)
+  // whose folder is the same as the tensorboard or csv tracker's is that
+  // tracker: one writer, each value written once.
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
   // Accelerator::load_state: the run resumed at optimizer step `step`. The
   // JSON lines file (now or at init) keeps its lines up to it
