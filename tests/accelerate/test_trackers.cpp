@@ -1,6 +1,7 @@
 // The trackers' files as a run leaves them: the JSON lines across a resume
-// (the history kept, no step twice), the keys each line owns, and a
-// DeepSpeed monitor sharing log_with's folder (each value once).
+// (the history kept, no step twice), the keys each line owns, a DeepSpeed
+// monitor sharing log_with's folder (each value once), and MLFLOW_TAGS'
+// values as Accelerate stores them.
 
 #include <gtest/gtest.h>
 
@@ -13,10 +14,12 @@
 #include <torch/torch.h>
 
 #include "support/log_capture.h"
+#include "support/scoped_env.h"
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/accelerate/metrics_logger.h"
+#include "tandem/accelerate/mlflow_writer.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
 
@@ -187,6 +190,25 @@ TEST(DeepSpeedMonitors, AMonitorInLogWithsFolderWritesEachValueOnce) {
     if (name.rfind("events.out.tfevents.", 0) == 0) ++event_files;
   }
   EXPECT_EQ(event_files, 1);
+}
+
+// MLFLOW_TAGS' values as Accelerate's tracker stores them: json.loads,
+// then str() in mlflow.set_tags (the expected texts are Python's own).
+TEST(MlflowWriter, MlflowTagsValuesAreStoredAsPythonsStrWritesThem) {
+  testing::ScopedEnv env;
+  env.set("MLFLOW_TAGS",
+          R"({"flag": true, "off": false, "ratio": 1.0, "n": 2, "none": null, "big": 1e16,
+              "mid": 1e15, "small": 1e-05, "third": 0.1, "team": "nlp",
+              "list": [1, "a", true, null, 2.5], "map": {"k": "it's"}})");
+  const auto tags = mlflow_options_from_environment(MlflowOptions{}).tags;
+  const std::map<std::string, std::string> python = {
+      {"flag", "True"},          {"off", "False"},
+      {"ratio", "1.0"},          {"n", "2"},
+      {"none", "None"},          {"big", "1e+16"},
+      {"mid", "1000000000000000.0"}, {"small", "1e-05"},
+      {"third", "0.1"},          {"team", "nlp"},
+      {"list", "[1, 'a', True, None, 2.5]"}, {"map", "{'k': \"it's\"}"}};
+  EXPECT_EQ(tags, python);
 }
 
 }  // namespace
