@@ -1,7 +1,8 @@
 // The trackers' files as a run leaves them: the JSON lines across a resume
 // (the history kept, no step twice), the keys each line owns, a DeepSpeed
-// monitor sharing log_with's folder (each value once), and MLFLOW_TAGS'
-// values as Accelerate stores them.
+// monitor sharing log_with's folder (each value once), CSV files that
+// stay one column under one header, and MLFLOW_TAGS' values as Accelerate
+// stores them.
 
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include "support/scratch_dir.h"
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
+#include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/metrics_logger.h"
 #include "tandem/accelerate/mlflow_writer.h"
 #include "tandem/core/error.h"
@@ -190,6 +192,42 @@ TEST(DeepSpeedMonitors, AMonitorInLogWithsFolderWritesEachValueOnce) {
     if (name.rfind("events.out.tfevents.", 0) == 0) ++event_files;
   }
   EXPECT_EQ(event_files, 1);
+}
+
+// "a/b", "a b" and "a_b" all make a_b.csv: the first keeps it, the others
+// get a_b_2.csv and a_b_3.csv, each one column under one header, and a
+// warning names the two tags.
+TEST(CsvWriter, TagsThatMakeOneFileNameGetAFileEachWithOneHeader) {
+  ScratchDir dir;
+  const std::string log = testing::info_log_of([&] {
+    CsvWriter writer(dir.path());
+    writer.add_scalar("a/b", 1.0, 1);
+    writer.add_scalar("a b", 2.0, 1);
+    writer.add_scalar("a_b", 3.0, 1);
+    writer.add_scalar("a b", 4.0, 2);
+  });
+  EXPECT_EQ(read_text(dir / "a_b.csv"), "step,b\r\n1,1.0\r\n");
+  EXPECT_EQ(read_text(dir / "a_b_2.csv"), "step,a b\r\n1,2.0\r\n2,4.0\r\n");
+  EXPECT_EQ(read_text(dir / "a_b_3.csv"), "step,a_b\r\n1,3.0\r\n");
+  EXPECT_NE(log.find("tag \"a b\" would be " + dir.path() + "/a_b.csv, which tag \"a/b\" writes"),
+            std::string::npos)
+      << log;
+}
+
+// A second writer on the folder (a resumed run) continues a file with its
+// header without writing the header again; a file left with another
+// column's header is not mixed into.
+TEST(CsvWriter, AnEarlierRunsFileIsContinuedWithoutASecondHeader) {
+  ScratchDir dir;
+  std::ofstream(dir / "x.csv") << "step,other\r\n1,9.0\r\n";
+  for (int64_t step : {1, 2}) {
+    CsvWriter writer(dir.path());
+    writer.add_scalar("eval/loss", 0.5, step);
+    writer.add_scalar("x", 1.0, step);
+  }
+  EXPECT_EQ(read_text(dir / "eval_loss.csv"), "step,loss\r\n1,0.5\r\n2,0.5\r\n");
+  EXPECT_EQ(read_text(dir / "x.csv"), "step,other\r\n1,9.0\r\n");
+  EXPECT_EQ(read_text(dir / "x_2.csv"), "step,x\r\n1,1.0\r\n2,1.0\r\n");
 }
 
 // MLFLOW_TAGS' values as Accelerate's tracker stores them: json.loads,
