@@ -1,8 +1,8 @@
 // The trackers' files as a run leaves them: the JSON lines across a resume
 // (the history kept, no step twice), the keys each line owns, a DeepSpeed
 // monitor sharing log_with's folder (each value once), CSV files that
-// stay one column under one header, and MLFLOW_TAGS' values as Accelerate
-// stores them.
+// stay one column under one header, the progress bar's lines in a log, and
+// MLFLOW_TAGS' values as Accelerate stores them.
 
 #include <gtest/gtest.h>
 
@@ -22,6 +22,7 @@
 #include "tandem/accelerate/csv_writer.h"
 #include "tandem/accelerate/metrics_logger.h"
 #include "tandem/accelerate/mlflow_writer.h"
+#include "tandem/accelerate/progress_bar.h"
 #include "tandem/core/error.h"
 #include "tandem/core/file_system.h"
 
@@ -228,6 +229,48 @@ TEST(CsvWriter, AnEarlierRunsFileIsContinuedWithoutASecondHeader) {
   EXPECT_EQ(read_text(dir / "eval_loss.csv"), "step,loss\r\n1,0.5\r\n2,0.5\r\n");
   EXPECT_EQ(read_text(dir / "x.csv"), "step,other\r\n1,9.0\r\n");
   EXPECT_EQ(read_text(dir / "x_2.csv"), "step,x\r\n1,1.0\r\n2,1.0\r\n");
+}
+
+// What a bar prints to a log (stderr not a terminal) for `updates` steps.
+std::vector<std::string> bar_lines(int64_t total, int updates) {
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressBar bar(total, "train", true);
+    for (int i = 0; i < updates; ++i) bar.update(1);
+  }
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    lines.push_back(text.substr(begin, end - begin));
+  }
+  return lines;
+}
+
+// In a log a bar prints at each tenth of the total, past the total too
+// (110%, 120%, ...), not at every update once the count passed it.
+TEST(ProgressBar, ALogGetsALineEveryTenthOfTheTotalPastItToo) {
+  const auto lines = bar_lines(100, 300);
+  ASSERT_EQ(lines.size(), 31u);  // the first update, then 10, 20, ..., 300
+  EXPECT_EQ(lines[0].rfind("train:   1% [", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[10].rfind("train: 100% [########################] 100/100", 0), 0u)
+      << lines[10];
+  EXPECT_EQ(lines[11].rfind("train: 110% [########################] 110/100", 0), 0u)
+      << lines[11];
+  EXPECT_EQ(lines[30].rfind("train: 300% [########################] 300/100", 0), 0u)
+      << lines[30];
+}
+
+// A total of 0 is unknown: the count and rate without a percentage, at
+// counts 1, 2, 5, 10, 20, ... and the last one on close.
+TEST(ProgressBar, AnUnknownTotalShowsTheCountWithoutAPercentage) {
+  const auto lines = bar_lines(0, 25);
+  ASSERT_EQ(lines.size(), 6u);
+  const char* counts[] = {"1", "2", "5", "10", "20", "25"};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i].rfind(std::string("train: ") + counts[i] + " [", 0), 0u) << lines[i];
+    EXPECT_EQ(lines[i].find('%'), std::string::npos) << lines[i];
+  }
 }
 
 // MLFLOW_TAGS' values as Accelerate's tracker stores them: json.loads,
