@@ -235,7 +235,10 @@ void Accelerator::save_state(const std::string& dir, const SaveStateOptions& opt
 }
 
 nlohmann::json Accelerator::load_state(const std::string& dir, const LoadStateOptions& options) {
-  return impl_->checkpointer->load_state(dir, options);
+  nlohmann::json client_state = impl_->checkpointer->load_state(dir, options);
+  // The JSON lines keep the earlier run's history up to here.
+  impl_->trackers->resumed(step());
+  return client_state;
 }
 
 std::string Accelerator::Impl::automatic_checkpoint_dir(const char* caller) const {

@@ -79,6 +79,68 @@ std::string string_at(const nlohmann::json& answer, const char* pointer) {
   return answer.contains(at) && answer[at].is_string() ? answer[at].get<std::string>() : "";
 }
 
+std::string python_repr(const nlohmann::json& value);
+
+// A JSON value as Python's str() writes what json.loads() makes of it, the
+// text mlflow.set_tags stores (Accelerate's MLFLOW_TAGS): True/False, None,
+// ints as they are, floats as repr() (1.0, 1e-05, 1e+16), lists and dicts
+// with their items' repr().
+std::string python_str(const nlohmann::json& value) {
+  switch (value.type()) {
+    case nlohmann::json::value_t::string:
+      return value.get<std::string>();
+    case nlohmann::json::value_t::boolean:
+      return value.get<bool>() ? "True" : "False";
+    case nlohmann::json::value_t::null:
+      return "None";
+    case nlohmann::json::value_t::number_float: {
+      std::string text = fmt::format("{}", value.get<double>());
+      if (text.find_first_not_of("-0123456789") == std::string::npos) text += ".0";
+      return text;
+    }
+    case nlohmann::json::value_t::array: {
+      std::string out = "[";
+      for (const auto& item : value) out += (out.size() > 1 ? ", " : "") + python_repr(item);
+      return out + "]";
+    }
+    case nlohmann::json::value_t::object: {
+      std::string out = "{";
+      for (const auto& [key, item] : value.items()) {
+        out += (out.size() > 1 ? ", " : "") + python_repr(key) + ": " + python_repr(item);
+      }
+      return out + "}";
+    }
+    default:
+      return value.dump();  // integers
+  }
+}
+
+// repr(): strings quoted as Python quotes them, the rest as str().
+std::string python_repr(const nlohmann::json& value) {
+  if (!value.is_string()) return python_str(value);
+  const std::string text = value.get<std::string>();
+  const char quote =
+      text.find('\'') != std::string::npos && text.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, quote);
+  for (char c : text) {
+    if (c == '\\' || c == quote) {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + quote;
+}
+
 bool retryable(int status) {
   return status == 0 || status == 429 || (status >= 500 && status != 501);
 }
@@ -97,7 +159,7 @@ MlflowOptions mlflow_options_from_environment(MlflowOptions options) {
                      tags);
     options.tags.clear();
     for (const auto& [key, value] : parsed.items()) {
-      options.tags[key] = value.is_string() ? value.get<std::string>() : value.dump();
+      options.tags[key] = python_str(value);
     }
   }
   return options;

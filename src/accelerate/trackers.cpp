@@ -9,6 +9,7 @@
 
 #include "core/http_client.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 #include "tandem/core/logging.h"
 
 namespace tandem::detail {
@@ -33,7 +34,24 @@ std::string param_text(const HParamValue& value) {
   return fmt::format("{}", number);
 }
 
+// Whether two folders are one: both made absolute and normalised (symbolic
+// links are not followed).
+bool same_folder(const std::string& a, const std::string& b) {
+  auto normal = [](const std::string& dir) {
+    std::string path = fs::absolute(dir.empty() ? "." : dir);
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    return path;
+  };
+  return normal(a) == normal(b);
+}
+
 }  // namespace
+
+std::string mlflow_experiment_of(const std::string& path) {
+  const std::string file = path.substr(path.rfind('/') + 1);
+  const auto dot = file.rfind('.');
+  return dot == std::string::npos ? file : file.substr(0, dot);
+}
 
 Trackers::Trackers(Settings settings) : settings_(std::move(settings)) {
   const std::string mlflow_uri = mlflow_options_from_environment(settings_.mlflow).tracking_uri;
@@ -75,10 +93,11 @@ void Trackers::start_timer(const Config& config, c10::Device device,
   samples_per_step_ = std::move(samples_per_step);
   if (monitors_on_ && settings_.main_process) {
     if (config.tensorboard.enabled) {
-      monitor_tensorboard_ = std::make_unique<TensorBoardWriter>(config.tensorboard.dir());
+      monitor_tensorboard_dir_ = config.tensorboard.dir();
+      monitor_tensorboard_ = std::make_shared<TensorBoardWriter>(monitor_tensorboard_dir_);
     }
     if (config.csv_monitor.enabled) {
-      monitor_csv_ = std::make_unique<CsvWriter>(config.csv_monitor.dir());
+      monitor_csv_ = std::make_shared<CsvWriter>(config.csv_monitor.dir());
     }
   }
   if (!config.wall_clock_breakdown && !config.steps_per_print && !monitors_on_) return;
@@ -124,6 +143,7 @@ void Trackers::write_monitor_events(int64_t step, const std::vector<double>& lea
 
 void Trackers::init(const std::string& path, const std::map<std::string, HParamValue>& config) {
   metrics_.open(path, settings_.main_process);
+  if (resumed_step_) metrics_.resume_from(*resumed_step_);
   tensorboard_.reset();
   csv_.reset();
   if (!settings_.main_process) return;
@@ -132,25 +152,44 @@ void Trackers::init(const std::string& path, const std::map<std::string, HParamV
     const auto slash = path.rfind('/');
     dir = slash == std::string::npos ? "." : path.substr(0, slash);
   }
+  // A DeepSpeed monitor writing to the same folder is the same tracker: one
+  // writer, so that each value lands there once (one event file, one CSV
+  // file per tag).
   if (tensorboard_wanted_) {
-    tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
+    tensorboard_ = monitor_tensorboard_ && same_folder(monitor_tensorboard_dir_, dir)
+                       ? monitor_tensorboard_
+                       : std::make_shared<TensorBoardWriter>(dir);
     if (!config.empty()) tensorboard_->add_hparams(config);
   }
-  if (csv_wanted_) csv_ = std::make_unique<CsvWriter>(dir);
+  if (csv_wanted_) {
+    csv_ = monitor_csv_ && same_folder(monitor_csv_->dir(), dir) ? monitor_csv_
+                                                                 : std::make_shared<CsvWriter>(dir);
+  }
   mlflow_.reset();
   if (mlflow_wanted_) {
     // Accelerate names the experiment after init_trackers' project_name;
-    // here that is the log file's stem ("runs/gpt.jsonl": gpt).
-    MlflowOptions options = settings_.mlflow;
+    // here that is the log file's stem ("runs/gpt.v2.jsonl": gpt.v2).
+    MlflowOptions options = mlflow_options_from_environment(settings_.mlflow);
     if (options.experiment_name.empty() && std::getenv("MLFLOW_EXPERIMENT_ID") == nullptr) {
-      const std::string file = path.substr(path.rfind('/') + 1);
-      options.experiment_name = file.substr(0, file.find('.'));
+      options.experiment_name = mlflow_experiment_of(path);
+      if (options.experiment_name.empty()) {
+        log_warn("init_trackers(\"{}\"): the file name has no stem to name the MLflow "
+                 "experiment, so the run goes to MLflow's \"Default\" experiment. Name the "
+                 "file (runs/gpt.jsonl: experiment \"gpt\") or set AcceleratorOptions::"
+                 "mlflow.experiment_name or MLFLOW_EXPERIMENT_NAME",
+                 path);
+      }
     }
     mlflow_ = std::make_unique<MlflowWriter>(std::move(options));
     std::map<std::string, std::string> params;
     for (const auto& [key, value] : config) params.emplace(key, param_text(value));
     if (!params.empty()) mlflow_->log_params(params);
   }
+}
+
+void Trackers::resumed(int64_t step) {
+  resumed_step_ = step;
+  metrics_.resume_from(step);
 }
 
 void Trackers::log(const std::map<std::string, double>& values, int64_t step) {
@@ -160,9 +199,11 @@ void Trackers::log(const std::map<std::string, double>& values, int64_t step) {
     if (tensorboard_) tensorboard_->add_scalar(tag, value, step);
     if (csv_) csv_->add_scalar(tag, value, step);
     // The DeepSpeed monitors get what the program logs too, as DeepSpeed's
-    // engine.monitor.write_events does.
-    if (monitor_tensorboard_) monitor_tensorboard_->add_scalar(tag, value, step);
-    if (monitor_csv_) monitor_csv_->add_scalar(tag, value, step);
+    // engine.monitor.write_events does (once, when one is log_with's own).
+    if (monitor_tensorboard_ && monitor_tensorboard_ != tensorboard_) {
+      monitor_tensorboard_->add_scalar(tag, value, step);
+    }
+    if (monitor_csv_ && monitor_csv_ != csv_) monitor_csv_->add_scalar(tag, value, step);
   }
 }
 

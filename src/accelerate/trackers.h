@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@
 #include "tandem/config/config.h"
 
 namespace tandem::detail {
+
+// MLflow's experiment for init_trackers(path) when none is named: the file
+// name's stem, up to its last dot ("runs/gpt.v2.jsonl": "gpt.v2", "runs/gpt":
+// "gpt"); empty for ".jsonl" or "runs/".
+std::string mlflow_experiment_of(const std::string& path);
 
 class Trackers {
  public:
@@ -57,8 +63,15 @@ class Trackers {
 
   // Accelerator::init_trackers: JSON lines in `path`, TensorBoard events
   // beside it (or in the project dir) with the hyperparameters `config`,
-  // and an MLflow run (experiment: the options', else `path`'s stem).
+  // and an MLflow run (experiment: the options', else `path`'s stem; a
+  // warning when the stem is empty). A DeepSpeed monitor (start_timer)
+  // whose folder is the same as the tensorboard or csv tracker's is that
+  // tracker: one writer, each value written once.
   void init(const std::string& path, const std::map<std::string, HParamValue>& config);
+  // Accelerator::load_state: the run resumed at optimizer step `step`. The
+  // JSON lines file (now or at init) keeps its lines up to it
+  // (MetricsLogger::resume_from).
+  void resumed(int64_t step);
   void log(const std::map<std::string, double>& values, int64_t step);
   // Accelerate's get_tracker: "tensorboard" (null before init_trackers or
   // off), "csv", "mlflow"; UsageError for another name.
@@ -81,15 +94,18 @@ class Trackers {
   bool csv_wanted_ = false;
   bool mlflow_wanted_ = false;
   MetricsLogger metrics_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
-  std::unique_ptr<CsvWriter> csv_;
+  std::optional<int64_t> resumed_step_;
+  // Shared with the monitor of the same kind when both write one folder.
+  std::shared_ptr<TensorBoardWriter> tensorboard_;
+  std::shared_ptr<CsvWriter> csv_;
   std::unique_ptr<MlflowWriter> mlflow_;
   // The DeepSpeed monitors' own writers (output_path/job_name).
   bool monitors_on_ = false;
   bool fp16_ = false;
   std::function<int64_t()> samples_per_step_;
-  std::unique_ptr<TensorBoardWriter> monitor_tensorboard_;
-  std::unique_ptr<CsvWriter> monitor_csv_;
+  std::shared_ptr<TensorBoardWriter> monitor_tensorboard_;
+  std::string monitor_tensorboard_dir_;
+  std::shared_ptr<CsvWriter> monitor_csv_;
   double loss_sum_ = 0;
   int64_t losses_ = 0;
   std::shared_ptr<WallClockTimer> timer_;

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/http_client.h"
+#include "support/log_capture.h"
 #include "support/reserved_port.h"
 #include "support/scoped_env.h"
 #include "support/scratch_dir.h"
@@ -403,6 +404,38 @@ TEST(MlflowWriter, WhatCannotWorkIsRefusedSayingHowToFixIt) {
   // "all" leaves MLflow out when no server is named.
   accelerator_options.log_with = {"all"};
   EXPECT_NO_THROW(Accelerator accelerator(accelerator_options));
+}
+
+// With log_with "mlflow" and no experiment named, init_trackers' file stem
+// names it (up to the last dot, "gpt.v2.jsonl": gpt.v2); a file name
+// without a stem goes to MLflow's Default experiment with a warning that
+// says how to name one.
+TEST(MlflowWriter, InitTrackersNamesTheExperimentAfterTheFilesStemAndWarnsWithoutOne) {
+  MlflowEnv env;
+  ScratchDir dir;
+  FakeMlflowServer server(mlflow_answers(), false);
+  env.set("MLFLOW_TRACKING_URI", server.uri().c_str());
+  AcceleratorOptions options;
+  options.log_with = {"mlflow"};
+  const std::string log = testing::info_log_of([&] {
+    for (const char* file : {"gpt.v2.jsonl", ".jsonl"}) {
+      Accelerator accelerator(options);
+      accelerator.init_trackers(dir / file);
+      accelerator.end_training();
+    }
+  });
+  const auto lookups = server.requests_to("/api/2.0/mlflow/experiments/get-by-name");
+  ASSERT_EQ(lookups.size(), 1u);
+  EXPECT_EQ(lookups[0].target, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=gpt.v2");
+  const auto runs = server.requests_to("/api/2.0/mlflow/runs/create");
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].body["experiment_id"], "7");
+  EXPECT_EQ(runs[1].body["experiment_id"], "0");
+  EXPECT_TRUE(has(log, "init_trackers(\"" + dir / ".jsonl" +
+                           "\"): the file name has no stem to name the MLflow experiment"))
+      << log;
+  EXPECT_TRUE(has(log, "set AcceleratorOptions::mlflow.experiment_name or MLFLOW_EXPERIMENT_NAME"))
+      << log;
 }
 
 TEST(MlflowWriter, HttpHelpersEncodeAsTheRfcsSay) {

@@ -315,6 +315,8 @@ class Accelerator {
   // The `iteration` the next automatically named save_state() writes.
   int64_t save_iteration() const;
   // Restores a checkpoint into the prepared objects; returns client state.
+  // The run counts as resumed at step(): init_trackers()' JSON lines file
+  // (before or after this call) keeps its lines up to that step.
   nlohmann::json load_state(const std::string& dir, const LoadStateOptions& options = {});
   // Saved and restored with the checkpoint as custom_checkpoint_<i>.
   void register_for_checkpointing(std::shared_ptr<Checkpointable> object);
@@ -361,9 +363,14 @@ class Accelerator {
   // A progress bar drawn on the local main process only (stderr).
   ProgressBar progress_bar(int64_t total, std::string description = "") const;
   // Metrics as JSON lines in `path` (TensorBoard, CSV, MLflow with
-  // log_with; MLflow's experiment is `path`'s stem unless named).
+  // log_with; MLflow's experiment is `path`'s stem unless named). A new
+  // run starts `path` over; after load_state() it keeps the lines up to
+  // the resumed step (MetricsLogger::resume_from). A DeepSpeed monitor
+  // writing to log_with's folder shares its writer (each value once).
   void init_trackers(const std::string& path,
                      const std::map<std::string, HParamValue>& config = {});
+  // `values` at `step` to every tracker. UsageError for a key "step" or
+  // "time" (fields of each JSON line).
   void log(const std::map<std::string, double>& values, int64_t step);
   // Accelerate's get_tracker(name, unwrap=True): init_trackers()'s writer,
   // TensorBoardWriter for "tensorboard", CsvWriter for "csv" or MlflowWriter

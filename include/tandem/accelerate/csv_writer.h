@@ -6,6 +6,14 @@
 //   tandem::CsvWriter csv("runs/exp1");
 //   csv.add_scalar("Train/Samples/lr", 3e-4, /*step=*/256);  // runs/exp1/Train_Samples_lr.csv
 //
+// Every file is one valid CSV with one header, where DeepSpeed's are not:
+// - Tags that make the same name ("a/b", "a b", "a_b") get a file each: the
+//   first seen keeps a_b.csv, the next a_b_2.csv, ..., and a warning names
+//   both tags.
+// - A file an earlier run left with the same header (a resumed run) is
+//   appended to without a second header; one with another header is
+//   another column's, and the tag takes the next free name (warned).
+//
 // Each row is flushed as written. Not thread-safe.
 
 #include <cstdint>
@@ -23,15 +31,19 @@ class CsvWriter {
   CsvWriter(const CsvWriter&) = delete;
   CsvWriter& operator=(const CsvWriter&) = delete;
 
-  // Appends a row to the tag's file (opening it, with its header, the first
-  // time this writer sees the tag). Throws CheckpointError on a write error.
+  // Appends a row to the tag's file (opening it, with its header unless the
+  // file has it already, the first time this writer sees the tag). Throws
+  // CheckpointError on a write error.
   void add_scalar(const std::string& tag, double value, int64_t step);
   void close();
   const std::string& dir() const { return dir_; }
 
  private:
+  std::FILE* file_of(const std::string& tag);
+
   std::string dir_;
-  std::map<std::string, std::FILE*> files_;
+  std::map<std::string, std::FILE*> files_;   // by tag
+  std::map<std::string, std::string> owners_;  // file name (no .csv) -> its tag
 };
 
 }  // namespace tandem

@@ -43,8 +43,10 @@ struct MlflowOptions {
   std::string run_id;
   std::string run_name;     // a new run's name (mlflow.runName)
   std::string description;  // the run's description (mlflow.note.content)
-  // Set on the run (and on a new experiment). MLFLOW_TAGS, a JSON object of
-  // strings, beats them.
+  // Set on the run (and on a new experiment). MLFLOW_TAGS, a JSON object,
+  // beats them; its values are stored as Python's str() writes them, as
+  // Accelerate's tracker stores them ({"a": true, "b": 1.0, "c": null}:
+  // "True", "1.0", "None").
   std::map<std::string, std::string> tags;
 };
 
