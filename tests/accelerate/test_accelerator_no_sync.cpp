@@ -63,20 +63,37 @@ Config config_for_stage(int stage) {
 
 class NoSync : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
+// Independent references for two micro-batches per rank, computed on one
+// process: each rank's own gradient of micro-batch 0, their mean, and the
+// mean over ranks of each rank's summed gradient of both micro-batches.
+struct TwoMicroBatches {
+  std::vector<at::Tensor> g0;
+  at::Tensor mean0;
+  at::Tensor mean_sum;
+};
+
+TwoMicroBatches two_micro_batches(const Mlp& init, const Dataset& data, int world) {
+  TwoMicroBatches ref;
+  ref.g0.resize(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    at::Tensor g0 = local_grad(init, rows(data.x, world, r, 0), rows(data.y, world, r, 0));
+    at::Tensor g = g0 + local_grad(init, rows(data.x, world, r, 1), rows(data.y, world, r, 1));
+    ref.mean0 = r == 0 ? g0 : ref.mean0 + g0;
+    ref.mean_sum = r == 0 ? g : ref.mean_sum + g;
+    ref.g0[static_cast<size_t>(r)] = g0;
+  }
+  ref.mean0 = ref.mean0 / world;
+  ref.mean_sum = ref.mean_sum / world;
+  return ref;
+}
+
 TEST_P(NoSync, GradientsStayLocalInsideAndTheSyncedBackwardMatchesAccumulation) {
   const auto [world, stage] = GetParam();
   const Mlp init = reference_init();
   const Dataset data = make_dataset(world * kBatch * 2);
-  // Independent references: each rank's own gradient of micro-batch 0, and
-  // the update accumulation over both micro-batches of every rank gives.
-  std::vector<at::Tensor> g0(world);
-  at::Tensor mean_sum;
-  for (int r = 0; r < world; ++r) {
-    g0[r] = local_grad(init, rows(data.x, world, r, 0), rows(data.y, world, r, 0));
-    at::Tensor g = g0[r] + local_grad(init, rows(data.x, world, r, 1), rows(data.y, world, r, 1));
-    mean_sum = r == 0 ? g : mean_sum + g;
-  }
-  mean_sum = mean_sum / world;
+  const TwoMicroBatches ref = two_micro_batches(init, data, world);
+  const std::vector<at::Tensor>& g0 = ref.g0;
+  const at::Tensor& mean_sum = ref.mean_sum;
   const at::Tensor expected_params = flat_params(*init) - kLr * mean_sum;
 
   run_ranks(world, [&, world = world, stage = stage](ProcessGroup& pg) {
@@ -130,17 +147,9 @@ TEST_P(SyncEachBatch, EveryBackwardReducesAndTheStepEqualsAccumulation) {
   const auto [world, stage] = GetParam();
   const Mlp init = reference_init();
   const Dataset data = make_dataset(world * kBatch * 2);
-  std::vector<at::Tensor> g0(world);
-  at::Tensor mean0;
-  at::Tensor mean_sum;
-  for (int r = 0; r < world; ++r) {
-    g0[r] = local_grad(init, rows(data.x, world, r, 0), rows(data.y, world, r, 0));
-    at::Tensor g = g0[r] + local_grad(init, rows(data.x, world, r, 1), rows(data.y, world, r, 1));
-    mean0 = r == 0 ? g0[r] : mean0 + g0[r];
-    mean_sum = r == 0 ? g : mean_sum + g;
-  }
-  mean0 = mean0 / world;
-  mean_sum = mean_sum / world;
+  const TwoMicroBatches ref = two_micro_batches(init, data, world);
+  const at::Tensor& mean0 = ref.mean0;
+  const at::Tensor& mean_sum = ref.mean_sum;
   // Two micro-steps per cycle: backward() halves each loss.
   const at::Tensor expected_params = flat_params(*init) - kLr * mean_sum / 2;
 
