@@ -41,9 +41,11 @@ class ProgressMonitor {
   // This rank entered collective `sequence`, described by `what`.
   void entered(std::uint64_t sequence, const std::string& what);
   // This rank started a send or recv (`what`) while `next_sequence`
-  // collectives had been issued. It is published as if it came right after
-  // the last collective, so a rank waiting at the next one names it as the
-  // place where this rank is. Before any collective it is not published.
+  // collectives had been issued; published from the first call on, before
+  // any collective too, so that a peer's timeout names it ("rank 1 last
+  // entered recv from rank 0, tag 6, ..."). It counts as being in the last
+  // collective issued (none when next_sequence is 0), and is never taken as
+  // a different call of that collective.
   void entered_point_to_point(std::uint64_t next_sequence, const std::string& what);
 
   // After collective `sequence` timed out on this rank: reads every rank's
@@ -80,8 +82,9 @@ class ProgressMonitor {
 std::string progress_key(int rank);
 
 // Pure part of explain_timeout: `values[r]` is rank r's published value
-// ("@<unix ms> " when it was published, then "joined" or "<sequence>
-// <description>"), nullopt when it has none. `group` names the ranks (group
+// ("@<unix ms> " when it was published, then "joined", "<sequence>
+// <description>" or "p2p <collectives issued> <description>"), nullopt
+// when it has none. `group` names the ranks (group
 // ranks index `values`). A value is only what the rank said when it last
 // published (a frozen rank says nothing more), so a stamped one's note
 // gives its age against `now_unix_ms` (0: the current time).

@@ -317,5 +317,20 @@ TEST(ProgressExplanation, EveryRankPresentBlamesTheTransport) {
             std::string::npos);
 }
 
+// A rank that went on from collective #4 to a send is not in a different
+// call of #4: it entered #4 and is past it.
+TEST(ProgressExplanation, ASendAfterTheCollectiveIsNotADifferentCall) {
+  std::vector<std::optional<std::string>> values = {
+      std::string("4 all_reduce #4 Float[2] on shm (sum)"),
+      std::string("p2p 5 send to rank 0, tag 1, Float[2] on shm")};
+  EXPECT_NE(detail::explain_progress(4, 0, values).find("every rank entered it"),
+            std::string::npos);
+  // Before any collective, a send or recv is still where the rank is.
+  values = {std::string("0 barrier #0"), std::string("p2p 0 recv from rank 0, tag 6, Float[3] on gloo")};
+  EXPECT_EQ(detail::explain_progress(0, 0, values),
+            "rank 1 did not arrive (rank 1 last entered recv from rank 0, tag 6, Float[3] on "
+            "gloo)");
+}
+
 }  // namespace
 }  // namespace tandem
