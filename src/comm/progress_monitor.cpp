@@ -230,17 +230,32 @@ std::string explain_progress(std::uint64_t sequence, int self,
   std::vector<int> ahead;
   std::vector<std::string> missing_notes;
   std::vector<std::string> ahead_notes;
+  // The ranks in collective `sequence` (this one too), grouped by the call
+  // they entered: past the desync check's window, two ranks at the same
+  // number in different calls wait for each other until the timeout.
+  std::vector<std::string> calls;
+  std::vector<std::vector<int>> callers;
   for (int r = 0; r < static_cast<int>(values.size()); ++r) {
-    if (r == self) continue;
     const auto& value = values[static_cast<std::size_t>(r)];
     const int global = group.global(r);  // notes name the rank its own log shows
     if (!value) {
+      if (r == self) continue;
       missing.push_back(r);
       missing_notes.push_back(fmt::format("rank {} never reported", global));
       continue;
     }
     const Report report = read_report(*value);
     const ProgressEntry entry = parse_entry(report.body);
+    if (entry.collective && *entry.collective == sequence && !entry.point_to_point) {
+      auto it = std::find(calls.begin(), calls.end(), entry.what);
+      if (it == calls.end()) {
+        calls.push_back(entry.what);
+        callers.emplace_back();
+        it = calls.end() - 1;
+      }
+      callers[static_cast<std::size_t>(it - calls.begin())].push_back(r);
+    }
+    if (r == self) continue;
     if (!entry.collective || *entry.collective < sequence) {
       missing.push_back(r);
       missing_notes.push_back(describe_report(global, report, now_unix_ms));
@@ -259,6 +274,20 @@ std::string explain_progress(std::uint64_t sequence, int self,
         "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
         text.empty() ? "" : "; ", group.name(ahead), ahead.size() == 1 ? "is" : "are",
         join(ahead_notes, "; "));
+  }
+  if (calls.size() > 1) {
+    std::string who;
+    for (std::size_t i = 0; i < calls.size() && i < kMaxNamed; ++i) {
+      who += fmt::format("{}{} entered {}", i == 0 ? "" : (i == 1 ? " but " : " and "),
+                         group.name(callers[i]), calls[i]);
+    }
+    text += fmt::format(
+        "{} #{} {}: {}. A collective desync: every rank must issue the same collectives in the "
+        "same order, with the same dtypes, shapes, reduce ops and roots. Only the first "
+        "collectives are checked (ProcessGroupOptions::desync_check_collectives); "
+        "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
+        text.empty() ? "every rank entered" : "; the ranks that entered", sequence,
+        text.empty() ? "but not the same call" : "are not in the same call", who);
   }
   if (text.empty()) {
     text = "every rank entered it, so the transport itself stalled (or a rank arrived only "

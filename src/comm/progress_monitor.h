@@ -51,7 +51,8 @@ class ProgressMonitor {
   // After collective `sequence` timed out on this rank: reads every rank's
   // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
   // last entered barrier #9 (as of its last report, 0.4 s ago); rank 3 never
-  // reported)". Never throws.
+  // reported)", or, when every rank is in it but not in the same call,
+  // each rank's call. Never throws.
   std::string explain_timeout(std::uint64_t sequence);
 
   // After a send or recv with `peer` timed out: where that rank last was,
@@ -84,7 +85,8 @@ std::string progress_key(int rank);
 // Pure part of explain_timeout: `values[r]` is rank r's published value
 // ("@<unix ms> " when it was published, then "joined", "<sequence>
 // <description>" or "p2p <collectives issued> <description>"), nullopt
-// when it has none. `group` names the ranks (group
+// when it has none. Ranks in collective `sequence` whose descriptions differ
+// (another operation, shape, dtype, reduce op or root) are named as a desync. `group` names the ranks (group
 // ranks index `values`). A value is only what the rank said when it last
 // published (a frozen rank says nothing more), so a stamped one's note
 // gives its age against `now_unix_ms` (0: the current time).

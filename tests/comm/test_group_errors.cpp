@@ -136,7 +136,7 @@ TEST(GroupErrors, ATimeoutInASubgroupNamesTheMissingRankByBothRanks) {
     EXPECT_NE(message.find(fmt::format("[rank {}/5]", rank)), std::string::npos) << message;
     EXPECT_NE(message.find("all_reduce #1 Float[4] on shm in group [0, 2, 3] timed out after "
                            "1500 ms: rank 3 (rank 2 of group [0, 2, 3]) did not arrive (rank 3 "
-                           "last entered all_reduce #0 Float[4] on shm in group [0, 2, 3] (as "
+                           "last entered all_reduce #0 Float[4] on shm in group [0, 2, 3] (sum) (as "
                            "of its last report, "),
               std::string::npos)
         << message;
