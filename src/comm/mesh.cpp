@@ -68,11 +68,16 @@ ProcessMesh::ProcessMesh(std::shared_ptr<ProcessGroup> parent,
 void ProcessMesh::build() {
   const int hosts = shape_[0];
   const int per_host = shape_[1];
-  TANDEM_CHECK_ARG(hosts >= 1 && per_host >= 1 && hosts * per_host == parent_->world_size(),
+  TANDEM_CHECK_ARG(hosts >= 1 && per_host >= 1,
+                   "ProcessMesh: shape {{{}, {}}} has a dimension below 1; both dimensions must "
+                   "be positive: pass {{hosts, ranks per host}} with hosts * ranks per host = {}",
+                   hosts, per_host, parent_->world_size());
+  // In 64 bits: two large dimensions would overflow an int.
+  const long long ranks = static_cast<long long>(hosts) * per_host;
+  TANDEM_CHECK_ARG(ranks == parent_->world_size(),
                    "ProcessMesh: shape {{{}, {}}} holds {} ranks but the group has {}; pass "
                    "{{hosts, ranks per host}} with hosts * ranks per host = {}",
-                   hosts, per_host, static_cast<long long>(hosts) * per_host,
-                   parent_->world_size(), parent_->world_size());
+                   hosts, per_host, ranks, parent_->world_size(), parent_->world_size());
   TANDEM_CHECK_ARG(!names_[0].empty() && !names_[1].empty() && names_[0] != names_[1],
                    "ProcessMesh: the dimension names '{}' and '{}' must be two different, "
                    "non-empty names",

@@ -66,7 +66,14 @@ ProcessGroup::Impl::Call ProcessGroup::Impl::begin(detail::CollectiveOp op,
     call.what = fmt::format("{} #{}{}", detail::to_string(op), call.sequence, group.suffix());
   }
   if (setting_up) return call;
-  monitor->entered(call.sequence, call.what);
+  // The report adds what the description leaves out, so that a timeout past
+  // the checked window can tell two ranks in different calls apart.
+  std::string report = call.what;
+  if (reduce_op >= 0 && reduce_op <= static_cast<std::int64_t>(ReduceOp::kMin)) {
+    report += fmt::format(" ({})", to_string(static_cast<ReduceOp>(reduce_op)));
+  }
+  if (root >= 0) report += fmt::format(" (root {})", root);
+  monitor->entered(call.sequence, report);
   if (options.debug_detail || call.sequence < options.desync_check_collectives) {
     if (rows_vary && tensor != nullptr && tensor->dim() > 0) {
       std::vector<std::int64_t> sizes = tensor->sizes().vec();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include <fmt/format.h>
@@ -69,30 +70,47 @@ std::string as_of(const Report& report, std::int64_t now_ms) {
   return fmt::format(" (as of its last report, {:.1f} s ago)", age_s);
 }
 
-// What rank `global`'s report says of where it was.
-std::string describe_report(int global, const Report& report, std::int64_t now_ms);
+// What a report's body says: "joined", "<sequence> <collective>" or, for a
+// send or recv, "p2p <collectives issued> <send or recv>".
+struct ProgressEntry {
+  bool entered = false;  // false for "joined" (or garbage)
+  // The last collective the rank entered; none before its first.
+  std::optional<std::uint64_t> collective;
+  std::string what;  // what it last entered: that collective, or the send/recv
+  bool point_to_point = false;
+};
 
-// "<sequence> <description>" -> sequence; false for "joined" or garbage.
-bool parse_sequence(const std::string& value, std::uint64_t& sequence, std::string& what) {
+ProgressEntry parse_entry(const std::string& body) {
+  ProgressEntry entry;
+  const char* text = body.c_str();
+  constexpr const char* kPointToPoint = "p2p ";
+  entry.point_to_point = body.rfind(kPointToPoint, 0) == 0;
+  if (entry.point_to_point) text += std::strlen(kPointToPoint);
   char* end = nullptr;
-  sequence = std::strtoull(value.c_str(), &end, 10);
-  if (end == value.c_str() || *end != ' ') return false;
-  what = std::string(end + 1);
-  return true;
+  const std::uint64_t number = std::strtoull(text, &end, 10);
+  if (end == text || *end != ' ') return {};
+  entry.entered = true;
+  entry.what = std::string(end + 1);
+  if (!entry.point_to_point) {
+    entry.collective = number;
+  } else if (number > 0) {
+    entry.collective = number - 1;  // issued `number` collectives: entered #number-1
+  }
+  return entry;
 }
 
+// What rank `global`'s report says of where it was.
 std::string describe_report(int global, const Report& report, std::int64_t now_ms) {
-  std::uint64_t seq = 0;
-  std::string what;
+  const ProgressEntry entry = parse_entry(report.body);
   // A rank that left says no more, so its note needs no age.
   const char* left = " and then left the group: its process group was destroyed (the program "
                      "ended, or an exception ended its training)";
-  if (!parse_sequence(report.body, seq, what)) {
+  if (!entry.entered) {
     if (report.left) return fmt::format("rank {} entered no collective{}", global, left);
     return fmt::format("rank {} had entered no collective{}", global, as_of(report, now_ms));
   }
-  if (report.left) return fmt::format("rank {} last entered {}{}", global, what, left);
-  return fmt::format("rank {} last entered {}{}", global, what,
+  if (report.left) return fmt::format("rank {} last entered {}{}", global, entry.what, left);
+  return fmt::format("rank {} last entered {}{}", global, entry.what,
                      report.ms ? as_of(report, now_ms) : "");
 }
 
@@ -135,8 +153,9 @@ void ProgressMonitor::entered(std::uint64_t sequence, const std::string& what) {
 
 void ProgressMonitor::entered_point_to_point(std::uint64_t next_sequence,
                                              const std::string& what) {
-  if (next_sequence == 0) return;
-  entered(next_sequence - 1, what);
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.assign("p2p ").append(std::to_string(next_sequence)).append(" ").append(what);
+  dirty_ = true;
 }
 
 void ProgressMonitor::publish_loop() {
@@ -211,22 +230,36 @@ std::string explain_progress(std::uint64_t sequence, int self,
   std::vector<int> ahead;
   std::vector<std::string> missing_notes;
   std::vector<std::string> ahead_notes;
+  // The ranks in collective `sequence` (this one too), grouped by the call
+  // they entered: past the desync check's window, two ranks at the same
+  // number in different calls wait for each other until the timeout.
+  std::vector<std::string> calls;
+  std::vector<std::vector<int>> callers;
   for (int r = 0; r < static_cast<int>(values.size()); ++r) {
-    if (r == self) continue;
     const auto& value = values[static_cast<std::size_t>(r)];
-    std::uint64_t seq = 0;
-    std::string what;
     const int global = group.global(r);  // notes name the rank its own log shows
     if (!value) {
+      if (r == self) continue;
       missing.push_back(r);
       missing_notes.push_back(fmt::format("rank {} never reported", global));
       continue;
     }
     const Report report = read_report(*value);
-    if (!parse_sequence(report.body, seq, what) || seq < sequence) {
+    const ProgressEntry entry = parse_entry(report.body);
+    if (entry.collective && *entry.collective == sequence && !entry.point_to_point) {
+      auto it = std::find(calls.begin(), calls.end(), entry.what);
+      if (it == calls.end()) {
+        calls.push_back(entry.what);
+        callers.emplace_back();
+        it = calls.end() - 1;
+      }
+      callers[static_cast<std::size_t>(it - calls.begin())].push_back(r);
+    }
+    if (r == self) continue;
+    if (!entry.collective || *entry.collective < sequence) {
       missing.push_back(r);
       missing_notes.push_back(describe_report(global, report, now_unix_ms));
-    } else if (seq > sequence) {
+    } else if (*entry.collective > sequence) {
       ahead.push_back(r);
       ahead_notes.push_back(describe_report(global, report, now_unix_ms));
     }
@@ -241,6 +274,20 @@ std::string explain_progress(std::uint64_t sequence, int self,
         "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
         text.empty() ? "" : "; ", group.name(ahead), ahead.size() == 1 ? "is" : "are",
         join(ahead_notes, "; "));
+  }
+  if (calls.size() > 1) {
+    std::string who;
+    for (std::size_t i = 0; i < calls.size() && i < kMaxNamed; ++i) {
+      who += fmt::format("{}{} entered {}", i == 0 ? "" : (i == 1 ? " but " : " and "),
+                         group.name(callers[i]), calls[i]);
+    }
+    text += fmt::format(
+        "{} #{} {}: {}. A collective desync: every rank must issue the same collectives in the "
+        "same order, with the same dtypes, shapes, reduce ops and roots. Only the first "
+        "collectives are checked (ProcessGroupOptions::desync_check_collectives); "
+        "TANDEM_DEBUG=DETAIL checks every collective and names the first difference",
+        text.empty() ? "every rank entered" : "; the ranks that entered", sequence,
+        text.empty() ? "but not the same call" : "are not in the same call", who);
   }
   if (text.empty()) {
     text = "every rank entered it, so the transport itself stalled (or a rank arrived only "

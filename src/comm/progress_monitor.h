@@ -41,15 +41,18 @@ class ProgressMonitor {
   // This rank entered collective `sequence`, described by `what`.
   void entered(std::uint64_t sequence, const std::string& what);
   // This rank started a send or recv (`what`) while `next_sequence`
-  // collectives had been issued. It is published as if it came right after
-  // the last collective, so a rank waiting at the next one names it as the
-  // place where this rank is. Before any collective it is not published.
+  // collectives had been issued; published from the first call on, before
+  // any collective too, so that a peer's timeout names it ("rank 1 last
+  // entered recv from rank 0, tag 6, ..."). It counts as being in the last
+  // collective issued (none when next_sequence is 0), and is never taken as
+  // a different call of that collective.
   void entered_point_to_point(std::uint64_t next_sequence, const std::string& what);
 
   // After collective `sequence` timed out on this rank: reads every rank's
   // progress and says who is missing, e.g. "ranks 1, 3 did not arrive (rank 1
   // last entered barrier #9 (as of its last report, 0.4 s ago); rank 3 never
-  // reported)". Never throws.
+  // reported)", or, when every rank is in it but not in the same call,
+  // each rank's call. Never throws.
   std::string explain_timeout(std::uint64_t sequence);
 
   // After a send or recv with `peer` timed out: where that rank last was,
@@ -80,8 +83,10 @@ class ProgressMonitor {
 std::string progress_key(int rank);
 
 // Pure part of explain_timeout: `values[r]` is rank r's published value
-// ("@<unix ms> " when it was published, then "joined" or "<sequence>
-// <description>"), nullopt when it has none. `group` names the ranks (group
+// ("@<unix ms> " when it was published, then "joined", "<sequence>
+// <description>" or "p2p <collectives issued> <description>"), nullopt
+// when it has none. Ranks in collective `sequence` whose descriptions differ
+// (another operation, shape, dtype, reduce op or root) are named as a desync. `group` names the ranks (group
 // ranks index `values`). A value is only what the rank said when it last
 // published (a frozen rank says nothing more), so a stamped one's note
 // gives its age against `now_unix_ms` (0: the current time).

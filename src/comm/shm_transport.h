@@ -19,6 +19,13 @@
 // alternate between rounds, so these barriers are enough (see the .cpp for
 // why).
 //
+// Every rank posts the shape of its call (operation, dtype, reduce op,
+// element count, an exchange's byte matrix) in the first round, and every
+// rank compares them after that round's barrier: ranks that passed different
+// tensors get a CommError naming each rank's call instead of mixing
+// unrelated bytes. It costs one small write and world_size small reads per
+// call, and an empty call takes one round (one barrier).
+//
 // Collectives run on a dedicated thread in submission order, so async
 // all-reduces overlap the caller's compute. Thread-safe.
 
@@ -36,6 +43,19 @@
 #include "tandem/comm/process_group.h"
 
 namespace tandem::detail {
+
+// What a rank passed to a shared-memory collective; every rank must pass the
+// same (ShmTransport compares them in each call's first round).
+struct ShmCallShape {
+  std::int64_t kind = 0;    // 1 all-reduce, 2 all-gather, 3 reduce-scatter, 4 exchange
+  std::int64_t dtype = -1;  // at::ScalarType; -1 for an exchange (bytes only)
+  std::int64_t op = -1;     // ReduceOp; -1 when nothing is reduced
+  std::int64_t count = 0;   // elements; an exchange: the bytes of its whole matrix
+  std::uint64_t plan = 0;   // an exchange's byte matrix, hashed
+  bool operator==(const ShmCallShape& o) const {
+    return kind == o.kind && dtype == o.dtype && op == o.op && count == o.count && plan == o.plan;
+  }
+};
 
 class ShmTransport {
  public:
@@ -91,6 +111,13 @@ class ShmTransport {
   // The buffer set of the next round (the sets alternate).
   std::uint8_t* next_set();
   void arrive_and_wait(const std::string& what);
+  // Round `round` of a call shaped `shape`: the round's buffer set; in the
+  // first round, this rank's shape is posted beside it.
+  std::uint8_t* begin_round(std::size_t round, const ShmCallShape& shape);
+  // The barrier after round `round`'s writes; after the first round's,
+  // throws CommError unless every rank posted `shape`.
+  void arrive_and_check(std::size_t round, const ShmCallShape& shape, const std::string& what);
+  ShmCallShape* posted_shape(std::uint64_t parity, int rank) const;
   void run_all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& what);
   void run_all_gather(const at::Tensor& output, const at::Tensor& input, const std::string& what);
   void run_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,

@@ -32,20 +32,31 @@ std::string describe_subgroups(const std::vector<std::vector<int>>& groups) {
 // named twice (within a list or, for split_group, across lists).
 void check_subgroups(const std::vector<std::vector<int>>& groups, int world, const char* op) {
   TANDEM_CHECK_ARG(!groups.empty(), "{}: no group was given; pass at least one list of ranks", op);
-  std::map<int, std::size_t> owner;  // rank -> index of its list
+  // rank -> where it was first named: (index of its list, position in it)
+  std::map<int, std::pair<std::size_t, std::size_t>> first;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     TANDEM_CHECK_ARG(!groups[g].empty(), "{}: the list of ranks is empty; a group needs a rank",
                      op);
-    for (int r : groups[g]) {
+    for (std::size_t i = 0; i < groups[g].size(); ++i) {
+      const int r = groups[g][i];
       TANDEM_CHECK_ARG(r >= 0 && r < world,
                        "{}: rank {} is not a rank of the parent group, whose ranks are 0..{}; "
                        "pass the parent group's ranks (rank() on it), not global ones",
                        op, r, world - 1);
-      auto [it, fresh] = owner.emplace(r, g);
-      TANDEM_CHECK_ARG(fresh,
-                       "{}: rank {} is named twice ({} and {}); a rank belongs to one group",
-                       op, r, detail::bracketed_ranks(groups[it->second]),
-                       detail::bracketed_ranks(groups[g]));
+      auto [it, fresh] = first.emplace(r, std::make_pair(g, i));
+      if (fresh) continue;
+      const auto [g0, i0] = it->second;
+      // new_group passes one list: its number would say nothing.
+      const std::string list = groups.size() == 1 ? "" : fmt::format(" (list {})", g);
+      TANDEM_CHECK_ARG(g0 != g,
+                       "{}: rank {} is named twice in {}{}, at positions {} and {}; name each "
+                       "rank once",
+                       op, r, detail::bracketed_ranks(groups[g]), list, i0, i);
+      TANDEM_THROW(UsageError,
+                   "{}: rank {} is named twice: in list {} {} at position {} and in list {} {} "
+                   "at position {}; a rank belongs to one group",
+                   op, r, g0, detail::bracketed_ranks(groups[g0]), i0, g,
+                   detail::bracketed_ranks(groups[g]), i);
     }
   }
 }
@@ -91,6 +102,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::make_subgroup(const char* op,
                                                           std::vector<std::vector<int>> groups,
                                                           const ProcessGroupOptions* child_options) {
   impl_->require_member(op);
+  // As the caller wrote them: a repeated rank's positions are named in these.
+  const std::vector<std::vector<int>> passed = groups;
   for (auto& group : groups) std::sort(group.begin(), group.end());
   const std::string mine = describe_subgroups(groups);
   std::string what = op;
@@ -104,7 +117,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::make_subgroup(const char* op,
       throw_subgroup_mismatch(texts, impl_->group, op, what);
     }
   }
-  check_subgroups(groups, impl_->world_size, op);
+  check_subgroups(passed, impl_->world_size, op);
   const std::uint64_t id = impl_->subgroups_made++;
 
   auto child = std::make_unique<Impl>();

@@ -138,8 +138,10 @@ void mismatched_reduce_at(ProcessGroup& pg, std::uint64_t when) {
   pg.all_reduce(t, pg.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);
 }
 
+// On Gloo: the shared-memory transport compares every call's shape itself
+// (ShmCallCheck below).
 TEST(DesyncCheck, IsOnForTheFirstCollectivesOnly) {
-  auto options = with_transport(true);
+  auto options = with_transport(false);
   options.desync_check_collectives = 3;
   auto inside = usage_errors(2, options, [](ProcessGroup& pg) { mismatched_reduce_at(pg, 2); });
   EXPECT_NE(inside[0].find("collective desync at #2: rank 0 called all_reduce Float[6] (sum) but "
@@ -150,6 +152,57 @@ TEST(DesyncCheck, IsOnForTheFirstCollectivesOnly) {
   EXPECT_EQ(after[0], "");
   EXPECT_EQ(after[1], "");
 }
+
+// Past the window, the shared-memory transport still compares what each
+// rank passed: sizes that differ by one element (the same number of rounds,
+// so nothing would hang) or another reduce op give every rank a CommError
+// naming each rank's call, instead of silently mixed results.
+class ShmCallCheck : public ::testing::TestWithParam<int> {};
+
+std::map<int, std::string> shm_comm_errors(int world, const std::function<void(ProcessGroup&)>& fn) {
+  auto options = with_transport(true);
+  options.desync_check_collectives = 0;
+  options.timeout = std::chrono::seconds(5);  // a missed check would hang, not pass
+  return testing::rank_errors<CommError>(world, fn, options);
+}
+
+TEST_P(ShmCallCheck, DifferentSizesOrReduceOpsPastTheWindowAreNamedOnEveryRank) {
+  const int world = GetParam();
+  auto messages = shm_comm_errors(world, [](ProcessGroup& pg) {
+    auto t = at::ones({pg.rank() == 1 ? 1001 : 1000});
+    pg.all_reduce(t);
+  });
+  const std::string others = world == 2 ? "rank 0" : "ranks 0, 2";
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("all_reduce #0 Float[" + std::to_string(rank == 1 ? 1001 : 1000) +
+                           "] on shm: the ranks passed different tensors to it: " + others +
+                           " called all_reduce of 1000 Float elements (sum) but rank 1 called "
+                           "all_reduce of 1001 Float elements (sum)"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+  messages = shm_comm_errors(world, [](ProcessGroup& pg) {
+    auto t = at::ones({6});
+    pg.all_reduce(t, pg.rank() == 0 ? ReduceOp::kSum : ReduceOp::kMax);
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("rank 0 called all_reduce of 6 Float elements (sum) but rank"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+  messages = shm_comm_errors(world, [](ProcessGroup& pg) {
+    auto part = at::ones({pg.rank() == 0 ? 5 : 4}, at::kDouble);
+    pg.gather(part, 0);
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("the ranks passed different tensors to it: rank 0 called exchange "
+                           "moving " + std::to_string(5 * 8 * world) + " bytes but"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmCallCheck, ::testing::Values(2, 3));
 
 TEST(DesyncCheck, DebugDetailChecksEveryCollective) {
   auto options = with_transport(false);

@@ -75,7 +75,30 @@ TEST(GroupErrors, RanksThatPassDifferentGroupsAreNamedOnEveryRank) {
   }
   messages = rank_errors<UsageError>(4, [](ProcessGroup& pg) { pg.split_group({{0, 1}, {1, 2}}); });
   for (const auto& [rank, message] : messages) {
-    EXPECT_NE(message.find("rank 1 is named twice ([0, 1] and [1, 2])"), std::string::npos)
+    EXPECT_NE(message.find("rank 1 is named twice: in list 0 [0, 1] at position 1 and in list 1 "
+                           "[1, 2] at position 0; a rank belongs to one group"),
+              std::string::npos)
+        << message;
+  }
+}
+
+// A rank repeated within one list: the message names that list as the
+// caller wrote it and both positions, not the list twice.
+TEST(GroupErrors, ARankRepeatedInOneListIsNamedWithItsPositions) {
+  auto messages = rank_errors<UsageError>(2, [](ProcessGroup& pg) { pg.new_group({0, 0}); });
+  ASSERT_EQ(messages.size(), 2u);
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("new_group: rank 0 is named twice in [0, 0], at positions 0 and 1; "
+                           "name each rank once"),
+              std::string::npos)
+        << message;
+  }
+  messages = rank_errors<UsageError>(3, [](ProcessGroup& pg) {
+    pg.split_group({{0}, {1, 2, 1}});
+  });
+  for (const auto& [rank, message] : messages) {
+    EXPECT_NE(message.find("rank 1 is named twice in [1, 2, 1] (list 1), at positions 0 and 2"),
+              std::string::npos)
         << message;
   }
 }
@@ -136,7 +159,7 @@ TEST(GroupErrors, ATimeoutInASubgroupNamesTheMissingRankByBothRanks) {
     EXPECT_NE(message.find(fmt::format("[rank {}/5]", rank)), std::string::npos) << message;
     EXPECT_NE(message.find("all_reduce #1 Float[4] on shm in group [0, 2, 3] timed out after "
                            "1500 ms: rank 3 (rank 2 of group [0, 2, 3]) did not arrive (rank 3 "
-                           "last entered all_reduce #0 Float[4] on shm in group [0, 2, 3] (as "
+                           "last entered all_reduce #0 Float[4] on shm in group [0, 2, 3] (sum) (as "
                            "of its last report, "),
               std::string::npos)
         << message;

@@ -135,6 +135,13 @@ TEST(ProcessMesh, UnevenOrInterleavedHostsAndBadShapesAreNamed) {
   for (const auto& m : mesh_errors({"a", "a", "a", "a"}, wrong_shape)) {
     EXPECT_NE(m.find("shape {3, 2} holds 6 ranks but the group has 4"), std::string::npos) << m;
   }
+  // Two negative dimensions multiply to the world size: the sign is the fault.
+  auto negative = [](ProcessGroup& world) { ProcessMesh mesh(world.shared_from_this(), {-1, -2}); };
+  for (const auto& m : mesh_errors({"a", "a"}, negative)) {
+    EXPECT_NE(m.find("shape {-1, -2} has a dimension below 1; both dimensions must be positive"),
+              std::string::npos)
+        << m;
+  }
   auto unknown_dim = [](ProcessGroup& world) {
     ProcessMesh mesh(world.shared_from_this(), {2, 1});
     mesh.group("hosts");

@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <future>
+#include <map>
+#include <mutex>
 
 #include <ATen/ATen.h>
 
@@ -174,6 +177,45 @@ TEST_P(PointToPointTimeout, ARecvNamesThePeerAndWhereItLastWas) {
                          " timed out after 1500 ms: rank 1 last entered barrier #0"),
             std::string::npos)
       << message;
+}
+
+// Before any collective: each rank waits in a recv from the other, on
+// different tags, and each one's timeout says where the other waits.
+TEST_P(PointToPointTimeout, BeforeAnyCollectiveTheTimeoutNamesThePeersRecvAndTag) {
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  options.progress_interval = std::chrono::milliseconds(100);
+  options.shared_memory = GetParam();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> waiting{2};
+  std::mutex mutex;
+  std::map<int, std::string> messages;
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        auto t = at::empty({3});
+        try {
+          pg.recv(t, 1 - pg.rank(), 5 + pg.rank());
+          ADD_FAILURE() << "recv completed without a send";
+        } catch (const TimeoutError& e) {
+          std::lock_guard<std::mutex> lock(mutex);
+          messages[pg.rank()] = e.what();
+        }
+        // Stay connected until both have their error.
+        if (--waiting == 0) release.set_value();
+        released.wait();
+      },
+      options);
+  const std::string transport = GetParam() ? "shm" : "gloo";
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_NE(messages[0].find("recv from rank 1, tag 5, Float[3] on " + transport +
+                             " timed out after 1500 ms: rank 1 last entered recv from rank 0, "
+                             "tag 6, Float[3] on " + transport),
+            std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[1].find("rank 0 last entered recv from rank 1, tag 5"), std::string::npos)
+      << messages[1];
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PointToPointTimeout, ::testing::Bool(),

@@ -78,9 +78,10 @@ std::map<int, std::string> skip_second_call_on_rank_1(
 }
 
 // `described` is the collective as errors name it, without its number:
-// "all_reduce #{} Float[4] on shm".
+// "all_reduce #{} Float[4] on shm"; `reported` is what its progress report
+// adds (the reduce op or root: " (sum)").
 void expect_skipped_call_named(const std::map<int, std::string>& by_rank,
-                               const std::string& described) {
+                               const std::string& described, const std::string& reported) {
   ASSERT_EQ(by_rank.size(), 2u);
   for (const auto& [rank, message] : by_rank) {
     EXPECT_NE(message.find(fmt::format("[rank {}/3]", rank)), std::string::npos) << message;
@@ -88,7 +89,7 @@ void expect_skipped_call_named(const std::map<int, std::string>& by_rank,
               std::string::npos)
         << message;
     EXPECT_NE(message.find("rank 1 did not arrive (rank 1 last entered " +
-                           fmt::format(fmt::runtime(described), 0) +
+                           fmt::format(fmt::runtime(described), 0) + reported +
                            " (as of its last report, "),
               std::string::npos)
         << message;
@@ -109,7 +110,8 @@ TEST_P(SkippedCollective, OthersNameTheRankTheOperationAndTheSequenceNumber) {
     pg.all_reduce(t);
   });
   expect_skipped_call_named(messages,
-                            std::string("all_reduce #{} Float[4] on ") + (shared_memory ? "shm" : "gloo"));
+                            std::string("all_reduce #{} Float[4] on ") + (shared_memory ? "shm" : "gloo"),
+                            " (sum)");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -137,8 +139,10 @@ TEST_P(SkippedGatherOrScatter, OthersNameTheRankTheOperationAndTheSequenceNumber
     }
   });
   const std::string transport = shared_memory ? "shm" : "gloo";
-  expect_skipped_call_named(messages, scatter ? "reduce_scatter #{} BFloat16[15] on " + transport
-                                              : "all_gather_into #{} BFloat16[5] on " + transport);
+  expect_skipped_call_named(messages,
+                            scatter ? "reduce_scatter #{} BFloat16[15] on " + transport
+                                    : "all_gather_into #{} BFloat16[5] on " + transport,
+                            scatter ? " (avg)" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -315,6 +319,94 @@ TEST(ProgressExplanation, EveryRankPresentBlamesTheTransport) {
                                                     std::string("2 barrier #2")};
   EXPECT_NE(detail::explain_progress(2, 1, values).find("every rank entered it"),
             std::string::npos);
+}
+
+// Past the desync check's window, ranks at the same number in different
+// calls wait for each other: the numbers agree, the calls do not.
+TEST(ProgressExplanation, RanksAtTheSameNumberInDifferentCallsAreADesync) {
+  std::vector<std::optional<std::string>> values = {
+      std::string("300 all_reduce #300 Float[4] on shm (sum)"),
+      std::string("300 broadcast #300 Float[4] on gloo (root 0)"),
+      std::string("300 all_reduce #300 Float[4] on shm (sum)")};
+  const std::string text = detail::explain_progress(300, 0, values);
+  EXPECT_NE(text.find("every rank entered #300 but not the same call: ranks 0, 2 entered "
+                      "all_reduce #300 Float[4] on shm (sum) but rank 1 entered broadcast #300 "
+                      "Float[4] on gloo (root 0). A collective desync"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("transport itself stalled"), std::string::npos) << text;
+  // The same operation with another shape, or another reduce op.
+  values = {std::string("7 all_reduce #7 Float[1000] on shm (sum)"),
+            std::string("7 all_reduce #7 Float[1001] on shm (sum)")};
+  EXPECT_NE(detail::explain_progress(7, 1, values)
+                .find("rank 0 entered all_reduce #7 Float[1000] on shm (sum) but rank 1 entered "
+                      "all_reduce #7 Float[1001] on shm (sum)"),
+            std::string::npos);
+  values = {std::string("7 all_reduce #7 Float[4] on shm (sum)"),
+            std::string("7 all_reduce #7 Float[4] on shm (max)")};
+  EXPECT_NE(detail::explain_progress(7, 0, values).find("not the same call"), std::string::npos);
+  // With a rank missing, the others' difference is still named.
+  values = {std::string("7 barrier #7"), std::string("7 all_gather #7 Int[2] on shm"),
+            std::string("5 barrier #5")};
+  const std::string partial = detail::explain_progress(7, 0, values);
+  EXPECT_NE(partial.find("rank 2 did not arrive (rank 2 last entered barrier #5); the ranks that "
+                         "entered #7 are not in the same call: rank 0 entered barrier #7 but "
+                         "rank 1 entered all_gather #7 Int[2] on shm"),
+            std::string::npos)
+      << partial;
+}
+
+// A rank that went on from collective #4 to a send is not in a different
+// call of #4: it entered #4 and is past it.
+TEST(ProgressExplanation, ASendAfterTheCollectiveIsNotADifferentCall) {
+  std::vector<std::optional<std::string>> values = {
+      std::string("4 all_reduce #4 Float[2] on shm (sum)"),
+      std::string("p2p 5 send to rank 0, tag 1, Float[2] on shm")};
+  EXPECT_NE(detail::explain_progress(4, 0, values).find("every rank entered it"),
+            std::string::npos);
+  // Before any collective, a send or recv is still where the rank is.
+  values = {std::string("0 barrier #0"), std::string("p2p 0 recv from rank 0, tag 6, Float[3] on gloo")};
+  EXPECT_EQ(detail::explain_progress(0, 0, values),
+            "rank 1 did not arrive (rank 1 last entered recv from rank 0, tag 6, Float[3] on "
+            "gloo)");
+}
+
+// End to end, past the window: rank 0 all-reduces while rank 1 broadcasts,
+// both at #1. Each times out naming both calls.
+TEST(Timeouts, RanksInDifferentCallsPastTheCheckedWindowAreNamedAsADesync) {
+  Messages messages;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> waiting{2};
+  auto options = short_timeout(/*shared_memory=*/true);
+  options.desync_check_collectives = 1;  // #0 only
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        auto t = at::ones({4});
+        pg.all_reduce(t);  // #0, checked
+        try {
+          if (pg.rank() == 0) {
+            pg.all_reduce(t);
+          } else {
+            pg.broadcast(t, 0);
+          }
+          ADD_FAILURE() << "#1 completed on rank " << pg.rank();
+        } catch (const TimeoutError& e) {
+          messages.add(pg.rank(), e.what());
+        }
+        if (--waiting == 0) release.set_value();
+        released.wait();
+      },
+      options);
+  ASSERT_EQ(messages.by_rank.size(), 2u);
+  for (const auto& [rank, message] : messages.by_rank) {
+    EXPECT_NE(message.find("every rank entered #1 but not the same call: rank 0 entered "
+                           "all_reduce #1 Float[4] on shm (sum) but rank 1 entered broadcast #1 "
+                           "Float[4] on gloo (root 0). A collective desync"),
+              std::string::npos)
+        << "rank " << rank << ": " << message;
+  }
 }
 
 }  // namespace
