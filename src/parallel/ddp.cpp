@@ -118,8 +118,15 @@ void DistributedDataParallel::register_comm_hook(std::function<HookWork(GradBuck
 CommHook& DistributedDataParallel::comm_hook() const { return reducer_->hook(); }
 
 void DistributedDataParallel::sync_buffers() {
+  // Written through variable_data(), which shares the storage but not the
+  // version counter: a buffer the forward saved for backward (a scale
+  // factor) would otherwise fail a second backward over a retained graph
+  // ("modified by an inplace operation"), which PyTorch's DDP, broadcasting
+  // before the forward instead, runs.
   std::vector<at::Tensor> buffers;
-  for (const auto& item : unique_named_buffers(*module_)) buffers.push_back(item.second);
+  for (const auto& item : unique_named_buffers(*module_)) {
+    buffers.push_back(item.second.variable_data());
+  }
   broadcast_coalesced(*process_group_, buffers);
 }
 

@@ -147,9 +147,17 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   // statistics normalises each rank's batch on its own.
   const bool synchronise = is_training() && process_group_ && process_group_->world_size() > 1;
   if (!synchronise) {
-    return at::batch_norm(input, weight, bias, running_mean, running_var,
-                          /*training=*/is_training() || !options.track_running_stats(), factor,
-                          options.eps(), at::globalContext().userEnabledCuDNN());
+    const bool batch_statistics = is_training() || !options.track_running_stats();
+    // torch.nn.functional.batch_norm's check (at::batch_norm has none): one
+    // value per channel has no variance, and would come out as the bias.
+    TANDEM_CHECK_ARG(!batch_statistics || input.numel() / input.size(1) != 1,
+                     "SyncBatchNorm expected more than 1 value per channel when training, got "
+                     "input of shape {}{}. Use a larger batch or call eval()",
+                     c10::str(input.sizes()),
+                     is_training() ? "" : " (track_running_stats is false, so eval() uses the "
+                                          "batch's statistics too)");
+    return at::batch_norm(input, weight, bias, running_mean, running_var, batch_statistics,
+                          factor, options.eps(), at::globalContext().userEnabledCuDNN());
   }
 
   detail::GlobalBatchStats stats;

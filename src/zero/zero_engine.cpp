@@ -122,21 +122,54 @@ void ZeroEngine::for_each_whole_parameter(
 
 void ZeroEngine::gather_parameters(const std::vector<at::Tensor>& params) {
   std::vector<std::size_t> groups;
+  FrozenHold frozen;
   for (const at::Tensor& p : params) {
-    std::size_t found = layout_.params().size();
-    for (std::size_t i = 0; i < layout_.params().size(); ++i) {
-      if (layout_.params()[i].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) found = i;
+    auto same = [&p](const at::Tensor& q) {
+      return q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+    };
+    const auto& trainable = layout_.params();
+    const auto found = std::find_if(trainable.begin(), trainable.end(), same);
+    if (found == trainable.end()) {
+      const auto& frozen_params = layout_.frozen_params();
+      TANDEM_CHECK_ARG(
+          std::find_if(frozen_params.begin(), frozen_params.end(), same) != frozen_params.end(),
+          "ZeroOptimizer::GatheredParameters: a tensor of shape {} is not a parameter of the "
+          "model this optimizer shards; pass the model's own parameters (model->parameters())",
+          p.defined() ? c10::str(p.sizes()) : std::string("undefined"));
+      if (std::none_of(frozen.params.begin(), frozen.params.end(), same)) {
+        frozen.params.push_back(p);
+      }
+      continue;
     }
-    TANDEM_CHECK_ARG(found < layout_.params().size(),
-                     "ZeroOptimizer::GatheredParameters: a tensor of shape {} is not a "
-                     "parameter of the model this optimizer shards; pass the model's own "
-                     "parameters (model->parameters())",
-                     p.defined() ? c10::str(p.sizes()) : std::string("undefined"));
-    const std::size_t g = layout_.group_of()[found];
+    const std::size_t g = layout_.group_of()[static_cast<std::size_t>(found - trainable.begin())];
     if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
   }
   std::sort(groups.begin(), groups.end());
+  if (layout_.plan().partition_parameters) {
+    for (const at::Tensor& p : frozen.params) frozen.kept.push_back(p.detach().clone());
+  } else {
+    frozen.params.clear();  // stages 1 and 2 shard no parameter: nothing to do, as for units
+  }
   gatherer_.gather_groups(groups);
+  frozen_holds_.push_back(std::move(frozen));
+}
+
+void ZeroEngine::release_held(std::optional<int> modifier_rank) {
+  gatherer_.release_held(modifier_rank);
+  if (frozen_holds_.empty()) return;
+  const FrozenHold hold = std::move(frozen_holds_.back());  // guards are scoped
+  frozen_holds_.pop_back();
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < hold.params.size(); ++i) {
+    at::Tensor p = hold.params[i];
+    if (!modifier_rank) {
+      p.copy_(hold.kept[i]);  // discarded, as a unit's changes are
+      continue;
+    }
+    at::Tensor whole = p.is_contiguous() ? p : p.contiguous();
+    pg_->broadcast(whole, *modifier_rank);
+    if (!whole.is_same(p)) p.copy_(whole);
+  }
 }
 
 }  // namespace tandem::detail

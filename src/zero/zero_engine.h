@@ -53,7 +53,7 @@ class ZeroEngine {
   // GatheredParameters(params, modifier_rank): the groups holding `params`.
   // UsageError for a tensor that is no parameter of the sharded model.
   void gather_parameters(const std::vector<at::Tensor>& params);
-  void release_held(std::optional<int> modifier_rank) { gatherer_.release_held(modifier_rank); }
+  void release_held(std::optional<int> modifier_rank);
 
   int stage() const { return options_.stage; }
   const ZeroOptions& options() const { return options_; }
@@ -92,6 +92,14 @@ class ZeroEngine {
   ZeroLayout layout_;  // keeps the ShardingPlan, built once from options_.stage
   CommClock clock_;
   CommQueue queue_;
+  // Frozen parameters a GatheredParameters guard names (stage 3): whole on
+  // every rank already, so the guard only keeps their values, to broadcast
+  // the modifier rank's or put them back on exit, as it does for a unit.
+  struct FrozenHold {
+    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> kept;
+  };
+  std::vector<FrozenHold> frozen_holds_;
   UnitGatherer gatherer_;
   GradientReducer reducer_;
   ShardState state_;

@@ -60,7 +60,7 @@ void ZeroLayout::collect_parameters(torch::nn::Module& model,
   for (const auto& item : unique_named_parameters(model)) {
     const at::Tensor& p = item.tensor;
     if (!p.requires_grad()) {
-      frozen.emplace(p.unsafeGetTensorImpl(), true);
+      if (frozen.emplace(p.unsafeGetTensorImpl(), true).second) frozen_params_.push_back(p);
       continue;
     }
     seen.emplace(p.unsafeGetTensorImpl(), params_.size());

@@ -55,6 +55,9 @@ class ZeroLayout {
   const ShardingPlan& plan() const { return plan_; }
   // The trainable parameters, tied ones once, in registration order.
   const std::vector<at::Tensor>& params() const { return params_; }
+  // The frozen ones (requires_grad false), tied ones once: not sharded, whole
+  // on every rank.
+  const std::vector<at::Tensor>& frozen_params() const { return frozen_params_; }
   const std::string& name(std::size_t param) const { return names_[param]; }
   // The optimizer param group of `param`, or kNotOptimized.
   static constexpr std::size_t kNotOptimized = static_cast<std::size_t>(-1);
@@ -96,6 +99,7 @@ class ZeroLayout {
   c10::Device device_ = c10::Device(c10::kCPU);
   c10::Device state_device_ = c10::Device(c10::kCPU);
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> frozen_params_;
   std::vector<std::string> names_;
   std::vector<std::size_t> param_group_of_;  // optimizer param group, or none
   std::vector<FlatGroup> groups_;

@@ -380,5 +380,24 @@ TEST(Ddp, BuffersFollowRankZero) {
   });
 }
 
+// A second backward over a retained graph whose forward saved a buffer (a
+// scale factor) runs, as under PyTorch's DDP: the buffer broadcast after the
+// first synchronised backward must not count as an in-place change of what
+// autograd saved. Both backwards reduce, so the gradient is twice the mean.
+TEST(Ddp, ASecondBackwardOverARetainedGraphSurvivesTheBufferBroadcast) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    torch::nn::Linear model(4, 2);
+    model->register_buffer("scale", torch::full({2}, 1.5));
+    DistributedDataParallel ddp(model.ptr(), pg.shared_from_this());
+    const auto x = torch::full({3, 4}, static_cast<float>(pg.rank() + 1));
+    const at::Tensor scale = model->named_buffers()["scale"];
+    const at::Tensor loss = (torch::tanh(model->forward(x)) * scale).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    const at::Tensor once = model->weight.grad().clone();
+    ASSERT_NO_THROW(loss.backward());
+    EXPECT_TRUE(torch::allclose(model->weight.grad(), 2 * once, 1e-6, 1e-6));
+  });
+}
+
 }  // namespace
 }  // namespace tandem

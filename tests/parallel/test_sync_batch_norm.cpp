@@ -341,6 +341,22 @@ TEST(SyncBatchNorm, OneValuePerChannelOverTheWholeWorldThrowsOnEveryRank) {
   EXPECT_EQ(threw, std::vector<int>({1, 1}));
 }
 
+// Without synchronisation (no group, or eval without running statistics)
+// one value per channel is refused as torch.nn.BatchNorm refuses it; it used
+// to come out silently as the bias. Two values, or eval with running
+// statistics, are fine.
+TEST(SyncBatchNorm, OneValuePerChannelIsRefusedWhenNotSynchronisingToo) {
+  SyncBatchNorm alone(SyncBatchNormOptions(3));
+  EXPECT_THROW(alone->forward(at::randn({1, 3})), UsageError);
+  EXPECT_THROW(alone->forward(at::randn({1, 3, 1, 1})), UsageError);
+  EXPECT_NO_THROW(alone->forward(at::randn({2, 3})));
+  alone->eval();
+  EXPECT_NO_THROW(alone->forward(at::randn({1, 3})));
+  SyncBatchNorm untracked(SyncBatchNormOptions(3).track_running_stats(false));
+  untracked->eval();
+  EXPECT_THROW(untracked->forward(at::randn({1, 3})), UsageError);
+}
+
 TEST(SyncBatchNorm, BackwardWithCreateGraphIsRejected) {
   run_ranks(2, [](ProcessGroup& pg) {
     SyncBatchNorm bn(SyncBatchNormOptions(3), borrow(pg));

@@ -135,6 +135,37 @@ TEST_P(GatheredParameterList, GuardsNest) {
   });
 }
 
+// A frozen parameter (requires_grad false when the optimizer was built) is
+// not sharded, but a guard takes it as DeepSpeed's does: the modifier rank's
+// value reaches every rank, and without a modifier the change is discarded.
+// Before, it was refused as "not a parameter of the model".
+TEST_P(GatheredParameterList, AFrozenParameterFollowsTheModifierRankToo) {
+  const Recipe r = odd_model();
+  const Params initial = snapshot(*make_model(r));
+  run_ranks(GetParam(), [&](ProcessGroup& pg) {
+    Stack model = make_model(r);
+    const at::Tensor frozen = model->blocks[1]->fc->weight;
+    const at::Tensor frozen_bias = model->blocks[1]->fc->bias;
+    frozen.requires_grad_(false);
+    frozen_bias.requires_grad_(false);
+    auto adam = make_optimizer(Opt::kAdam, model->parameters());
+    ZeroOptimizer zero(model, *adam, pg.shared_from_this(), stage3());
+    const int last = GetParam() - 1;
+    {
+      ZeroOptimizer::GatheredParameters some(zero, {frozen, model->blocks[0]->fc->bias}, last);
+      torch::NoGradGuard no_grad;
+      frozen.fill_(pg.rank() == last ? 5.0 : -1.0);
+    }
+    EXPECT_TRUE(torch::equal(frozen, torch::full({r.width, r.width}, 5.0))) << pg.rank();
+    {
+      ZeroOptimizer::GatheredParameters discarded(zero, {frozen_bias});
+      torch::NoGradGuard no_grad;
+      frozen_bias.fill_(static_cast<double>(pg.rank()) + 9.0);
+    }
+    EXPECT_TRUE(torch::equal(frozen_bias, initial.at("block1.fc.bias"))) << pg.rank();
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, GatheredParameterList, ::testing::Values(2, 3));
 
 }  // namespace

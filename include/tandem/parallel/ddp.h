@@ -20,7 +20,8 @@
 // the first backward, in the order gradients actually arrived (rank 0's).
 // Buffers (e.g. BatchNorm running statistics) are copied from rank 0 at
 // construction and after every synchronised backward, so each forward starts
-// from rank 0's buffers as in PyTorch.
+// from rank 0's buffers as in PyTorch, unless a rank changes a buffer
+// between a backward and the next forward (docs/architecture.md).
 //
 // Thread-safety: one training thread per DistributedDataParallel. The wrapper
 // holds the module (a shared_ptr), and must outlive any backward through the

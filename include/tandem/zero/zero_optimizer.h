@@ -236,7 +236,8 @@ class ZeroOptimizer {
   // change a parameter on one rank, e.g. an initialisation read from a
   // file there); without it, every change is discarded, as in DeepSpeed.
   // Parameters stage 3 keeps whole (outside every unit, or under
-  // param_persistence_threshold) follow the same rules. Guards nest.
+  // param_persistence_threshold) and frozen ones follow the same rules.
+  // Guards nest.
   // UsageError for a tensor that is no parameter of the sharded model.
   class GatheredParameters {
    public:
