@@ -29,6 +29,14 @@ struct Failure {
   }
 };
 
+// `text` without the "[rank r/N] " its own rank's error put in front, which
+// the caller writes again as it names that rank.
+std::string without_rank_prefix(const std::string& text) {
+  if (text.rfind("[rank ", 0) != 0) return text;
+  const std::size_t end = text.find("] ");
+  return end == std::string::npos ? text : text.substr(end + 2);
+}
+
 Failure failure_of(const std::exception& e) {
   if (dynamic_cast<const UsageError*>(&e) != nullptr) return {Failure::kUsage, e.what()};
   if (dynamic_cast<const CheckpointError*>(&e) != nullptr) return {Failure::kCheckpoint, e.what()};
@@ -48,7 +56,7 @@ void agree(ProcessGroup& pg, ProcessGroup* replicate, const Failure& mine, const
       if (all[r].empty()) continue;
       // Kind first, as encode() puts it; then the rank in its group.
       first = all[r].substr(0, 1) + fmt::format("[rank {}/{}] ", r, all.size()) +
-              all[r].substr(1);
+              without_rank_prefix(all[r].substr(1));
     }
     const std::vector<std::string> groups = replicate->all_gather_strings(first);
     for (std::size_t g = 0; g < groups.size() && first.empty(); ++g) {
@@ -65,7 +73,8 @@ void agree(ProcessGroup& pg, ProcessGroup* replicate, const Failure& mine, const
     const char kind = own ? static_cast<char>(mine.kind) : all[r][0];
     const std::string message =
         own ? mine.message + when
-            : fmt::format("[rank {}/{}] {}{}", r, all.size(), all[r].substr(1), when);
+            : fmt::format("[rank {}/{}] {}{}", r, all.size(), without_rank_prefix(all[r].substr(1)),
+                          when);
     if (kind == Failure::kUsage) TANDEM_THROW(UsageError, "{}", message);
     TANDEM_THROW(CheckpointError, "{}", message);
   }

@@ -408,6 +408,28 @@ TEST(ZeroPretrained, RefusalOnAnyRankLoadsNothingAnywhere) {
   }
 }
 
+// A file missing on one rank only: every rank throws, and the others name
+// that rank once ("[rank 0/2] [rank 1/2] ..."), not with its prefix twice.
+TEST(ZeroPretrained, AFailureOnOneRankIsNamedOnceByTheOthers) {
+  TiedLmOptions o;
+  ScratchDir dir;
+  const std::string path = dir.file("model.safetensors");
+  write_safetensors(path, pretrained_tensors(o));
+  constexpr int kWorld = 2;
+  std::vector<std::string> errors(kWorld);
+  run_zero(kWorld, o, 3, [&](ProcessGroup& pg, PretrainedLm&, ZeroOptimizer& zero) {
+    try {
+      load_safetensors_into_shards(zero, pg.rank() == 1 ? dir.file("missing.safetensors") : path);
+    } catch (const Error& e) {
+      errors[pg.rank()] = e.what();
+    }
+  });
+  ASSERT_FALSE(errors[0].empty());
+  EXPECT_EQ(errors[0].rfind("[rank 0/2] [rank 1/2] ", 0), 0u) << errors[0];
+  EXPECT_EQ(errors[0].find("[rank 1/2]", 12), std::string::npos) << "named twice: " << errors[0];
+  EXPECT_FALSE(errors[1].empty());
+}
+
 }  // namespace
 }  // namespace zero_pretrained
 }  // namespace tandem
