@@ -98,20 +98,51 @@ bool Placeholder::written(int64_t nbytes) const {
   return bytes.narrow(0, 0, nbytes).ne(kSentinel).any().item<bool>();
 }
 
-int64_t fingerprint_of(const at::Tensor& tensor) {
-  at::Tensor host = tensor.to(at::kCPU).contiguous();
-  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
-  const std::size_t n = host.nbytes();
-  // FNV-1a over 8-byte words, then the tail byte by byte.
-  uint64_t h = 1469598103934665603ULL;
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes + i, 8);
-    h = (h ^ word) * 1099511628211ULL;
+namespace {
+
+// FNV-1a over 8-byte words, then the tail byte by byte, of a byte stream
+// fed in pieces: the same value whatever the pieces' sizes.
+class StreamFingerprint {
+ public:
+  void add(const unsigned char* bytes, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      word_[filled_++] = bytes[i];
+      if (filled_ == 8) {
+        uint64_t word;
+        std::memcpy(&word, word_, 8);
+        h_ = (h_ ^ word) * 1099511628211ULL;
+        filled_ = 0;
+      }
+    }
   }
-  for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
-  return static_cast<int64_t>(h >> 1);  // 63 bits: its negation never overflows
+  void add_zeros(std::size_t n) {
+    static const unsigned char zeros[256] = {};
+    for (; n > 0; n -= std::min<std::size_t>(n, sizeof zeros)) {
+      add(zeros, std::min<std::size_t>(n, sizeof zeros));
+    }
+  }
+  void add(const at::Tensor& tensor) {
+    const at::Tensor host = tensor.to(at::kCPU).contiguous();
+    add(static_cast<const unsigned char*>(host.data_ptr()), host.nbytes());
+  }
+  int64_t value() const {
+    uint64_t h = h_;
+    for (std::size_t i = 0; i < filled_; ++i) h = (h ^ word_[i]) * 1099511628211ULL;
+    return static_cast<int64_t>(h >> 1);  // 63 bits: its negation never overflows
+  }
+
+ private:
+  uint64_t h_ = 1469598103934665603ULL;
+  unsigned char word_[8] = {};
+  std::size_t filled_ = 0;
+};
+
+}  // namespace
+
+int64_t fingerprint_of(const at::Tensor& tensor) {
+  StreamFingerprint fingerprint;
+  fingerprint.add(tensor);
+  return fingerprint.value();
 }
 
 void cut_at_construction(ShardedUnit& unit, torch::nn::Module& module) {
@@ -142,19 +173,37 @@ void cut_at_construction(ShardedUnit& unit, torch::nn::Module& module) {
   shard->world = init.world;
   shard->rank = init.rank;
   shard->shard_begin = layout.shard_begin;
-  shard->full = at::zeros({layout.padded}, members.front().options().requires_grad(false));
+  // The flat buffer's shape only: nothing touches its memory before it is
+  // released, so the unit is never held twice. This rank's slice and the
+  // fingerprint of the whole (padding as zeros) are read from the members.
+  shard->full = at::empty({layout.padded}, members.front().options().requires_grad(false));
+  shard->shard = at::zeros({layout.shard_numel}, shard->full.options());
+  StreamFingerprint fingerprint;
+  const std::size_t element = shard->full.element_size();
+  int64_t written = 0;  // flat elements fingerprinted so far
+  const int64_t shard_end = layout.shard_begin + layout.shard_numel;
   for (std::size_t k = 0; k < members.size(); ++k) {
-    at::Tensor view =
-        internals::flat_alias(shard->full, layout.offsets[k], members[k].sizes());
-    view.copy_(members[k]);
-    internals::rebind_parameter_data(members[k], view);  // frees the parameter's own memory
+    const int64_t begin = layout.offsets[k];
+    const int64_t end = begin + numels[k];
+    fingerprint.add_zeros(static_cast<std::size_t>(begin - written) * element);
+    const at::Tensor flat = members[k].detach().reshape({-1});
+    fingerprint.add(flat);
+    written = end;
+    const int64_t lo = std::max(begin, layout.shard_begin);
+    const int64_t hi = std::min(end, shard_end);
+    if (lo < hi) {
+      shard->shard.narrow(0, lo - layout.shard_begin, hi - lo)
+          .copy_(flat.narrow(0, lo - begin, hi - lo));
+    }
+    shard->views.push_back(
+        internals::flat_alias(shard->full, layout.offsets[k], members[k].sizes()));
     init.cut.insert(members[k].unsafeGetTensorImpl());
-    shard->views.push_back(view);
   }
-  shard->fingerprint = fingerprint_of(shard->full);
-  shard->shard = shard->full.narrow(0, layout.shard_begin, layout.shard_numel).clone();
+  fingerprint.add_zeros(static_cast<std::size_t>(layout.padded - written) * element);
+  shard->fingerprint = fingerprint.value();
   internals::release_storage(shard->full);
-  // The members point into the placeholder until adoption (see Placeholder).
+  // The members point into the placeholder until adoption (see Placeholder);
+  // rebinding them frees their own memory.
   const int64_t nbytes = layout.padded * static_cast<int64_t>(shard->full.element_size());
   if (init.placeholder == nullptr || init.placeholder->bytes.numel() < nbytes ||
       init.placeholder->bytes.device() != shard->full.device()) {

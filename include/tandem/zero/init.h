@@ -13,9 +13,9 @@
 // that thread is cut to this rank's shard the moment its constructor returns:
 // its parameters are laid out exactly as ZeroOptimizer lays out a stage-3 unit,
 // this rank keeps its 1/N slice, and the rest is freed before the next unit
-// is built. A rank therefore holds at most one whole unit (plus the
-// parameters outside every unit, which stage 3 keeps whole anyway) instead of
-// the whole model. The unit is built by its own constructor, so its values
+// is built. A rank therefore holds its shards, the unit being built and a
+// placeholder as large as the largest unit (plus the parameters outside
+// every unit, which stage 3 keeps whole anyway) instead of the whole model. The unit is built by its own constructor, so its values
 // are exactly those the materialised model gets from the same seed; the
 // ZeroOptimizer that adopts the shards checks that every rank built the same
 // values (a fingerprint per unit) and refuses, naming the unit, otherwise.
