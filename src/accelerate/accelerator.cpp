@@ -314,14 +314,14 @@ void Accelerator::HookHandle::remove() {
   if (hooks) (save_ ? hooks->save : hooks->load).erase(id_);
 }
 
-void Accelerator::save_model(const std::string& dir) {
+void Accelerator::save_model(const std::string& dir, const std::string& max_shard_size) {
   TANDEM_CHECK_ARG(!impl_->prepared.models().empty(), "save_model: prepare the model first");
-  impl_->checkpointer->save_model(0, dir);
+  impl_->checkpointer->save_model(0, dir, max_shard_size);
 }
 
 void Accelerator::save_model(const std::shared_ptr<torch::nn::Module>& model,
-                             const std::string& dir) {
-  impl_->checkpointer->save_model(impl_->index_of(model, "save_model"), dir);
+                             const std::string& dir, const std::string& max_shard_size) {
+  impl_->checkpointer->save_model(impl_->index_of(model, "save_model"), dir, max_shard_size);
 }
 
 LoadSafetensorsResult Accelerator::load_model_weights(const std::string& path,

@@ -93,7 +93,7 @@ class Checkpointer {
   std::optional<std::pair<int64_t, int64_t>> take_local_sgd_steps(std::size_t model);
 
   // Prepared model `index`'s consolidated weights as DIR/model.safetensors.
-  void save_model(std::size_t index, const std::string& dir);
+  void save_model(std::size_t index, const std::string& dir, const std::string& max_shard_size);
   // Pretrained weights into prepared model `index`.
   LoadSafetensorsResult load_model_weights(std::size_t index, const std::string& path,
                                            const LoadSafetensorsOptions& options);

@@ -3,7 +3,9 @@
 // from the shards (partitioned parameters streamed one unit at a time), and
 // pretrained weights read into the model through its strategy.
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -14,13 +16,16 @@
 #include "accelerate/model_strategy.h"
 #include "checkpoint/checkpoint_fs.h"
 #include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/core/file_system.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
 #include "tandem/core/parameters.h"
 
 namespace tandem::detail {
 
-void Checkpointer::save_model(std::size_t index, const std::string& dir) {
+void Checkpointer::save_model(std::size_t index, const std::string& dir,
+                              const std::string& max_shard_size) {
   torch::nn::Module& model = *prepared_.models().at(index).module;
   ModelStrategy& strategy = *prepared_.models()[index].strategy;
   const bool rank0 = main_process();
@@ -70,17 +75,51 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir) {
   for (auto& item : unique_named_buffers(model)) rest.push_back(item);
   for (const auto& [name, t] : rest) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
 
-  const std::string final_path = dir + "/model.safetensors";
-  const std::string tmp_path = dir + "/.model.safetensors.tmp";
+  // Accelerate's save_model(max_shard_size=...): consecutive shards of at
+  // most `max_bytes` each, as Hugging Face splits them, with an index; one
+  // file when everything fits. Every rank parses and plans alike.
+  const int64_t max_bytes = parse_byte_size(max_shard_size);
+  std::vector<int64_t> spec_bytes;
+  for (const auto& spec : specs) {
+    int64_t n = static_cast<int64_t>(c10::elementSize(spec.dtype));
+    for (int64_t d : spec.shape) n *= d;
+    spec_bytes.push_back(n);
+  }
+  std::vector<std::vector<std::size_t>> shards = plan_safetensors_shards(spec_bytes, max_bytes);
+  if (shards.empty()) shards.emplace_back();  // no tensors: one empty file
+  std::vector<std::string> names;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    names.push_back(shards.size() == 1 ? std::string(kSafetensorsWeightsName)
+                                       : safetensors_shard_file_name(static_cast<int>(s) + 1,
+                                                                     static_cast<int>(shards.size())));
+  }
+  auto tmp_of = [&dir](const std::string& name) { return dir + "/.tmp-" + name; };
+  // A tensor larger than the limit gets a shard of its own ahead of the one
+  // being filled, so shards are not runs of the write order: every shard's
+  // file is open at once, each written in its own order.
+  std::unordered_map<std::string, std::size_t> shard_of;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    for (std::size_t i : shards[s]) shard_of[specs[i].name] = s;
+  }
   std::string error;
-  std::unique_ptr<SafetensorsStreamWriter> writer;
+  std::vector<std::unique_ptr<SafetensorsStreamWriter>> writers(shards.size());
+  std::vector<std::size_t> written(shards.size(), 0);
   auto guarded = [&](const std::function<void()>& fn) {
     if (!rank0 || !error.empty()) return;
     try {
       fn();
     } catch (const std::exception& e) {
       error = e.what();
-      writer.reset();  // unlinks the partial file
+      writers.clear();  // unlinks the partial files
+      for (const auto& name : names) remove_tree_quietly(tmp_of(name));
+    }
+  };
+  auto write = [&](const std::string& name, const at::Tensor& t) {
+    const std::size_t s = shard_of.at(name);
+    writers[s]->write(name, t);
+    if (++written[s] == shards[s].size()) {
+      writers[s]->finish(/*sync=*/true);
+      writers[s].reset();
     }
   };
   guarded([&] {
@@ -88,20 +127,55 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir) {
     // {"format": "pt"}, as Accelerate's save_model (safetensors' save_file
     // with metadata={"format": "pt"}) writes it: transformers' loaders
     // refuse a file whose metadata lacks it.
-    writer = std::make_unique<SafetensorsStreamWriter>(
-        tmp_path, specs, std::map<std::string, std::string>{{"format", "pt"}});
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      std::vector<SafetensorsSpec> mine;
+      for (std::size_t i : shards[s]) mine.push_back(specs[i]);
+      writers[s] = std::make_unique<SafetensorsStreamWriter>(
+          tmp_of(names[s]), std::move(mine),
+          std::map<std::string, std::string>{{"format", "pt"}});
+    }
   });
   // Collective even after a rank-0 failure, so no rank is left waiting.
   if (partitioned != nullptr) {
     partitioned->for_each_partitioned_whole([&](const std::string& name, const at::Tensor& p) {
-      guarded([&] { writer->write(name, saved_value(p)); });
+      guarded([&] { write(name, saved_value(p)); });
     });
   }
   guarded([&] {
-    for (const auto& [name, t] : rest) writer->write(name, t);
-    writer->finish(/*sync=*/true);
-    writer.reset();
-    rename_path(tmp_path, final_path);
+    for (const auto& [name, t] : rest) write(name, t);
+    if (specs.empty()) {  // a model without parameters or buffers: an empty file
+      writers[0]->finish(/*sync=*/true);
+      writers[0].reset();
+    }
+    // What an earlier save_model left that a loader would pick up instead:
+    // model.safetensors is read before an index, and an index names its
+    // shards.
+    std::error_code ignored;
+    for (const std::string& old : fs::list_directory(dir, ignored)) {
+      const bool weights = old == kSafetensorsWeightsName || old == kSafetensorsIndexName;
+      const bool old_shard = old.size() == std::string("model-00001-of-00001.safetensors").size() &&
+                             old.rfind("model-", 0) == 0 &&
+                             old.find("-of-") == 11 &&
+                             old.substr(old.size() - 12) == ".safetensors";
+      if ((weights || old_shard) &&
+          std::find(names.begin(), names.end(), old) == names.end()) {
+        remove_tree_quietly(dir + "/" + old);
+      }
+    }
+    for (const auto& name : names) rename_path(tmp_of(name), dir + "/" + name);
+    if (names.size() > 1) {
+      std::map<std::string, std::string> weight_map;
+      int64_t total = 0;
+      for (std::size_t s = 0; s < shards.size(); ++s) {
+        for (std::size_t i : shards[s]) {
+          weight_map[specs[i].name] = names[s];
+          total += spec_bytes[i];
+        }
+      }
+      const std::string index_tmp = tmp_of(kSafetensorsIndexName);
+      write_file_synced(index_tmp, safetensors_index_json(weight_map, total));
+      rename_path(index_tmp, dir + "/" + kSafetensorsIndexName);
+    }
     fsync_directory(dir);
   });
   const std::vector<std::string> errors = group_->all_gather_strings(error);

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +20,8 @@
 #include "support/zero_test_models.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/checkpoint/safetensors.h"
+#include "tandem/checkpoint/safetensors_set.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem {
 namespace {
@@ -30,7 +35,7 @@ struct Save16Result {
 
 // Trains one step on 2 ranks and saves to `dir`.
 Save16Result save16_train_and_save(int stage, MixedPrecision precision, std::optional<bool> gather16,
-                     const std::string& dir) {
+                     const std::string& dir, const std::string& max_shard_size = "10GB") {
   testing::Recipe r;
   Config config;
   config.zero.stage = stage;
@@ -60,7 +65,7 @@ Save16Result save16_train_and_save(int stage, MixedPrecision precision, std::opt
     optimizer->step();
     std::string error;
     try {
-      accelerator.save_model(dir);
+      accelerator.save_model(dir, max_shard_size);
     } catch (const UsageError& e) {
       error = e.what();
     }
@@ -102,6 +107,56 @@ TEST(ZeroSave16Bit, NotGivenKeepsTheParametersDtype) {
     EXPECT_EQ(file.find(name)->dtype, at::kFloat) << name;
     EXPECT_TRUE(torch::equal(file.read(name), value)) << name;
   }
+}
+
+// Accelerate's save_model(max_shard_size=...): shards of at most that size
+// (a larger tensor alone), an index naming every tensor, the same values as
+// the whole model, under DDP and ZeRO-2 and 3. Saving again unsharded into
+// the same folder leaves no shard or index a loader would read instead; a
+// size it cannot read is refused on every rank.
+TEST(SaveModelShards, ShardsHoldEveryTensorOnceWithinTheLimitAndReplaceAnEarlierSave) {
+  for (int stage : {0, 2, 3}) {
+    testing::ScratchDir dir;
+    const Save16Result saved =
+        save16_train_and_save(stage, MixedPrecision::kNo, std::nullopt, dir.path(), "1KB");
+    ASSERT_EQ(saved.errors[0], "") << "stage " << stage;
+    ASSERT_FALSE(std::filesystem::exists(dir.path() + "/model.safetensors"));
+    const nlohmann::json index = nlohmann::json::parse(
+        std::ifstream(dir.path() + "/model.safetensors.index.json"));
+    const auto& weight_map = index.at("weight_map");
+    EXPECT_EQ(weight_map.size(), saved.whole.size()) << "stage " << stage;
+    std::set<std::string> files;
+    for (const auto& [name, file] : weight_map.items()) files.insert(file.get<std::string>());
+    ASSERT_GT(files.size(), 1u);
+    int64_t total = 0;
+    for (const std::string& file : files) {
+      EXPECT_EQ(file.rfind("model-0000", 0), 0u) << file;
+      SafetensorsReader shard(dir.path() + "/" + file);
+      EXPECT_EQ(shard.metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+      int64_t bytes = 0;
+      for (const auto& entry : shard.entries()) {
+        bytes += static_cast<int64_t>(entry.data_end - entry.data_begin);
+        EXPECT_EQ(weight_map.at(entry.name), file) << entry.name;
+      }
+      EXPECT_TRUE(bytes <= 1000 || shard.entries().size() == 1) << file << ": " << bytes;
+      total += bytes;
+    }
+    EXPECT_EQ(index.at("metadata").at("total_size").get<int64_t>(), total);
+    SafetensorsSet set(dir.path());
+    for (const auto& [name, value] : saved.whole) {
+      EXPECT_TRUE(torch::equal(set.read(name), value)) << "stage " << stage << " " << name;
+    }
+    // Again, in one file: the shards and the index go.
+    ASSERT_EQ(save16_train_and_save(stage, MixedPrecision::kNo, std::nullopt, dir.path()).errors[0],
+              "");
+    for (const std::string& left : fs::list_directory(dir.path())) {
+      EXPECT_EQ(left, "model.safetensors") << "stage " << stage;
+    }
+  }
+  testing::ScratchDir dir;
+  const Save16Result refused =
+      save16_train_and_save(0, MixedPrecision::kNo, std::nullopt, dir.path(), "10XB");
+  for (const auto& error : refused.errors) EXPECT_NE(error.find("10XB"), std::string::npos) << error;
 }
 
 TEST(ZeroSave16Bit, FalseRefusesOnEveryRankUnderZero3Only) {

@@ -336,12 +336,20 @@ class Accelerator {
   void preemption_point();
   // True when DIR holds a committed checkpoint load_state(dir) would load.
   static bool has_checkpoint(const std::string& dir);
-  // Consolidated weights as DIR/model.safetensors, from rank 0. Collective.
-  void save_model(const std::string& dir);
-  void save_model(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir);
+  // Consolidated weights, from rank 0, as Accelerate's save_model: one
+  // DIR/model.safetensors, or, when they exceed `max_shard_size` (Hugging
+  // Face's spelling: "10GB", "500MB", "2GiB", bytes), consecutive shards
+  // DIR/model-0000K-of-0000N.safetensors of at most that size each (a tensor
+  // larger than it alone in its own) with DIR/model.safetensors.index.json.
+  // Weights an earlier save_model left in DIR that a loader would read
+  // instead are removed. UsageError for a size it cannot read. Collective.
+  void save_model(const std::string& dir, const std::string& max_shard_size = "10GB");
+  void save_model(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir,
+                  const std::string& max_shard_size = "10GB");
   template <typename ModuleImpl>
-  void save_model(const torch::nn::ModuleHolder<ModuleImpl>& model, const std::string& dir) {
-    save_model(std::static_pointer_cast<torch::nn::Module>(model.ptr()), dir);
+  void save_model(const torch::nn::ModuleHolder<ModuleImpl>& model, const std::string& dir,
+                  const std::string& max_shard_size = "10GB") {
+    save_model(std::static_pointer_cast<torch::nn::Module>(model.ptr()), dir, max_shard_size);
   }
   // Pretrained safetensors weights into a prepared model. Collective.
   LoadSafetensorsResult load_model_weights(const std::string& path,
