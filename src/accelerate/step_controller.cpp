@@ -78,8 +78,11 @@ void StepController::end_step(int id) { record(id).clipped = false; }
 
 bool StepController::zero_grad(int id) {
   OptimizerRecord& r = record(id);
-  if (r.zeroed || r.deferred) return false;
+  if (r.deferred) return false;
+  const bool fresh_sync_gradients = backwards_ > r.zeroed_at_backward && state_.sync_gradients;
+  if (r.zeroed && !fresh_sync_gradients) return false;
   r.zeroed = true;
+  r.zeroed_at_backward = backwards_;
   return true;
 }
 

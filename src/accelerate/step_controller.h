@@ -52,6 +52,7 @@ struct OptimizerRecord {
   int64_t steps = 0;           // real steps taken (skipped ones not counted)
   int64_t begun_at_step = 0;   // micro_steps_begun() at its last step
   bool zeroed = false;         // zero_grad() zeroed since its last real or skipped step
+  int64_t zeroed_at_backward = 0;  // backwards counted when it last zeroed
   bool deferred = false;       // step() deferred (no sync) since its last real or skipped step
   bool clipped = false;        // clip_grad_norm() ran for the pending step
   // Its last synchronising step() found inf/NaN gradients (Accelerate's
@@ -106,7 +107,10 @@ class StepController {
   // Accelerator::backward() added gradients: begins a micro-step first when
   // no guard did.
   void before_backward();
-  void after_backward() { gradients_pending_ = true; }
+  void after_backward() {
+    gradients_pending_ = true;
+    ++backwards_;
+  }
   // Accelerator::backward() added gradients that no optimizer step has
   // consumed yet: zero_grad() must keep them (they are being accumulated),
   // and a checkpoint taken now would lose them.
@@ -121,13 +125,15 @@ class StepController {
   void optimizer_step(int id, bool taken);
   // The per-step flags end (also when the step threw).
   void end_step(int id);
-  // zero_grad() on optimizer `id`: true when it should zero now. It zeroes
-  // once per accumulation cycle: not again once it zeroed, and not after a
-  // deferred step() of this cycle (the gradients are partial sums), until
-  // its next synchronising step. So the call may sit at the top or the
-  // bottom of the loop body, and a second optimizer's zero_grad() clears its
-  // own stale gradients even after another optimizer's backward began the
-  // micro-step.
+  // zero_grad() on optimizer `id`: true when it should zero now. Not after a
+  // deferred step() of this cycle (the gradients are partial sums), and not
+  // again once it zeroed while the cycle accumulates, until its next
+  // synchronising step. So the call may sit at the top or the bottom of the
+  // loop body, and a second optimizer's zero_grad() clears its own stale
+  // gradients even after another optimizer's backward began the micro-step.
+  // Once a synchronising backward ran since it zeroed, it zeroes again, as
+  // torch's and Accelerate's do: a GAN's generator backward writes into the
+  // discriminator, whose zero_grad() must clear that.
   bool zero_grad(int id);
 
   // ---- Data ----
@@ -164,6 +170,7 @@ class StepController {
   GradientState state_;
   BatchReport batch_;
   bool gradients_pending_ = false;
+  int64_t backwards_ = 0;  // after_backward() calls, never reset
   bool join_requested_ = false;
   int64_t micro_steps_begun_ = 0;
   int64_t boundary_seen_at_ = 0;  // micro_steps_begun_ when the boundary hook last ran

@@ -139,6 +139,7 @@ void read_fp16(const Value& block, Config& config, PrecisionBlocks& seen) {
         if (!seen.bf16_on.empty()) fail_both_enabled(v, seen.bf16_on);
         seen.fp16_on = v.path();
         config.mixed_precision = MixedPrecision::kFp16;
+        config.key_locations[kDeepSpeedPrecisionKey] = v.where() + " (" + v.path() + ")";
       }
     } else if (key == "min_loss_scale") {
       // DeepSpeed's DeepSpeedFP16Config declares it an int and refuses 0.5;
@@ -163,6 +164,7 @@ void read_bf16(const Value& block, Config& config, PrecisionBlocks& seen) {
     if (!seen.fp16_on.empty()) fail_both_enabled(v, seen.fp16_on);
     seen.bf16_on = v.path();
     config.mixed_precision = MixedPrecision::kBf16;
+    config.key_locations[kDeepSpeedPrecisionKey] = v.where() + " (" + v.path() + ")";
   });
 }
 
@@ -221,6 +223,7 @@ void apply_torch_autocast(const PrecisionBlocks& seen, Config& config) {
            "give torch_autocast.dtype bfloat16, or turn the bf16 block off");
   }
   config.mixed_precision = seen.autocast_mode;
+  config.key_locations[kDeepSpeedPrecisionKey] = v.where() + " (" + v.path() + ")";
 }
 
 }  // namespace

@@ -165,6 +165,35 @@ void check_overrides(const ConfigOverrides& o) {
   }
 }
 
+// A DeepSpeed config's fp16/bf16 block against a precision from the
+// environment (TANDEM_MIXED_PRECISION, tandem launch --mixed-precision) or
+// code, as Accelerate's DeepSpeedPlugin treats ACCELERATE_MIXED_PRECISION and
+// Accelerator(mixed_precision=...): the other half type is refused, "no"
+// leaves the block on (said, since the run is not in fp32 as asked).
+void keep_deepspeed_precision(Config& config, MixedPrecision file_precision,
+                              const std::string& origin) {
+  const auto block = config.key_locations.find(kDeepSpeedPrecisionKey);
+  // torch_autocast without a dtype: the device decides (fp16 on CUDA).
+  if (block == config.key_locations.end() || file_precision == MixedPrecision::kNo ||
+      config.mixed_precision == file_precision || config.autocast_device_default) {
+    return;
+  }
+  if (config.mixed_precision != MixedPrecision::kNo) {
+    TANDEM_THROW(UsageError,
+                 "mixed_precision {} (from {}) disagrees with the DeepSpeed config, which "
+                 "enables {} at {}: DeepSpeed would train in the file's type, and Accelerate "
+                 "refuses the same pair. Make them agree: drop the override, or turn the file's "
+                 "block off and the other one on",
+                 to_string(config.mixed_precision), origin, to_string(file_precision),
+                 block->second);
+  }
+  config.warnings.push_back(fmt::format(
+      "mixed_precision no (from {}) leaves the DeepSpeed config's {} at {} on, as Accelerate "
+      "does; to train in fp32, turn that block off",
+      origin, to_string(file_precision), block->second));
+  config.mixed_precision = file_precision;
+}
+
 }  // namespace
 
 Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides& overrides,
@@ -179,6 +208,7 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
                       file_origin(config, "gradient_accumulation_steps")};
 
   std::string precision_origin = file_origin(config, "mixed_precision");
+  const MixedPrecision file_precision = config.mixed_precision;
   if (env.mixed_precision) {
     config.mixed_precision = *env.mixed_precision;
     precision_origin = "TANDEM_MIXED_PRECISION";
@@ -216,6 +246,7 @@ Config resolve_config(Config config, const ConfigEnv& env, const ConfigOverrides
     config.mixed_precision = *overrides.mixed_precision;
     precision_origin = "code override";
   }
+  keep_deepspeed_precision(config, file_precision, precision_origin);
   if (overrides.gradient_accumulation_steps) {
     config.gradient_accumulation_steps = overrides.gradient_accumulation_steps;
     origin.accumulation = "code override";

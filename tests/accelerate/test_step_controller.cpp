@@ -206,6 +206,28 @@ TEST(StepController, ZeroGradZeroesOncePerCycleAtTheTopOrTheBottomOfTheLoop) {
       << "a deferred step's partial sums are kept";
 }
 
+// A GAN without accumulation: the generator's backward writes into the
+// discriminator after the discriminator stepped and zeroed; its second
+// zero_grad() clears that, as torch's does (it used to keep it for the next
+// discriminator step).
+TEST(StepController, ZeroGradAfterAnotherSynchronisingBackwardZeroesAgain) {
+  StepController c(1);
+  const int d = c.add_optimizer();
+  const int g = c.add_optimizer();
+  c.before_backward();  // discriminator loss
+  c.after_backward();
+  c.optimizer_step(d, true);
+  c.end_step(d);
+  EXPECT_TRUE(c.zero_grad(d));
+  EXPECT_FALSE(c.zero_grad(d)) << "nothing arrived since";
+  c.before_backward();  // generator loss, through the discriminator
+  c.after_backward();
+  c.optimizer_step(g, true);
+  c.end_step(g);
+  EXPECT_TRUE(c.zero_grad(g));
+  EXPECT_TRUE(c.zero_grad(d)) << "the generator's backward reached the discriminator";
+}
+
 TEST(StepController, EachOptimizerKeepsItsOwnCycle) {
   // A GAN iteration under one accumulate() guard: the discriminator zeroes,
   // backs up and steps, then the generator zeroes (its stale gradients from

@@ -84,6 +84,38 @@ TEST(ConfigEnv, LaunchFlagVariablesBeatTheFile) {
                        "TANDEM_GRADIENT_CLIPPING='-1'"));
 }
 
+// A DeepSpeed JSON's fp16/bf16 block against TANDEM_MIXED_PRECISION (what
+// tandem launch --mixed-precision exports) or a code override, as
+// Accelerate's DeepSpeedPlugin treats them: the other half type is refused
+// naming the block; "no" leaves the block on, with a warning; the same type
+// is quiet.
+TEST(ConfigEnv, APrecisionOverrideAgainstADeepSpeedBlockIsRefusedOrSaid) {
+  const Config fp16 =
+      parse_config_text(R"({"fp16": {"enabled": true, "loss_scale_window": 100}})", "ds.json");
+  const ConfigEnv bf16_env = ConfigEnv::from_map({{"TANDEM_MIXED_PRECISION", "bf16"}});
+  const std::string refused = usage_error([&] { resolve_config(fp16, bf16_env, {}, 2); });
+  EXPECT_TRUE(contains(refused, "mixed_precision bf16 (from TANDEM_MIXED_PRECISION) disagrees "
+                                "with the DeepSpeed config, which enables fp16 at ds.json:1:"))
+      << refused;
+  ConfigOverrides code;
+  code.mixed_precision = MixedPrecision::kFp16;
+  const Config bf16 = parse_config_text(R"({"bf16": {"enabled": true}})", "ds.json");
+  EXPECT_TRUE(contains(usage_error([&] { resolve_config(bf16, ConfigEnv{}, code, 2); }),
+                       "mixed_precision fp16 (from code override) disagrees"));
+  const Config kept =
+      resolve_config(bf16, ConfigEnv::from_map({{"TANDEM_MIXED_PRECISION", "no"}}), {}, 2);
+  EXPECT_EQ(kept.mixed_precision, MixedPrecision::kBf16);
+  ASSERT_FALSE(kept.warnings.empty());
+  EXPECT_TRUE(contains(kept.warnings.back(), "leaves the DeepSpeed config's bf16")) << kept.warnings.back();
+  const Config same = resolve_config(bf16, ConfigEnv::from_map({{"TANDEM_MIXED_PRECISION", "bf16"}}),
+                                     {}, 2);
+  EXPECT_EQ(same.mixed_precision, MixedPrecision::kBf16);
+  EXPECT_TRUE(same.warnings.empty());
+  // A file without a half block takes the override, as before.
+  const Config plain = parse_config_text(R"({"train_micro_batch_size_per_gpu": 2})", "ds.json");
+  EXPECT_EQ(resolve_config(plain, bf16_env, {}, 2).mixed_precision, MixedPrecision::kBf16);
+}
+
 TEST(ConfigEnv, AccumulationStepsAcceptExponentForm) {
   EXPECT_EQ(ConfigEnv::from_map({{"TANDEM_GRADIENT_ACCUMULATION_STEPS", "1e1"}})
                 .gradient_accumulation_steps,

@@ -93,8 +93,10 @@ class AcceleratedOptimizer final : public torch::optim::Optimizer {
   // that no synchronising step() has consumed yet (they are being
   // accumulated). Keyed on what happened rather than on the current
   // micro-step, so it is right at the top or the bottom of the loop body,
-  // inside or outside an accumulate() guard. In place (DDP's gradients are
-  // views of its buckets), so it takes no set_to_none.
+  // inside or outside an accumulate() guard. Called again after another
+  // synchronising backward (a GAN's generator loss reaching the
+  // discriminator), it zeroes again, as torch's does. In place (DDP's
+  // gradients are views of its buckets), so it takes no set_to_none.
   void zero_grad();
   // True when the last step() changed nothing: an fp16 overflow, or a
   // micro-step that only accumulates. (Accelerate's step_was_skipped is the

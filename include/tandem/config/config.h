@@ -314,6 +314,12 @@ struct Config {
   std::map<std::string, std::string> key_locations;
 };
 
+// key_locations' entry for the DeepSpeed block (fp16, bf16 or
+// torch_autocast) that enabled mixed precision: "FILE:LINE:COL (path)".
+// resolve_config refuses a TANDEM_MIXED_PRECISION or code override that
+// names the other half type, as Accelerate does.
+inline constexpr const char* kDeepSpeedPrecisionKey = "deepspeed.mixed_precision";
+
 // Why `text` cannot name the main process's host (main_process_ip,
 // --master-addr, the wizard's answer): empty when it is a host name, a dotted
 // IPv4 address or an IPv6 address. Otherwise what is wrong and how to fix
