@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 
 #include "accelerate/accelerator_impl.h"
 #include "accelerate/model_strategy.h"
@@ -14,6 +16,7 @@
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/amp/autocast.h"
 #include "tandem/core/error.h"
+#include "tandem/core/parameters.h"
 
 namespace tandem {
 
@@ -54,6 +57,42 @@ AutocastGuard Accelerator::autocast() const {
   return AutocastGuard(impl_->device.type(), impl_->config.mixed_precision);
 }
 
+namespace {
+
+// Across ranks, a prepared optimizer that steps a parameter no prepared
+// model holds updates it from this rank's gradient alone: the ranks' copies
+// drift apart in silence. Under ZeRO prepare_optimizer refuses it already;
+// here the order of prepare calls is free, so it is checked at the first
+// backward. An fp32 master copy counts as the parameter it stands for.
+void check_optimizers_step_prepared_models(detail::PreparedObjects& prepared, int world_size,
+                                           bool sharded) {
+  if (world_size == 1 || sharded) return;
+  std::unordered_set<const void*> held;
+  for (const auto& model : prepared.models()) {
+    for (const auto& p : unique_parameters(*model.module)) held.insert(p.unsafeGetTensorImpl());
+  }
+  for (const MasterWeights* masters : prepared.master_weights()) {
+    for (std::size_t i = 0; i < masters->model_params().size(); ++i) {
+      if (held.count(masters->model_params()[i].unsafeGetTensorImpl())) {
+        held.insert(masters->master_params()[i].unsafeGetTensorImpl());
+      }
+    }
+  }
+  for (std::size_t o = 0; o < prepared.optimizers().size(); ++o) {
+    for (const auto& p : unique_optimizer_parameters(*prepared.optimizers()[o])) {
+      TANDEM_CHECK_ARG(held.count(p.unsafeGetTensorImpl()),
+                       "Accelerator::backward: prepared optimizer {} steps a parameter of shape "
+                       "[{}] that no prepared model holds, so its gradient is not averaged "
+                       "across the {} ranks and each rank would update its own copy apart from "
+                       "the others. Prepare the model that owns it (prepare_model), or leave "
+                       "that parameter out of the optimizer",
+                       o, fmt::join(p.sizes(), ", "), world_size);
+    }
+  }
+}
+
+}  // namespace
+
 void Accelerator::backward(const at::Tensor& loss) {
   TANDEM_CHECK_ARG(loss.defined() && loss.numel() == 1,
                    "Accelerator::backward: the loss must be a scalar tensor, got shape {}",
@@ -74,6 +113,8 @@ void Accelerator::backward(const at::Tensor& loss) {
     for (std::size_t i = 0; i < s.prepared.models().size(); ++i) {
       s.prepared.models()[i].strategy->check_ready(i);
     }
+    check_optimizers_step_prepared_models(s.prepared, s.group->world_size(),
+                                          s.strategies->binds_optimizers());
     s.models_checked = true;
   }
   controller.before_backward();

@@ -8,6 +8,7 @@
 
 #include "config/did_you_mean.h"
 #include "config/readers.h"
+#include "tandem/core/error.h"
 
 namespace tandem::config_detail {
 namespace {

@@ -372,5 +372,39 @@ TEST(MultiModel, UnderZeroAnOptimizerMustShardOneModel) {
                UsageError);
 }
 
+// Across ranks, an optimizer over a model that was never prepared would
+// update each rank's copy from its own gradient: refused at the first
+// backward, naming the optimizer, under DDP as ZeRO refuses it at prepare.
+// One process has nothing to drift apart, and the order of the prepare calls
+// stays free.
+TEST(MultiModel, AnOptimizerOverAnUnpreparedModelIsRefusedAcrossRanks) {
+  // Players per rank, built before the threads (make_players seeds).
+  std::vector<std::pair<Generator, Discriminator>> players;
+  for (int r = 0; r < 4; ++r) players.push_back(make_players());
+  const auto errors = testing::rank_errors<UsageError>(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    auto [g, d] = players[static_cast<std::size_t>(pg.rank())];
+    auto d_opt =
+        accelerator.prepare_optimizer(std::make_shared<torch::optim::Adam>(d->parameters()));
+    accelerator.prepare_model(g);  // d is never prepared
+    auto g_opt =
+        accelerator.prepare_optimizer(std::make_shared<torch::optim::Adam>(g->parameters()));
+    accelerator.backward(g->forward(torch::ones({2, 4})).sum());
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& [rank, error] : errors) {
+    EXPECT_NE(error.find("prepared optimizer 0 steps a parameter"), std::string::npos) << error;
+    EXPECT_NE(error.find("no prepared model holds"), std::string::npos) << error;
+  }
+  testing::run_ranks(2, [&](ProcessGroup& pg) {
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    Generator g = players[2 + static_cast<std::size_t>(pg.rank())].first;
+    auto g_opt =
+        accelerator.prepare_optimizer(std::make_shared<torch::optim::Adam>(g->parameters()));
+    accelerator.prepare_model(g);  // optimizer first is fine
+    EXPECT_NO_THROW(accelerator.backward(g->forward(torch::ones({2, 4})).sum()));
+  });
+}
+
 }  // namespace
 }  // namespace tandem

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -120,7 +119,7 @@ TEST(SaveModelShards, ShardsHoldEveryTensorOnceWithinTheLimitAndReplaceAnEarlier
     const Save16Result saved =
         save16_train_and_save(stage, MixedPrecision::kNo, std::nullopt, dir.path(), "1KB");
     ASSERT_EQ(saved.errors[0], "") << "stage " << stage;
-    ASSERT_FALSE(std::filesystem::exists(dir.path() + "/model.safetensors"));
+    ASSERT_FALSE(fs::exists(dir.path() + "/model.safetensors"));
     const nlohmann::json index = nlohmann::json::parse(
         std::ifstream(dir.path() + "/model.safetensors.index.json"));
     const auto& weight_map = index.at("weight_map");

@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include <torch/torch.h>
@@ -12,6 +11,7 @@
 #include "support/thread_ranks.h"
 #include "tandem/accelerate/accelerator.h"
 #include "tandem/comm/process_group.h"
+#include "tandem/core/file_system.h"
 
 namespace tandem {
 namespace {
@@ -71,8 +71,8 @@ TEST(CheckpointDir, ASaveThatCannotUpdateLatestLeavesNoNewTagBehind) {
   std::string text;
   std::getline(std::ifstream(latest), text);
   ASSERT_EQ(text, "step1");
-  ASSERT_TRUE(std::filesystem::remove(latest));
-  ASSERT_TRUE(std::filesystem::create_directories(latest + "/blocker"));
+  fs::remove(latest);
+  fs::create_directories(latest + "/blocker");
   const auto errors = testing::rank_errors<CheckpointError>(2, [&](ProcessGroup& pg) {
     Accelerator accelerator(pg.shared_from_this(), Config{});
     torch::nn::Linear model(8, 8);
@@ -86,10 +86,10 @@ TEST(CheckpointDir, ASaveThatCannotUpdateLatestLeavesNoNewTagBehind) {
     EXPECT_NE(error.find("failed to commit"), std::string::npos) << rank << ": " << error;
     EXPECT_NE(error.find("nothing was committed"), std::string::npos) << rank << ": " << error;
   }
-  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/step2"))
+  EXPECT_FALSE(fs::exists(dir.path() + "/step2"))
       << "the uncommitted tag was left behind";
   EXPECT_EQ(checkpoint_tags(dir.path()), (std::vector<std::string>{"step1"}));
-  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/.latest.tmp"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/.latest.tmp"));
 }
 
 TEST(CheckpointDir, CorruptOrIncompleteCheckpointsNameTheFile) {

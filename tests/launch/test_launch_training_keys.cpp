@@ -31,7 +31,8 @@ std::string keys_cpu_config(int processes, const std::string& extra) {
 // `tandem launch` of launch_test_worker ARGS with `config`, without the
 // debug variables of the environment the test runs in.
 testing::ProcessResult keys_launch_with(const std::string& config,
-                                   const std::vector<std::string>& worker_args) {
+                                   const std::vector<std::string>& worker_args,
+                                   const std::vector<std::string>& env_settings = {}) {
   TempDir home;
   const std::string path = home.path() + "/accelerate.yaml";
   write_text(path, config);
@@ -39,6 +40,7 @@ testing::ProcessResult keys_launch_with(const std::string& config,
                                    "--no-prefix", bin("launch_test_worker")};
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   std::vector<std::string> argv = {"env", "-u", "TANDEM_DEBUG", "-u", "TORCH_DISTRIBUTED_DEBUG"};
+  argv.insert(argv.end(), env_settings.begin(), env_settings.end());
   for (const auto& a : tandem_in(home.path(), args)) argv.push_back(a);
   return run_process(argv, 120);
 }
@@ -50,13 +52,24 @@ int keys_count(const std::string& text, const std::string& what) {
 }
 
 // A desync after the first 256 collectives, which the default check no
-// longer covers.
+// longer covers: over Gloo (TANDEM_SHM=0) only the config's debug key
+// catches it. The shared-memory transport compares every call's reduce op
+// itself, so there the plain run stops too.
 TEST(LaunchTrainingKeys, DebugCatchesADesyncAfterTheFirst256Collectives) {
-  auto plain = keys_launch_with(keys_cpu_config(2, ""), {"desync-after", "300"});
+  const std::vector<std::string> gloo = {"TANDEM_SHM=0"};
+  auto plain = keys_launch_with(keys_cpu_config(2, ""), {"desync-after", "300"}, gloo);
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_EQ(keys_count(plain.out, "no desync caught"), 2) << plain.out << plain.err;
 
-  auto debug = keys_launch_with(keys_cpu_config(2, "debug: true\n"), {"desync-after", "300"});
+  auto shm = keys_launch_with(keys_cpu_config(2, ""), {"desync-after", "300"});
+  EXPECT_NE(shm.exit_code, 0) << shm.out;
+  EXPECT_NE(shm.err.find("rank 0 called all_reduce of 6 Float elements (sum) but rank 1 called "
+                         "all_reduce of 6 Float elements (max)"),
+            std::string::npos)
+      << shm.err;
+
+  auto debug =
+      keys_launch_with(keys_cpu_config(2, "debug: true\n"), {"desync-after", "300"}, gloo);
   EXPECT_NE(debug.exit_code, 0) << debug.out;
   EXPECT_EQ(keys_count(debug.out, "no desync caught"), 0) << debug.out;
   EXPECT_NE(debug.err.find("collective desync at #"), std::string::npos) << debug.err;
