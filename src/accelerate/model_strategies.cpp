@@ -91,6 +91,8 @@ class ReplicatedModel final : public ModelStrategy {
           [ddp = ddp_, holds = no_sync_holds_](bool enabled) {
             ddp->set_gradient_sync(enabled && *holds == 0);
           });
+      parts.controller->attach_buffer_source(
+          [ddp = ddp_](int rank) { ddp->set_buffer_source(rank); });
     }
   }
 

@@ -98,6 +98,11 @@ void StepController::next_batch(BatchReport report) {
   clear_batch();
   state_.end_of_dataloader = report.last_of_pass;
   batch_ = std::move(report);
+  int source = 0;
+  for (std::size_t r = 0; r < batch_.shadow_ranks.size(); ++r) {
+    if (batch_.shadow_ranks[r] == 0) source = static_cast<int>(r);
+  }
+  for (const auto& set_source : buffer_sources_) set_source(source);
   if (batch_.shadow_ranks.empty()) return;
   int64_t with_data = 0;
   for (uint8_t shadow : batch_.shadow_ranks) with_data += shadow == 0 ? 1 : 0;

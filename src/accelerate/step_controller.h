@@ -85,6 +85,12 @@ class StepController {
   void attach_gradient_sync(std::function<void(bool)> set_sync) {
     sync_targets_.push_back(std::move(set_sync));
   }
+  // Something that copies one rank's buffers to the others (DDP): called
+  // with each batch's source, the highest rank with a real batch in a
+  // joined pass (PyTorch Join's authoritative rank), else 0.
+  void attach_buffer_source(std::function<void(int)> set_source) {
+    buffer_sources_.push_back(std::move(set_source));
+  }
   // A prepared optimizer joins; returns its id.
   int add_optimizer();
   const OptimizerRecord& optimizer(int id) const { return optimizers_.at(static_cast<size_t>(id)); }
@@ -177,6 +183,7 @@ class StepController {
   std::function<void()> boundary_hook_;
   std::vector<OptimizerRecord> optimizers_;
   std::vector<std::function<void(bool)>> sync_targets_;
+  std::vector<std::function<void(int)>> buffer_sources_;
   bool sync_with_dataloader_ = true;
   bool sync_each_batch_ = false;
 };

@@ -48,6 +48,12 @@ void check_layer_norm_affine(const at::Tensor& param, const char* what, int64_t 
   TANDEM_CHECK_ARG(param.device() == input.device(),
                    "{}: {} is on {} and {} on {}; move both to one device", names.op, what,
                    param.device().str(), names.input, input.device().str());
+  // The parameters stay fp32 under mixed precision (the kernels read them as
+  // float); a bf16 model's LayerNorm is refused here rather than by ATen.
+  TANDEM_CHECK_ARG(param.scalar_type() == at::kFloat,
+                   "{}: {} is {}; the LayerNorm's weight and bias must be float32 (keep them "
+                   "fp32 under mixed precision, or call {}.to(torch::kFloat))",
+                   names.op, what, c10::toString(param.scalar_type()), what);
 }
 
 void check_value_dtype(const at::Tensor& t, const char* what, CallNames names) {

@@ -14,7 +14,7 @@
 
 namespace tandem {
 
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors) {
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root) {
   if (pg.world_size() == 1 || tensors.empty()) return;
   c10::NoGradGuard no_grad;
   std::map<std::pair<int, std::string>, std::vector<at::Tensor>> groups;
@@ -25,7 +25,7 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
     std::vector<at::Tensor> flat_views;
     for (const auto& t : group) flat_views.push_back(t.reshape({-1}));
     at::Tensor flat = at::cat(flat_views);
-    pg.broadcast(flat, 0);
+    pg.broadcast(flat, root);
     std::int64_t offset = 0;
     for (auto& t : group) {
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));

@@ -127,7 +127,15 @@ void DistributedDataParallel::sync_buffers() {
   for (const auto& item : unique_named_buffers(*module_)) {
     buffers.push_back(item.second.variable_data());
   }
-  broadcast_coalesced(*process_group_, buffers);
+  broadcast_coalesced(*process_group_, buffers, buffer_source_);
+}
+
+void DistributedDataParallel::set_buffer_source(int rank) {
+  TANDEM_CHECK_ARG(rank >= 0 && rank < process_group_->world_size(),
+                   "DistributedDataParallel::set_buffer_source: rank {} is not a rank of the "
+                   "{}-rank group",
+                   rank, process_group_->world_size());
+  buffer_source_ = rank;
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include "support/checkpoint_testing.h"
@@ -414,6 +415,68 @@ TEST(Join, WithoutJoinUnevenLoadersKeepTheirExactShares) {
     counts[pg.rank()] = n;
   });
   EXPECT_EQ(counts, (std::vector<int64_t>{4, 3}));
+}
+
+// BatchNorm statistics in a joined pass come from the highest rank that
+// still has a real batch, as PyTorch's Join takes its authoritative rank:
+// ranks repeating a stand-in batch must not overwrite everyone's statistics
+// with it. Ranks with 1, 3 and 2 batches: the sources are ranks 2, 2, 1, so
+// the final running mean is the BatchNorm of rank 2's batches 1 and 2, then
+// rank 1's batch 3 (the BatchNorm is the first layer: its input is the raw
+// data). Before, rank 0's one batch was counted three times.
+TEST(Join, BatchNormStatisticsComeFromTheHighestRankWithData) {
+  const std::vector<int64_t> batches = {1, 3, 2};
+  static constexpr int64_t kBnIn = 5;
+  auto data_of = [](int rank, int64_t n) {
+    auto gen = at::detail::createCPUGenerator(700 + rank);
+    return std::make_pair(torch::randn({n * kRows, kBnIn}, gen) * (rank + 1) + rank,
+                          torch::randint(0, 3, {n * kRows}, gen));
+  };
+  auto make_model = [] {
+    torch::manual_seed(4);
+    return torch::nn::Sequential(torch::nn::BatchNorm1d(kBnIn), torch::nn::Linear(kBnIn, 3));
+  };
+  std::vector<torch::nn::Sequential> models;
+  for (std::size_t r = 0; r < batches.size(); ++r) models.push_back(make_model());
+  // Expected: the sources' batches through one BatchNorm, in step order.
+  torch::nn::BatchNorm1d expected(kBnIn);
+  {
+    torch::NoGradGuard no_grad;
+    const auto r2 = data_of(2, 2).first;
+    const auto r1 = data_of(1, 3).first;
+    expected->forward(r2.narrow(0, 0, kRows));
+    expected->forward(r2.narrow(0, kRows, kRows));
+    expected->forward(r1.narrow(0, 2 * kRows, kRows));
+  }
+  std::vector<at::Tensor> means(batches.size());
+  run_ranks(static_cast<int>(batches.size()), [&](ProcessGroup& pg) {
+    const int rank = pg.rank();
+    Accelerator accelerator(pg.shared_from_this(), Config{});
+    torch::nn::Sequential model = models[static_cast<std::size_t>(rank)];
+    accelerator.prepare_model(model);
+    auto optimizer = accelerator.prepare_optimizer(
+        std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1)));
+    auto [x, y] = data_of(rank, batches[static_cast<std::size_t>(rank)]);
+    DistributedLoaderOptions loader_options;
+    loader_options.batch_size = kRows;
+    loader_options.shuffle = false;
+    auto loader =
+        accelerator.prepare_local_loader(DistributedLoader({x, y}, 1, 0, loader_options));
+    {
+      auto join = accelerator.join_uneven_inputs();
+      for (auto& batch : *loader) {
+        optimizer->zero_grad();
+        accelerator.backward(
+            torch::nn::functional::cross_entropy(model->forward(batch[0]), batch[1]));
+        optimizer->step();
+      }
+    }
+    means[static_cast<std::size_t>(rank)] = model->named_buffers()["0.running_mean"].clone();
+  });
+  for (std::size_t r = 0; r < means.size(); ++r) {
+    EXPECT_TRUE(torch::allclose(means[r], expected->running_mean, 1e-6, 1e-6))
+        << "rank " << r << ": " << means[r] << " want " << expected->running_mean;
+  }
 }
 
 TEST(Join, MisuseGivesAClearError) {

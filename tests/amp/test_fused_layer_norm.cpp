@@ -133,6 +133,17 @@ TEST(FusedLayerNorm, BadInputIsRefusedWithTheFix) {
   expect_refusal([&] { fused_layer_norm(x, {}, {}, negative); }, "eps is -1");
   expect_refusal([&] { fused_layer_norm(torch::randn({4, 0}), {}, {}); }, "no dimension");
   expect_refusal([&] { fused_layer_norm(at::Tensor(), {}, {}); }, "undefined");
+  // The affine parameters are float32 (they were refused by ATen, without
+  // the fix, as a c10::Error).
+  expect_refusal([&] { fused_layer_norm(x, torch::ones({8}, torch::kBFloat16), {}); },
+                 "weight is BFloat16; the LayerNorm's weight and bias must be float32");
+  expect_refusal([&] { fused_layer_norm(x, {}, torch::zeros({8}, torch::kDouble)); },
+                 "bias is Double");
+  expect_refusal(
+      [&] {
+        fused_add_layer_norm(x, x, torch::ones({8}, torch::kHalf), {});
+      },
+      "must be float32");
 }
 
 struct AddGrads {

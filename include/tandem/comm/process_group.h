@@ -298,9 +298,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::unique_ptr<Impl> impl_;
 };
 
-// Overwrites every tensor of `tensors` on every rank with rank 0's, with one
-// broadcast per dtype and device (the tensors are flattened into one
+// Overwrites every tensor of `tensors` on every rank with rank `root`'s, with
+// one broadcast per dtype and device (the tensors are flattened into one
 // buffer). Collective; tensors may be parameters (no autograd is recorded).
-void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors);
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root = 0);
 
 }  // namespace tandem

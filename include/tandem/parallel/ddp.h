@@ -134,9 +134,17 @@ class DistributedDataParallel {
   // read a PowerSGDHook's statistics.
   CommHook& comm_hook() const;
 
-  // Copies rank 0's buffers to every rank (collective). Called for you at
-  // construction and after each synchronised backward when broadcast_buffers.
+  // Copies the buffer source's buffers (rank 0's unless set below) to every
+  // rank (collective). Called for you at construction and after each
+  // synchronised backward when broadcast_buffers.
   void sync_buffers();
+  // The rank whose buffers sync_buffers() copies: in a joined pass the
+  // Accelerator names the highest rank that still has data, as PyTorch's
+  // Join takes its authoritative rank, so that ranks repeating a stand-in
+  // batch do not overwrite everyone's BatchNorm statistics.
+  void set_buffer_source(int rank);
+
+  int buffer_source() const { return buffer_source_; }
 
   torch::nn::Module& module() const { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
@@ -171,6 +179,7 @@ class DistributedDataParallel {
   double communication_wait_seconds() const;
 
  private:
+  int buffer_source_ = 0;
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DDPOptions options_;
