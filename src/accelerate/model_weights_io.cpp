@@ -4,6 +4,7 @@
 // pretrained weights read into the model through its strategy.
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,9 +18,9 @@
 #include "checkpoint/checkpoint_fs.h"
 #include "tandem/checkpoint/safetensors.h"
 #include "tandem/checkpoint/safetensors_set.h"
-#include "tandem/core/file_system.h"
 #include "tandem/comm/process_group.h"
 #include "tandem/core/error.h"
+#include "tandem/core/file_system.h"
 #include "tandem/core/parameters.h"
 
 namespace tandem::detail {
@@ -89,9 +90,9 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir,
   if (shards.empty()) shards.emplace_back();  // no tensors: one empty file
   std::vector<std::string> names;
   for (std::size_t s = 0; s < shards.size(); ++s) {
-    names.push_back(shards.size() == 1 ? std::string(kSafetensorsWeightsName)
-                                       : safetensors_shard_file_name(static_cast<int>(s) + 1,
-                                                                     static_cast<int>(shards.size())));
+    const int count = static_cast<int>(shards.size());
+    names.push_back(count == 1 ? std::string(kSafetensorsWeightsName)
+                               : safetensors_shard_file_name(static_cast<int>(s) + 1, count));
   }
   auto tmp_of = [&dir](const std::string& name) { return dir + "/.tmp-" + name; };
   // A tensor larger than the limit gets a shard of its own ahead of the one
@@ -147,22 +148,8 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir,
       writers[0]->finish(/*sync=*/true);
       writers[0].reset();
     }
-    // What an earlier save_model left that a loader would pick up instead:
-    // model.safetensors is read before an index, and an index names its
-    // shards.
-    std::error_code ignored;
-    for (const std::string& old : fs::list_directory(dir, ignored)) {
-      const bool weights = old == kSafetensorsWeightsName || old == kSafetensorsIndexName;
-      const bool old_shard = old.size() == std::string("model-00001-of-00001.safetensors").size() &&
-                             old.rfind("model-", 0) == 0 &&
-                             old.find("-of-") == 11 &&
-                             old.substr(old.size() - 12) == ".safetensors";
-      if ((weights || old_shard) &&
-          std::find(names.begin(), names.end(), old) == names.end()) {
-        remove_tree_quietly(dir + "/" + old);
-      }
-    }
     for (const auto& name : names) rename_path(tmp_of(name), dir + "/" + name);
+    std::vector<std::string> keep = names;
     if (names.size() > 1) {
       std::map<std::string, std::string> weight_map;
       int64_t total = 0;
@@ -175,6 +162,20 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir,
       const std::string index_tmp = tmp_of(kSafetensorsIndexName);
       write_file_synced(index_tmp, safetensors_index_json(weight_map, total));
       rename_path(index_tmp, dir + "/" + kSafetensorsIndexName);
+      keep.emplace_back(kSafetensorsIndexName);
+    }
+    // Then what an earlier save_model left that a loader would read instead
+    // (model.safetensors before an index; an index names its shards), once
+    // the new weights are in place, so a crash in between loses nothing.
+    std::error_code ignored;
+    for (const std::string& old : fs::list_directory(dir, ignored)) {
+      const bool weights = old == kSafetensorsWeightsName || old == kSafetensorsIndexName;
+      const bool old_shard = old.size() == std::strlen("model-00001-of-00001.safetensors") &&
+                             old.rfind("model-", 0) == 0 && old.find("-of-") == 11 &&
+                             old.substr(old.size() - 12) == ".safetensors";
+      if ((weights || old_shard) && std::find(keep.begin(), keep.end(), old) == keep.end()) {
+        remove_tree_quietly(dir + "/" + old);
+      }
     }
     fsync_directory(dir);
   });
