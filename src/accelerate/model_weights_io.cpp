@@ -79,21 +79,9 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir,
   // Accelerate's save_model(max_shard_size=...): consecutive shards of at
   // most `max_bytes` each, as Hugging Face splits them, with an index; one
   // file when everything fits. Every rank parses and plans alike.
-  const int64_t max_bytes = parse_byte_size(max_shard_size);
-  std::vector<int64_t> spec_bytes;
-  for (const auto& spec : specs) {
-    int64_t n = static_cast<int64_t>(c10::elementSize(spec.dtype));
-    for (int64_t d : spec.shape) n *= d;
-    spec_bytes.push_back(n);
-  }
-  std::vector<std::vector<std::size_t>> shards = plan_safetensors_shards(spec_bytes, max_bytes);
-  if (shards.empty()) shards.emplace_back();  // no tensors: one empty file
-  std::vector<std::string> names;
-  for (std::size_t s = 0; s < shards.size(); ++s) {
-    const int count = static_cast<int>(shards.size());
-    names.push_back(count == 1 ? std::string(kSafetensorsWeightsName)
-                               : safetensors_shard_file_name(static_cast<int>(s) + 1, count));
-  }
+  const SafetensorsSetPlan plan = plan_safetensors_set(specs, parse_byte_size(max_shard_size));
+  const std::vector<std::vector<std::size_t>>& shards = plan.shards;
+  const std::vector<std::string>& names = plan.files;
   auto tmp_of = [&dir](const std::string& name) { return dir + "/.tmp-" + name; };
   // A tensor larger than the limit gets a shard of its own ahead of the one
   // being filled, so shards are not runs of the write order: every shard's
@@ -151,16 +139,8 @@ void Checkpointer::save_model(std::size_t index, const std::string& dir,
     for (const auto& name : names) rename_path(tmp_of(name), dir + "/" + name);
     std::vector<std::string> keep = names;
     if (names.size() > 1) {
-      std::map<std::string, std::string> weight_map;
-      int64_t total = 0;
-      for (std::size_t s = 0; s < shards.size(); ++s) {
-        for (std::size_t i : shards[s]) {
-          weight_map[specs[i].name] = names[s];
-          total += spec_bytes[i];
-        }
-      }
       const std::string index_tmp = tmp_of(kSafetensorsIndexName);
-      write_file_synced(index_tmp, safetensors_index_json(weight_map, total));
+      write_file_synced(index_tmp, safetensors_index_json(plan.weight_map, plan.total_size));
       rename_path(index_tmp, dir + "/" + kSafetensorsIndexName);
       keep.emplace_back(kSafetensorsIndexName);
     }

@@ -281,6 +281,28 @@ std::vector<std::vector<std::size_t>> plan_safetensors_shards(const std::vector<
   return shards;
 }
 
+SafetensorsSetPlan plan_safetensors_set(const std::vector<SafetensorsSpec>& specs,
+                                        int64_t max_shard_bytes) {
+  std::vector<int64_t> bytes;
+  for (const auto& spec : specs) {
+    int64_t n = static_cast<int64_t>(c10::elementSize(spec.dtype));
+    for (int64_t d : spec.shape) n *= d;
+    bytes.push_back(n);
+  }
+  SafetensorsSetPlan plan;
+  plan.shards = plan_safetensors_shards(bytes, max_shard_bytes);
+  const int count = static_cast<int>(plan.shards.size());
+  for (int k = 0; k < count; ++k) {
+    plan.files.push_back(count == 1 ? std::string(kSafetensorsWeightsName)
+                                    : safetensors_shard_file_name(k + 1, count));
+    for (std::size_t i : plan.shards[static_cast<std::size_t>(k)]) {
+      plan.weight_map[specs[i].name] = plan.files.back();
+      plan.total_size += bytes[i];
+    }
+  }
+  return plan;
+}
+
 std::string safetensors_index_json(const std::map<std::string, std::string>& weight_map,
                                    int64_t total_size) {
   nlohmann::json index = {{"metadata", {{"total_size", total_size}}},

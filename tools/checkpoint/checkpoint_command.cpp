@@ -107,12 +107,6 @@ class MergeSource {
   std::size_t parameters_ = 0;
 };
 
-int64_t data_bytes(const SafetensorsSpec& spec) {
-  int64_t n = static_cast<int64_t>(c10::elementSize(spec.dtype));
-  for (int64_t d : spec.shape) n *= d;
-  return n;
-}
-
 int merge_file(const MergeSource& source, const std::string& out, const std::string& dtype_text) {
   const std::string tmp = out + ".tmp";
   SafetensorsStreamWriter writer(tmp, source.specs(), source.metadata());
@@ -149,9 +143,7 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
                  out_dir);
   }
   const auto& specs = source.specs();
-  std::vector<int64_t> bytes;
-  for (const auto& spec : specs) bytes.push_back(data_bytes(spec));
-  const auto shards = plan_safetensors_shards(bytes, max_bytes);
+  const SafetensorsSetPlan plan = plan_safetensors_set(specs, max_bytes);
   std::string parent = std::filesystem::path(out_dir).lexically_normal().parent_path().string();
   if (parent.empty()) parent = ".";
   const std::string tmp_dir = fmt::format("{}.tmp-merge-{}", out_dir, ::getpid());
@@ -168,27 +160,21 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
   try {
     fs::create_directories(tmp_dir, ec);
     check(ec, "creating", tmp_dir);
-    std::map<std::string, std::string> weight_map;
-    int64_t total = 0, file_bytes = 0;
-    for (std::size_t k = 0; k < shards.size(); ++k) {
-      const std::string name =
-          shards.size() == 1 ? std::string(kSafetensorsWeightsName)
-                             : safetensors_shard_file_name(static_cast<int>(k + 1),
-                                                           static_cast<int>(shards.size()));
+    int64_t file_bytes = 0;
+    for (std::size_t k = 0; k < plan.shards.size(); ++k) {
       std::vector<SafetensorsSpec> shard_specs;
-      for (std::size_t i : shards[k]) shard_specs.push_back(specs[i]);
-      SafetensorsStreamWriter writer(tmp_dir + "/" + name, shard_specs, source.metadata());
-      for (std::size_t i : shards[k]) {
+      for (std::size_t i : plan.shards[k]) shard_specs.push_back(specs[i]);
+      SafetensorsStreamWriter writer(tmp_dir + "/" + plan.files[k], shard_specs,
+                                     source.metadata());
+      for (std::size_t i : plan.shards[k]) {
         writer.write(specs[i].name, source.value(i));  // one tensor in memory at a time
-        weight_map[specs[i].name] = name;
-        total += bytes[i];
       }
       file_bytes += writer.finish(/*sync=*/true).bytes;
     }
-    if (shards.size() > 1) {
+    if (plan.shards.size() > 1) {
       const std::string index = tmp_dir + "/" + kSafetensorsIndexName;
       std::FILE* f = std::fopen(index.c_str(), "w");
-      const std::string text = safetensors_index_json(weight_map, total);
+      const std::string text = safetensors_index_json(plan.weight_map, plan.total_size);
       if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() ||
           std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0 || std::fclose(f) != 0) {
         TANDEM_THROW(CheckpointError, "writing '{}' failed: {}", index, std::strerror(errno));
@@ -203,8 +189,8 @@ int merge_sharded(const MergeSource& source, const std::string& out_dir, int64_t
     }
     std::printf("merged %s (step %ld, %zu tensors) into %s: %zu file(s)%s, %.1f MB %s\n",
                 source.checkpoint().path().c_str(), static_cast<long>(source.step()),
-                specs.size(), out_dir.c_str(), shards.size(),
-                shards.size() > 1 ? " and model.safetensors.index.json" : "",
+                specs.size(), out_dir.c_str(), plan.shards.size(),
+                plan.shards.size() > 1 ? " and model.safetensors.index.json" : "",
                 static_cast<double>(file_bytes) / 1e6, dtype_text.c_str());
   } catch (...) {
     std::error_code ignored;

@@ -96,6 +96,20 @@ std::string safetensors_shard_file_name(int index, int count);
 std::vector<std::vector<std::size_t>> plan_safetensors_shards(const std::vector<int64_t>& bytes,
                                                               int64_t max_shard_bytes);
 
+// A Hugging Face set planned from its tensors' specs, in spec order:
+// plan_safetensors_shards' shards (spec indices) by each tensor's data
+// bytes, each shard's file name (kSafetensorsWeightsName when there is one
+// shard, else safetensors_shard_file_name), and what the index holds. With
+// no specs: one empty shard, model.safetensors.
+struct SafetensorsSetPlan {
+  std::vector<std::vector<std::size_t>> shards;
+  std::vector<std::string> files;                 // per shard
+  std::map<std::string, std::string> weight_map;  // tensor -> file
+  int64_t total_size = 0;                         // data bytes of every tensor
+};
+SafetensorsSetPlan plan_safetensors_set(const std::vector<SafetensorsSpec>& specs,
+                                        int64_t max_shard_bytes);
+
 // The index text for `weight_map` (tensor -> file) and `total_size` (data
 // bytes of all tensors): keys sorted, two-space indent, as transformers
 // writes it.
