@@ -65,7 +65,7 @@ void StepController::optimizer_step(int id, bool taken) {
   OptimizerRecord& r = record(id);
   if (taken) ++r.steps;
   r.last_sync_skipped = !taken;
-  r.zeroed = false;
+  r.zeroed_at_backward.reset();
   r.deferred = false;
   r.begun_at_step = micro_steps_begun_;
   // Accelerator::step(): the most steps any optimizer took (a GAN's two
@@ -79,9 +79,10 @@ void StepController::end_step(int id) { record(id).clipped = false; }
 bool StepController::zero_grad(int id) {
   OptimizerRecord& r = record(id);
   if (r.deferred) return false;
-  const bool fresh_sync_gradients = backwards_ > r.zeroed_at_backward && state_.sync_gradients;
-  if (r.zeroed && !fresh_sync_gradients) return false;
-  r.zeroed = true;
+  const bool zeroed = r.zeroed_at_backward.has_value();
+  const bool fresh_sync_gradients =
+      zeroed && backwards_ > *r.zeroed_at_backward && state_.sync_gradients;
+  if (zeroed && !fresh_sync_gradients) return false;
   r.zeroed_at_backward = backwards_;
   return true;
 }
@@ -134,7 +135,7 @@ void StepController::restore(int64_t optimizer_steps, const std::vector<int64_t>
     OptimizerRecord& r = optimizers_[i];
     r.steps = i < per_optimizer.size() ? per_optimizer[i] : optimizer_steps;
     r.begun_at_step = micro_steps_begun_;
-    r.zeroed = false;
+    r.zeroed_at_backward.reset();
     r.deferred = false;
     r.clipped = false;
     r.last_sync_skipped = false;

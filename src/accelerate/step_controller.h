@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tandem/accelerate/gradient_state.h"
@@ -51,8 +52,9 @@ struct BatchReport {
 struct OptimizerRecord {
   int64_t steps = 0;           // real steps taken (skipped ones not counted)
   int64_t begun_at_step = 0;   // micro_steps_begun() at its last step
-  bool zeroed = false;         // zero_grad() zeroed since its last real or skipped step
-  int64_t zeroed_at_backward = 0;  // backwards counted when it last zeroed
+  // The backwards counted when zero_grad() last zeroed, if it did since the
+  // last real or skipped step.
+  std::optional<int64_t> zeroed_at_backward;
   bool deferred = false;       // step() deferred (no sync) since its last real or skipped step
   bool clipped = false;        // clip_grad_norm() ran for the pending step
   // Its last synchronising step() found inf/NaN gradients (Accelerate's
