@@ -385,8 +385,11 @@ TEST(Ddp, BuffersFollowRankZero) {
 // first synchronised backward must not count as an in-place change of what
 // autograd saved. Both backwards reduce, so the gradient is twice the mean.
 TEST(Ddp, ASecondBackwardOverARetainedGraphSurvivesTheBufferBroadcast) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    torch::nn::Linear model(4, 2);
+  // Built before the threads: initialisation draws from the global generator.
+  std::vector<torch::nn::Linear> models;
+  for (int r = 0; r < 2; ++r) models.emplace_back(4, 2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    torch::nn::Linear model = models[static_cast<std::size_t>(pg.rank())];
     model->register_buffer("scale", torch::full({2}, 1.5));
     DistributedDataParallel ddp(model.ptr(), pg.shared_from_this());
     const auto x = torch::full({3, 4}, static_cast<float>(pg.rank() + 1));
